@@ -1,0 +1,272 @@
+"""`python -m kernels.bench`: the grouped GEMM against its baselines on grouped-gemm-anchors.md
+§6 shapes, in one process (CUDA graphs, L2-cold rotation, medians); a table on stdout, JSON out.
+
+Methods per case: ours (the selector's config, or with --autotune the sweep's winner, whose
+candidate timings and winners are recorded too), torch.nn.functional.grouped_mm (bf16),
+torch._scaled_grouped_mm (fp8, rowwise scales), quack's varlen gemm when importable (default
+config; for fp8 it has no scales), a per-expert cuBLAS loop, and a device copy of the weight bytes.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from kernels.grouped_gemm import grouped_gemm, output_dtype
+from kernels.grouped_gemm_config import (
+    GroupedGemmConfig,
+    Precision,
+    TunedEntry,
+    candidates,
+    regime_for,
+    save_tuned,
+    select_config,
+)
+from kernels.routing import Routing, group_sizes, offsets_from_sizes
+from kernels.timing import Timing, rotation_sets, time_calls
+
+# (model, projection, experts per GPU, K, N) for one EP8 rank (anchors §6).
+PROJECTIONS = [
+    ("GLM-5", "FC1", 32, 6144, 4096),
+    ("GLM-5", "FC2", 32, 2048, 6144),
+    ("DeepSeek-V3", "FC1", 32, 7168, 4096),
+    ("DeepSeek-V3", "FC2", 32, 2048, 7168),
+    ("DeepSeek-V4-Pro", "FC1", 48, 7168, 6144),
+    ("DeepSeek-V4-Pro", "FC2", 48, 3072, 7168),
+    ("Qwen3-235B", "FC1", 16, 4096, 3072),
+    ("Qwen3-235B", "FC2", 16, 1536, 4096),
+]
+CASES = {"decode": 16, "ridge": 256, "prefill": 2048}
+SKEWED = [Routing.PM50, Routing.ZIPF, Routing.HOT]
+
+
+@dataclass(frozen=True)
+class BenchCase:
+    model: str
+    proj: str
+    case: str
+    num_experts: int
+    tokens_per_expert: int
+    k: int
+    n: int
+    precision: Precision
+    routing: Routing = Routing.UNIFORM
+
+    @property
+    def name(self) -> str:
+        tail = "" if self.routing is Routing.UNIFORM else f" {self.routing.value}"
+        return (f"{self.model} {self.proj} {self.case} {self.num_experts}x{self.tokens_per_expert}"
+                f" {self.k}->{self.n} {self.precision.value}{tail}")
+
+    @property
+    def total_m(self) -> int:
+        return self.num_experts * self.tokens_per_expert
+
+    def min_bytes(self) -> int:
+        """Each input read once, the output written once (scales included for fp8)."""
+        ab = 1 if self.precision is not Precision.BF16 else 2
+        out = output_dtype(self.precision).itemsize
+        scales = 4 * (self.total_m + self.num_experts * self.n) if self.precision is Precision.FP8 else 0
+        return (ab * (self.num_experts * self.n * self.k + self.total_m * self.k)
+                + out * self.total_m * self.n + scales)
+
+    def flops(self) -> int:
+        return 2 * self.total_m * self.n * self.k
+
+
+def all_cases(precisions: list[Precision]) -> list[BenchCase]:
+    cases = [BenchCase(model, proj, case, e, m, k, n, p)
+             for p in precisions for model, proj, e, k, n in PROJECTIONS
+             for case, m in CASES.items()]
+    glm_fc1 = PROJECTIONS[0]
+    cases += [BenchCase(glm_fc1[0], glm_fc1[1], "decode", glm_fc1[2], 16, glm_fc1[3], glm_fc1[4], p, r)
+              for p in precisions for r in SKEWED]
+    return cases
+
+
+@dataclass
+class InputSet:
+    x: torch.Tensor
+    w: torch.Tensor
+    offsets: torch.Tensor
+    bounds: list[int]
+    out: torch.Tensor
+    x_scale: torch.Tensor | None
+    w_scale: torch.Tensor | None
+
+
+def make_inputs(case: BenchCase, sets: int, seed: int = 0) -> list[InputSet]:
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    sizes = group_sizes(case.routing, case.num_experts, case.tokens_per_expert, seed)
+    offs = offsets_from_sizes(sizes)
+    result = []
+    for _ in range(sets):
+        xf = torch.randn(case.total_m, case.k, device="cuda", generator=gen)
+        wf = torch.randn(case.num_experts, case.n, case.k, device="cuda", generator=gen)
+        if case.precision is Precision.BF16:
+            x, w, xs, ws = xf.bfloat16(), wf.bfloat16(), None, None
+        elif case.precision is Precision.FP8:
+            x, w = xf.to(torch.float8_e4m3fn), wf.to(torch.float8_e4m3fn)
+            xs = torch.rand(case.total_m, device="cuda", generator=gen) + 0.5
+            ws = torch.rand(case.num_experts, case.n, device="cuda", generator=gen) * 0.01 + 0.005
+        else:
+            x = torch.randint(-127, 128, xf.shape, device="cuda", generator=gen, dtype=torch.int8)
+            w = torch.randint(-127, 128, wf.shape, device="cuda", generator=gen, dtype=torch.int8)
+            xs = ws = None
+        del xf, wf
+        out = torch.empty(case.total_m, case.n, device="cuda", dtype=output_dtype(case.precision))
+        result.append(InputSet(x, w, torch.from_numpy(offs).cuda(), [int(v) for v in offs], out, xs, ws))
+    return result
+
+
+def _ours(s: InputSet, config: GroupedGemmConfig) -> Callable[[], None]:
+    return lambda: grouped_gemm(s.x, s.w, s.offsets, x_scale=s.x_scale, w_scale=s.w_scale,
+                                out=s.out, config=config)
+
+
+def _torch_grouped(s: InputSet) -> Callable[[], None]:
+    wt = s.w.transpose(-2, -1)
+    if s.x.dtype == torch.bfloat16:
+        return lambda: torch.nn.functional.grouped_mm(s.x, wt, offs=s.offsets,
+                                                      out_dtype=torch.bfloat16)
+    return lambda: torch._scaled_grouped_mm(s.x, wt, s.x_scale, s.w_scale, offs=s.offsets,
+                                            out_dtype=torch.bfloat16)
+
+
+def _quack(s: InputSet) -> Callable[[], None]:
+    from quack.gemm_interface import gemm
+    wt = s.w.transpose(-2, -1)
+    return lambda: gemm(s.x, wt, out=s.out, cu_seqlens_m=s.offsets, tuned=False)
+
+
+def _cublas_loop(s: InputSet) -> Callable[[], None]:
+    spans = [(e, lo, hi) for e, (lo, hi) in enumerate(zip(s.bounds[:-1], s.bounds[1:])) if hi > lo]
+    if s.x.dtype == torch.bfloat16:
+        def run() -> None:
+            for e, lo, hi in spans:
+                torch.matmul(s.x[lo:hi], s.w[e].T, out=s.out[lo:hi])
+    else:
+        def run() -> None:
+            for e, lo, hi in spans:
+                torch._scaled_mm(s.x[lo:hi], s.w[e].T, s.x_scale[lo:hi, None],
+                                 s.w_scale[e][None, :], out_dtype=torch.bfloat16)
+    return run
+
+
+def _copy(case: BenchCase) -> tuple[list[Callable[[], None]], int]:
+    nbytes = case.min_bytes()
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda").random_()
+    dst = torch.empty_like(src)
+    return [lambda: dst.copy_(src)], 2 * nbytes
+
+
+def _rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
+    ref64, got64 = ref.double(), got.double()
+    return float((got64 - ref64).norm() / ref64.norm().clamp_min(1e-30))
+
+
+def run_case(case: BenchCase, autotune: bool, tuned: list[TunedEntry]) -> dict:
+    sets = make_inputs(case, rotation_sets(case.min_bytes()))
+    record: dict = {"case": case.name, **{k: (v.value if hasattr(v, "value") else v)
+                                          for k, v in asdict(case).items()},
+                    "min_bytes": case.min_bytes(), "flops": case.flops(), "sets": len(sets),
+                    "times_us": {}, "errors": {}}
+    regime = regime_for(case.total_m, case.num_experts)
+    if autotune and case.routing is Routing.UNIFORM and case.precision is not Precision.INT8:
+        sweep = {}
+        for cfg in candidates(case.precision, regime):
+            try:
+                sweep[cfg.key] = time_calls([_ours(s, cfg) for s in sets]).median_us
+            except Exception as exc:  # a candidate that fails to build or run drops out
+                record["errors"][f"sweep {cfg.key}"] = f"{type(exc).__name__}: {exc}"[:300]
+        record["sweep_us"] = sweep
+        if sweep:
+            best = min(sweep, key=sweep.get)
+            tuned.append(TunedEntry(case.precision, regime, case.tokens_per_expert, case.n, case.k,
+                                    GroupedGemmConfig.from_key(best), sweep[best]))
+    config = select_config(case.precision, case.total_m, case.num_experts, case.n, case.k,
+                           tuned=tuned or None)
+    record["config"] = config.key
+    methods: dict[str, list[Callable[[], None]]] = {"ours": [_ours(s, config) for s in sets]}
+    if case.precision is not Precision.INT8:
+        methods["torch"] = [_torch_grouped(s) for s in sets]
+        methods["quack"] = [_quack(s) for s in sets]
+        methods["cublas_loop"] = [_cublas_loop(s) for s in sets]
+    copy_calls, copy_bytes = _copy(case)
+    methods["copy"] = copy_calls
+    for name, calls in methods.items():
+        try:
+            t: Timing = time_calls(calls)
+            record["times_us"][name] = round(t.median_us, 2)
+            record.setdefault("graph", {})[name] = t.graph
+        except Exception as exc:
+            record["errors"][name] = f"{type(exc).__name__}: {exc}"[:300]
+        torch.cuda.synchronize()
+    times = record["times_us"]
+    if "copy" in times:
+        record["copy_gbps"] = round(copy_bytes / times["copy"] / 1e3, 1)
+    if "ours" in times:
+        record["ours_gbps"] = round(case.min_bytes() / times["ours"] / 1e3, 1)
+        record["ours_tflops"] = round(case.flops() / times["ours"] / 1e6, 1)
+        s = sets[0]
+        ours = grouped_gemm(s.x, s.w, s.offsets, x_scale=s.x_scale, w_scale=s.w_scale, config=config)
+        if "torch" in times:
+            record["rel_err_vs_torch"] = _rel_err(ours, _torch_grouped(s)())
+    return record
+
+
+def _fmt(v: float | None) -> str:
+    return f"{v:9.1f}" if v is not None else "        -"
+
+
+def print_table(records: list[dict]) -> None:
+    cols = ["ours", "torch", "quack", "cublas_loop", "copy"]
+    print(f"{'case':58s} {'config':22s}" + "".join(f"{c:>10s}" for c in cols)
+          + "  ours%copy  x torch  x quack")
+    for r in records:
+        t = r["times_us"]
+        bw = (r["ours_gbps"] / r["copy_gbps"] * 100) if "ours_gbps" in r and "copy_gbps" in r else None
+        vs = {c: (t[c] / t["ours"]) if c in t and "ours" in t else None for c in ("torch", "quack")}
+        print(f"{r['case']:58s} {r.get('config', '-'):22s}" + "".join(f" {_fmt(t.get(c))}" for c in cols)
+              + f"  {_fmt(bw)} {_fmt(vs['torch'])} {_fmt(vs['quack'])}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--precisions", default="bf16,fp8,int8")
+    ap.add_argument("--only", default="", help="substring filter on case names")
+    ap.add_argument("--autotune", action="store_true", help="sweep candidates, record winners")
+    ap.add_argument("--tuned-out", type=Path, help="where to write the winners (JSON)")
+    ap.add_argument("--json", type=Path, help="where to write all results (JSON)")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("kernels.bench needs a CUDA GPU", file=sys.stderr)
+        return 2
+    precisions = [Precision(p) for p in args.precisions.split(",") if p]
+    cases = [c for c in all_cases(precisions) if args.only in c.name]
+    if Precision.INT8 in precisions:  # int8 is timed on decode and prefill shapes, ours only
+        cases = [c for c in cases if c.precision is not Precision.INT8 or c.case != "ridge"]
+    tuned: list[TunedEntry] = []
+    records = []
+    for case in cases:
+        rec = run_case(case, args.autotune, tuned)
+        records.append(rec)
+        print_table([rec])
+        if args.json:
+            args.json.write_text(json.dumps({"device": torch.cuda.get_device_name(),
+                                             "torch": torch.__version__, "records": records},
+                                            indent=1))
+    print()
+    print_table(records)
+    if args.tuned_out and tuned:
+        save_tuned(tuned, args.tuned_out, torch.cuda.get_device_name())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

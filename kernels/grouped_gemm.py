@@ -1,0 +1,133 @@
+"""`grouped_gemm`: the MoE expert GEMM, out[rows of expert e] = x[rows of e] @ w[e]^T.
+
+Host side: argument checks, config selection, and the launch of the sm_90a kernel from
+`kernels.grouped_gemm_sm90` (imported on first launch, so `import kernels` stays CUDA-free).
+
+No host synchronisation: the per-expert row offsets stay on the device and are read by the
+kernel's persistent tile scheduler, so a launch can be captured in a CUDA graph and replayed with
+new routings written into the same offsets tensor.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from kernels.grouped_gemm_config import GroupedGemmConfig, Precision, select_config
+
+# TMA needs 16-byte aligned row strides: K and N elements per row.
+_ALIGN_BYTES = 16
+_MAX_SWIZZLE = 8
+
+
+class GroupedGemmError(ValueError):
+    """Bad arguments to grouped_gemm (names the argument and what is wrong)."""
+
+
+def precision_of(x: torch.Tensor) -> Precision:
+    if x.dtype == torch.bfloat16:
+        return Precision.BF16
+    if x.dtype == torch.float8_e4m3fn:
+        return Precision.FP8
+    if x.dtype == torch.int8:
+        return Precision.INT8
+    raise GroupedGemmError(f"x.dtype must be bfloat16, float8_e4m3fn or int8, got {x.dtype}")
+
+
+def output_dtype(precision: Precision) -> torch.dtype:
+    return torch.int32 if precision is Precision.INT8 else torch.bfloat16
+
+
+def _check(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, x_scale: torch.Tensor | None,
+           w_scale: torch.Tensor | None, out: torch.Tensor | None) -> Precision:
+    precision = precision_of(x)
+    if w.dtype != x.dtype:
+        raise GroupedGemmError(f"w.dtype {w.dtype} must equal x.dtype {x.dtype}")
+    if x.dim() != 2 or w.dim() != 3:
+        raise GroupedGemmError(f"x must be (total_M, K) and w (E, N, K); got {tuple(x.shape)}, "
+                               f"{tuple(w.shape)}")
+    num_experts, n, k = w.shape
+    if x.shape[1] != k:
+        raise GroupedGemmError(f"x has K={x.shape[1]} but w has K={k}")
+    if not (x.is_contiguous() and w.is_contiguous()):
+        raise GroupedGemmError("x and w must be contiguous (row-major, K innermost)")
+    elem = x.element_size()
+    if (k * elem) % _ALIGN_BYTES or (n * output_dtype(precision).itemsize) % _ALIGN_BYTES:
+        raise GroupedGemmError(f"K={k} and N={n} rows must be multiples of {_ALIGN_BYTES} bytes")
+    if offsets.dtype != torch.int32 or offsets.shape != (num_experts + 1,):
+        raise GroupedGemmError(f"offsets must be int32 of shape ({num_experts + 1},), got "
+                               f"{offsets.dtype} {tuple(offsets.shape)}")
+    devices = {x.device, w.device, offsets.device}
+    if precision is Precision.FP8:
+        if x_scale is None or w_scale is None:
+            raise GroupedGemmError("fp8 needs x_scale (total_M,) and w_scale (E, N), float32")
+        if x_scale.dtype != torch.float32 or x_scale.shape != (x.shape[0],):
+            raise GroupedGemmError(f"x_scale must be float32 ({x.shape[0]},), got "
+                                   f"{x_scale.dtype} {tuple(x_scale.shape)}")
+        if w_scale.dtype != torch.float32 or w_scale.shape != (num_experts, n):
+            raise GroupedGemmError(f"w_scale must be float32 ({num_experts}, {n}), got "
+                                   f"{w_scale.dtype} {tuple(w_scale.shape)}")
+        if not (x_scale.is_contiguous() and w_scale.is_contiguous()):
+            raise GroupedGemmError("x_scale and w_scale must be contiguous")
+        devices |= {x_scale.device, w_scale.device}
+    elif x_scale is not None or w_scale is not None:
+        raise GroupedGemmError(f"scales apply to fp8 only, not {precision.value}")
+    if out is not None:
+        if out.dtype != output_dtype(precision) or out.shape != (x.shape[0], n):
+            raise GroupedGemmError(f"out must be {output_dtype(precision)} ({x.shape[0]}, {n}), "
+                                   f"got {out.dtype} {tuple(out.shape)}")
+        if not out.is_contiguous():
+            raise GroupedGemmError("out must be contiguous")
+        devices.add(out.device)
+    if len(devices) != 1 or next(iter(devices)).type != "cuda":
+        raise GroupedGemmError(f"all tensors must be on one CUDA device, got {sorted(map(str, devices))}")
+    return precision
+
+
+@functools.lru_cache(maxsize=None)
+def _max_active_clusters(cluster_size: int, device_index: int) -> int:
+    from quack.cute_dsl_utils import get_max_active_clusters
+    return get_max_active_clusters(cluster_size, device_capacity=(9, 0), device_id=device_index)
+
+
+def launch(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, out: torch.Tensor,
+           config: GroupedGemmConfig, x_scale: torch.Tensor | None = None,
+           w_scale: torch.Tensor | None = None) -> None:
+    """Launch one compiled variant on the current stream; arguments are assumed checked."""
+    from quack.gemm_default_epi import GemmDefaultEpiMixin
+    from quack.gemm_tvm_ffi_utils import make_scheduler_args, make_varlen_args
+
+    from kernels.grouped_gemm_sm90 import compile_grouped_gemm
+
+    fn = compile_grouped_gemm(precision_of(x), config)
+    clusters = _max_active_clusters(config.cluster_m * config.cluster_n, x.device.index or 0)
+    epi_args = GemmDefaultEpiMixin.EpilogueArguments(
+        alpha=None, beta=None, mRowVecBroadcast=w_scale, mColVecBroadcast=x_scale,
+        add_to_output=None, rounding_mode=None, sr_seed=None)
+    fn(x, w, out, None, epi_args, make_scheduler_args(clusters, _MAX_SWIZZLE, None),
+       make_varlen_args(offsets, None, None), None, None)
+
+
+def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, *,
+                 x_scale: torch.Tensor | None = None, w_scale: torch.Tensor | None = None,
+                 out: torch.Tensor | None = None,
+                 config: GroupedGemmConfig | None = None) -> torch.Tensor:
+    """Grouped GEMM over experts on an sm_90a GPU.
+
+    x: (total_M, K) rows sorted by expert; w: (E, N, K); offsets: (E+1,) int32 on the device,
+    offsets[0] = 0, non-decreasing, offsets[E] = total_M (not checked: that would sync).
+    bf16 -> bf16; fp8 e4m3 with x_scale (total_M,) and w_scale (E, N) fp32 -> bf16
+    (out = (x @ w^T) * x_scale[:, None] * w_scale[e]); int8 -> int32 (exact).
+    config: a fixed variant; by default the selector picks by shape.
+    """
+    precision = _check(x, w, offsets, x_scale, w_scale, out)
+    total_m = x.shape[0]
+    num_experts, n, k = w.shape
+    if out is None:
+        out = torch.empty((total_m, n), dtype=output_dtype(precision), device=x.device)
+    if total_m == 0:
+        return out
+    if config is None:
+        config = select_config(precision, total_m, num_experts, n, k)
+    launch(x, w, offsets, out, config, x_scale, w_scale)
+    return out
