@@ -1,0 +1,1 @@
+"""The control service: its .proto and the committed generated code."""
