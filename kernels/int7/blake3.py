@@ -1,0 +1,290 @@
+"""Keyed BLAKE3 on the device: the compression function as a Triton device function, and vectorised
+chunk trees (one lane per chunk, parents level by level) batched over instances.
+
+Why Triton and not torch ops: a compression is ~800 dependent 32-bit operations; as torch ops that
+is ~800 kernel launches per block over every chunk, far too slow for per-launch hashing of
+activations. One lane per chunk keeps all 16 blocks of a chunk in registers.
+
+Words are int32 tensors on the torch side (two's complement bits of the u32 words, little-endian
+byte order inside a word) and are bit-cast to uint32 inside the kernels. `KeyedTrees` keeps every
+non-root level (leaf chaining values first) so openings need only a gather of siblings; the roots
+equal `proof.blake3tree.keyed_tree_root(key, data, 1024)` = the standard BLAKE3 keyed hash.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+from ._jit import jit
+
+CHUNK_START = 1
+CHUNK_END = 2
+PARENT = 4
+ROOT = 8
+KEYED_HASH = 16
+SINGLE_BLOCK = CHUNK_START | CHUNK_END | ROOT
+CHUNK_WORDS = 256  # 1024-byte leaves = BLAKE3 chunks
+IV = (0x6A09E667, 0xBB67AE85, 0x3C6EF372, 0xA54FF53A, 0x510E527F, 0x9B05688C, 0x1F83D9AB, 0x5BE0CD19)
+_LANES = 64  # chunks (or blocks) per program
+
+
+class Blake3Error(ValueError):
+    """Bad input to the device BLAKE3 functions."""
+
+
+@jit
+def _rotr(x, n: tl.constexpr):
+    return (x >> n) | (x << (32 - n))
+
+
+@jit
+def _g(a, b, c, d, x, y):
+    a = a + b + x
+    d = _rotr(d ^ a, 16)
+    c = c + d
+    b = _rotr(b ^ c, 12)
+    a = a + b + y
+    d = _rotr(d ^ a, 8)
+    c = c + d
+    b = _rotr(b ^ c, 7)
+    return a, b, c, d
+
+
+@jit
+def _round(v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11, v12, v13, v14, v15,
+           m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15):
+    v0, v4, v8, v12 = _g(v0, v4, v8, v12, m0, m1)
+    v1, v5, v9, v13 = _g(v1, v5, v9, v13, m2, m3)
+    v2, v6, v10, v14 = _g(v2, v6, v10, v14, m4, m5)
+    v3, v7, v11, v15 = _g(v3, v7, v11, v15, m6, m7)
+    v0, v5, v10, v15 = _g(v0, v5, v10, v15, m8, m9)
+    v1, v6, v11, v12 = _g(v1, v6, v11, v12, m10, m11)
+    v2, v7, v8, v13 = _g(v2, v7, v8, v13, m12, m13)
+    v3, v4, v9, v14 = _g(v3, v4, v9, v14, m14, m15)
+    return v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11, v12, v13, v14, v15
+
+
+@jit
+def compress(k0, k1, k2, k3, k4, k5, k6, k7,
+             m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15,
+             counter, flags):
+    """One BLAKE3 compression of a full 64-byte block: the 8-word chaining value.
+
+    All inputs are uint32 tensors of one shape (a lane per independent compression); the counter's
+    high word is zero (fewer than 2^32 chunks per instance).
+    """
+    v0, v1, v2, v3, v4, v5, v6, v7 = k0, k1, k2, k3, k4, k5, k6, k7
+    v8 = tl.full(m0.shape, 0x6A09E667, tl.uint32)
+    v9 = tl.full(m0.shape, 0xBB67AE85, tl.uint32)
+    v10 = tl.full(m0.shape, 0x3C6EF372, tl.uint32)
+    v11 = tl.full(m0.shape, 0xA54FF53A, tl.uint32)
+    v12 = counter
+    v13 = tl.full(m0.shape, 0, tl.uint32)
+    v14 = tl.full(m0.shape, 64, tl.uint32)
+    v15 = flags
+    for _ in tl.static_range(7):
+        v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11, v12, v13, v14, v15 = _round(
+            v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11, v12, v13, v14, v15,
+            m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15)
+        # BLAKE3's message permutation (2, 6, 3, 10, 7, 0, 4, 13, 1, 11, 12, 5, 9, 14, 15, 8)
+        m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15 = (
+            m2, m6, m3, m10, m7, m0, m4, m13, m1, m11, m12, m5, m9, m14, m15, m8)
+    return v0 ^ v8, v1 ^ v9, v2 ^ v10, v3 ^ v11, v4 ^ v12, v5 ^ v13, v6 ^ v14, v7 ^ v15
+
+
+@jit
+def load_words8(ptr, mask):
+    """Eight consecutive int32 words at ptr (a pointer tensor), as uint32 tensors."""
+    w0 = tl.load(ptr + 0, mask=mask, other=0).to(tl.uint32, bitcast=True)
+    w1 = tl.load(ptr + 1, mask=mask, other=0).to(tl.uint32, bitcast=True)
+    w2 = tl.load(ptr + 2, mask=mask, other=0).to(tl.uint32, bitcast=True)
+    w3 = tl.load(ptr + 3, mask=mask, other=0).to(tl.uint32, bitcast=True)
+    w4 = tl.load(ptr + 4, mask=mask, other=0).to(tl.uint32, bitcast=True)
+    w5 = tl.load(ptr + 5, mask=mask, other=0).to(tl.uint32, bitcast=True)
+    w6 = tl.load(ptr + 6, mask=mask, other=0).to(tl.uint32, bitcast=True)
+    w7 = tl.load(ptr + 7, mask=mask, other=0).to(tl.uint32, bitcast=True)
+    return w0, w1, w2, w3, w4, w5, w6, w7
+
+
+@jit
+def store_words8(ptr, w0, w1, w2, w3, w4, w5, w6, w7, mask):
+    """Store eight uint32 tensors as consecutive int32 words at ptr."""
+    tl.store(ptr + 0, w0.to(tl.int32, bitcast=True), mask=mask)
+    tl.store(ptr + 1, w1.to(tl.int32, bitcast=True), mask=mask)
+    tl.store(ptr + 2, w2.to(tl.int32, bitcast=True), mask=mask)
+    tl.store(ptr + 3, w3.to(tl.int32, bitcast=True), mask=mask)
+    tl.store(ptr + 4, w4.to(tl.int32, bitcast=True), mask=mask)
+    tl.store(ptr + 5, w5.to(tl.int32, bitcast=True), mask=mask)
+    tl.store(ptr + 6, w6.to(tl.int32, bitcast=True), mask=mask)
+    tl.store(ptr + 7, w7.to(tl.int32, bitcast=True), mask=mask)
+
+
+@jit
+def _chunk_kernel(data_ptr, key_ptr, key_stride, out_ptr, words_per_instance, chunks_per_instance,
+                  total_chunks, last_flags, LANES: tl.constexpr):
+    """Keyed chaining value of every 1024-byte chunk; words past the instance's end read as zero."""
+    lane = tl.program_id(0) * LANES + tl.arange(0, LANES)
+    live = lane < total_chunks
+    inst = (lane // chunks_per_instance).to(tl.int64)
+    chunk = lane % chunks_per_instance
+    k0, k1, k2, k3, k4, k5, k6, k7 = load_words8(key_ptr + inst * key_stride, live)
+    c0, c1, c2, c3, c4, c5, c6, c7 = k0, k1, k2, k3, k4, k5, k6, k7
+    counter = chunk.to(tl.uint32)
+    base = data_ptr + inst * words_per_instance
+    first_word = chunk.to(tl.int64) * 256
+    for block in tl.static_range(16):
+        w = first_word + block * 16
+        m0, m1, m2, m3, m4, m5, m6, m7 = load_words8(base + w, live & (w < words_per_instance))
+        m8, m9, m10, m11, m12, m13, m14, m15 = load_words8(base + w + 8, live & (w + 8 < words_per_instance))
+        if block == 0:
+            flags = tl.full(counter.shape, 16 | 1, tl.uint32)
+        elif block == 15:
+            flags = tl.full(counter.shape, 16 | 2, tl.uint32) | last_flags.to(tl.uint32)
+        else:
+            flags = tl.full(counter.shape, 16, tl.uint32)
+        c0, c1, c2, c3, c4, c5, c6, c7 = compress(
+            c0, c1, c2, c3, c4, c5, c6, c7,
+            m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15, counter, flags)
+    store_words8(out_ptr + lane.to(tl.int64) * 8, c0, c1, c2, c3, c4, c5, c6, c7, live)
+
+
+@jit
+def _parent_kernel(level_ptr, key_ptr, key_stride, out_ptr, count, parents, total, flags,
+                   LANES: tl.constexpr):
+    """One tree level up: pair neighbours (keyed PARENT), promote an odd last node unchanged."""
+    lane = tl.program_id(0) * LANES + tl.arange(0, LANES)
+    live = lane < total
+    inst = (lane // parents).to(tl.int64)
+    p = (lane % parents).to(tl.int64)
+    paired = live & (2 * p + 1 < count)
+    left = level_ptr + (inst * count + 2 * p) * 8
+    l0, l1, l2, l3, l4, l5, l6, l7 = load_words8(left, live)
+    r0, r1, r2, r3, r4, r5, r6, r7 = load_words8(left + 8, paired)
+    k0, k1, k2, k3, k4, k5, k6, k7 = load_words8(key_ptr + inst * key_stride, live)
+    f = tl.full(l0.shape, 0, tl.uint32) + flags.to(tl.uint32)
+    c0, c1, c2, c3, c4, c5, c6, c7 = compress(
+        k0, k1, k2, k3, k4, k5, k6, k7,
+        l0, l1, l2, l3, l4, l5, l6, l7, r0, r1, r2, r3, r4, r5, r6, r7,
+        tl.full(l0.shape, 0, tl.uint32), f)
+    c0 = tl.where(paired, c0, l0)
+    c1 = tl.where(paired, c1, l1)
+    c2 = tl.where(paired, c2, l2)
+    c3 = tl.where(paired, c3, l3)
+    c4 = tl.where(paired, c4, l4)
+    c5 = tl.where(paired, c5, l5)
+    c6 = tl.where(paired, c6, l6)
+    c7 = tl.where(paired, c7, l7)
+    store_words8(out_ptr + lane.to(tl.int64) * 8, c0, c1, c2, c3, c4, c5, c6, c7, live)
+
+
+@jit
+def _block_kernel(key_ptr, key_stride, msg_ptr, out_ptr, total, flags, LANES: tl.constexpr):
+    """out[i] = compress(key[i], msg[i], counter 0, 64 bytes, flags): one-block hashes."""
+    lane = tl.program_id(0) * LANES + tl.arange(0, LANES)
+    live = lane < total
+    row = lane.to(tl.int64)
+    k0, k1, k2, k3, k4, k5, k6, k7 = load_words8(key_ptr + row * key_stride, live)
+    m0, m1, m2, m3, m4, m5, m6, m7 = load_words8(msg_ptr + row * 16, live)
+    m8, m9, m10, m11, m12, m13, m14, m15 = load_words8(msg_ptr + row * 16 + 8, live)
+    f = tl.full(k0.shape, 0, tl.uint32) + flags.to(tl.uint32)
+    c0, c1, c2, c3, c4, c5, c6, c7 = compress(
+        k0, k1, k2, k3, k4, k5, k6, k7,
+        m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15,
+        tl.full(k0.shape, 0, tl.uint32), f)
+    store_words8(out_ptr + row * 8, c0, c1, c2, c3, c4, c5, c6, c7, live)
+
+
+def words_from_bytes(data: bytes, device: torch.device | str = "cpu") -> torch.Tensor:
+    """Little-endian u32 words of `data` (length a multiple of 4) as an int32 tensor."""
+    if len(data) % 4:
+        raise Blake3Error(f"byte string length {len(data)} is not a multiple of 4")
+    return torch.from_numpy(np.frombuffer(bytes(data), dtype="<i4").copy()).to(device)
+
+
+def bytes_from_words(words: torch.Tensor) -> bytes:
+    """The little-endian bytes of an int32 word tensor (copied to the host)."""
+    return words.detach().to("cpu").contiguous().numpy().astype("<i4").tobytes()
+
+
+def _check_keys(keys: torch.Tensor, instances: int) -> None:
+    if keys.dtype != torch.int32 or keys.dim() != 2 or keys.shape[1] != 8:
+        raise Blake3Error(f"keys must be int32 (instances or 1, 8), got {keys.dtype} {tuple(keys.shape)}")
+    if keys.shape[0] not in (1, instances):
+        raise Blake3Error(f"keys has {keys.shape[0]} rows for {instances} instances")
+
+
+def _key_stride(keys: torch.Tensor) -> int:
+    return 0 if keys.shape[0] == 1 else 8
+
+
+def hash_blocks(keys: torch.Tensor, messages: torch.Tensor, flags: int) -> torch.Tensor:
+    """One-block BLAKE3 hashes: (N, 8) int32 from keys (N or 1, 8) and messages (N, 16) int32.
+
+    flags SINGLE_BLOCK with keys = IV gives plain BLAKE3 of a 64-byte input; add KEYED_HASH for the
+    keyed hash of a 64-byte input (key = the 8 key words).
+    """
+    if messages.dtype != torch.int32 or messages.dim() != 2 or messages.shape[1] != 16:
+        raise Blake3Error(f"messages must be int32 (N, 16), got {messages.dtype} {tuple(messages.shape)}")
+    total = messages.shape[0]
+    _check_keys(keys, total)
+    out = torch.empty((total, 8), dtype=torch.int32, device=messages.device)
+    _block_kernel[(triton.cdiv(total, _LANES),)](keys.contiguous(), _key_stride(keys),
+                                                  messages.contiguous(), out, total, flags,
+                                                  LANES=_LANES)
+    return out
+
+
+def iv_words(device: torch.device | str) -> torch.Tensor:
+    """BLAKE3's IV as a (1, 8) int32 key tensor (the 'key' of unkeyed hashing)."""
+    return torch.tensor([IV], dtype=torch.int64, device=device).to(torch.int32)
+
+
+@dataclass
+class KeyedTrees:
+    """Keyed 1024-byte-leaf BLAKE3 trees of a batch of equal-length instances.
+
+    levels[0] holds the leaf chaining values, (instances, leaves, 8); each next level the parents,
+    an odd last node promoted. The single top level is not kept: `roots` is (instances, 8).
+    """
+
+    levels: list[torch.Tensor]
+    roots: torch.Tensor
+    num_leaves: int
+
+
+def keyed_trees(keys: torch.Tensor, data: torch.Tensor) -> KeyedTrees:
+    """Trees of data (instances, bytes) int8/uint8 (each row zero-padded to whole 1024-byte leaves).
+
+    keys: (instances or 1, 8) int32. Shapes are static, so this runs without host syncs.
+    """
+    if data.dim() != 2 or data.dtype not in (torch.int8, torch.uint8):
+        raise Blake3Error(f"data must be (instances, bytes) int8/uint8, got {data.dtype} {tuple(data.shape)}")
+    instances, nbytes = data.shape
+    if nbytes % 4 or nbytes == 0:
+        raise Blake3Error(f"bytes per instance must be a positive multiple of 4, got {nbytes}")
+    _check_keys(keys, instances)
+    keys = keys.contiguous()
+    words = data.contiguous().view(torch.int32)
+    chunks = triton.cdiv(nbytes, 1024)
+    total = instances * chunks
+    cvs = torch.empty((instances, chunks, 8), dtype=torch.int32, device=data.device)
+    _chunk_kernel[(triton.cdiv(total, _LANES),)](words, keys, _key_stride(keys), cvs, nbytes // 4,
+                                                  chunks, total, ROOT if chunks == 1 else 0,
+                                                  LANES=_LANES)
+    if chunks == 1:
+        return KeyedTrees([], cvs[:, 0, :], 1)
+    levels = [cvs]
+    while levels[-1].shape[1] > 1:
+        count = levels[-1].shape[1]
+        parents = triton.cdiv(count, 2)
+        out = torch.empty((instances, parents, 8), dtype=torch.int32, device=data.device)
+        flags = KEYED_HASH | PARENT | (ROOT if count == 2 else 0)
+        _parent_kernel[(triton.cdiv(instances * parents, _LANES),)](
+            levels[-1], keys, _key_stride(keys), out, count, parents, instances * parents, flags,
+            LANES=_LANES)
+        levels.append(out)
+    return KeyedTrees(levels[:-1], levels[-1][:, 0, :], chunks)
