@@ -435,7 +435,7 @@ def coinbase_transaction(height: int, value: int, payout_script: bytes,
                          flags: bytes = b"") -> Transaction:
     """The coinbase of a block at `height` paying `value` to `payout_script`.
 
-    scriptSig = push(height) (BIP34) ‖ push(extra_nonce) ‖ push(flags) as pearld builds it.  With a
+    scriptSig = push(height) (BIP34) ‖ push(extra_nonce) ‖ push(flags), as btcd builds it.  With a
     witness commitment, the input carries the 32-byte zero reserved value as its witness and an
     OP_RETURN output `6a24aa21a9ed ‖ commitment` follows the payout.
     """
