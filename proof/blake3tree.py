@@ -307,7 +307,7 @@ def verify_opening(key: bytes, leaf_size: int, total_leaves: int, leaf_indices: 
     _check_key(key)
     _check_leaf_size(leaf_size)
     indices = [int(i) for i in leaf_indices]
-    if total_leaves < 1 or len(leaves) != len(indices):
+    if not 1 <= total_leaves < 1 << 64 or len(leaves) != len(indices):
         return False
     try:
         _check_indices(indices, total_leaves)

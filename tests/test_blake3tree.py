@@ -281,6 +281,7 @@ def test_malformed_openings_are_rejected():
     assert not bt.verify_opening(KEY, 512, total, indices, leaves, [s[:31] for s in siblings], root)
     assert not bt.verify_opening(KEY, 512, total + 1, indices, leaves, siblings, root)
     assert not bt.verify_opening(KEY, 512, 0, indices, leaves, siblings, root)
+    assert not bt.verify_opening(KEY, 512, 1 << 64, indices, leaves, siblings, root)
     with pytest.raises(ValueError, match="strictly ascending"):
         tree.siblings([5, 2])
     with pytest.raises(ValueError, match=r"\[0, 9\)"):
@@ -309,3 +310,23 @@ def test_leaves_for_rows_examples_and_errors():
         bt.leaves_for_rows([0], 0, 1024)
     with pytest.raises(ValueError, match="non-negative"):
         bt.leaves_for_rows([-1], 8, 1024)
+
+
+def test_every_byte_of_leaves_and_siblings_is_bound():
+    """One flipped bit (random within the byte) at every byte position of each opened leaf and
+    sibling of a 13-leaf, 128-byte-leaf tree makes the opening fail."""
+    rng = random.Random(11)
+    tree = bt.MerkleTree(KEY, rng.randbytes(13 * 128), 128)
+    indices = [2, 7]
+    leaves, siblings = _open(tree, indices)
+    assert len(siblings) == 5
+    for n in range(len(leaves)):
+        for byte in range(128):
+            bad = list(leaves)
+            bad[n] = _flip(bad[n], 8 * byte + rng.randrange(8))
+            assert not bt.verify_opening(KEY, 128, 13, indices, bad, siblings, tree.root)
+    for n in range(len(siblings)):
+        for byte in range(32):
+            bad = list(siblings)
+            bad[n] = _flip(bad[n], 8 * byte + rng.randrange(8))
+            assert not bt.verify_opening(KEY, 128, 13, indices, leaves, bad, tree.root)

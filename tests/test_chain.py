@@ -313,7 +313,7 @@ def test_block_encode_decode_encode_identical():
 
 
 def test_every_block_truncation_fails_clearly():
-    for block in _blocks()[3:5]:
+    for block in _blocks():
         data = block.to_bytes()
         for cut in range(len(data)):
             with pytest.raises(DecodeError, match="truncated"):
