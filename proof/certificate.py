@@ -208,7 +208,8 @@ class CertificateV5:
 
 
 Certificate = Union[CertificateV1, CertificateV2, CertificateV3, CertificateV4, CertificateV5]
-_DECODERS = {cls.version: cls for cls in (CertificateV1, CertificateV2, CertificateV3, CertificateV4, CertificateV5)}
+_DECODERS = {cls.version: cls
+             for cls in (CertificateV1, CertificateV2, CertificateV3, CertificateV4, CertificateV5)}
 
 
 def encode(certificate: Certificate | None) -> bytes:

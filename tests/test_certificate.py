@@ -135,7 +135,8 @@ def test_versions_zero_unsupported_and_hash_length():
 
 def test_v5_decode_only():
     proof = bytes(range(256)) * 4
-    body = bytes(32) + struct.pack("<I", len(proof)) + proof + b"\x02" + ANCESTORS[0].to_bytes() + ANCESTORS[1].to_bytes()
+    body = (bytes(32) + struct.pack("<I", len(proof)) + proof + b"\x02"
+            + ANCESTORS[0].to_bytes() + ANCESTORS[1].to_bytes())
     data = struct.pack("<I", 5) + body
     decoded = cert.decode(data)
     assert isinstance(decoded, cert.CertificateV5)

@@ -197,9 +197,11 @@ def test_varint_truncated_and_out_of_range():
 
 def _witness_tx(rng: random.Random) -> Transaction:
     inputs = tuple(TxIn(rng.randbytes(32), rng.randrange(1 << 32), rng.randbytes(rng.randrange(0, 300)),
-                        rng.randrange(1 << 32), tuple(rng.randbytes(rng.randrange(0, 80)) for _ in range(i % 3)))
+                        rng.randrange(1 << 32),
+                        tuple(rng.randbytes(rng.randrange(0, 80)) for _ in range(i % 3)))
                    for i in range(rng.randrange(1, 4)))
-    outputs = tuple(TxOut(rng.randrange(1 << 40), p2tr_script(rng.randbytes(32))) for _ in range(rng.randrange(1, 3)))
+    outputs = tuple(TxOut(rng.randrange(1 << 40), p2tr_script(rng.randbytes(32)))
+                    for _ in range(rng.randrange(1, 3)))
     return Transaction(2, inputs, outputs, rng.randrange(1 << 32))
 
 
