@@ -203,8 +203,11 @@ def load_profile(path: str | Path) -> NetworkParams:
         raise ProfileError(f"network profile {path}: {exc}") from exc
 
 
-def get_params(network: str) -> NetworkParams:
-    """Resolve a network name, a ``<network>@H`` rehearsal profile, or a JSON profile path."""
+def get_params(network: "str | NetworkParams") -> NetworkParams:
+    """Resolve a network name, a ``<network>@H`` rehearsal profile, or a JSON profile path
+    (a NetworkParams passes through, so loaded profiles can be handed around directly)."""
+    if isinstance(network, NetworkParams):
+        return network
     if not isinstance(network, str) or not network:
         raise ProfileError(f"network must be a non-empty string, got {network!r}")
     if network in NETWORKS:
@@ -233,19 +236,19 @@ def _check_height(height: int) -> int:
     return height
 
 
-def required_cert_version(network: str, height: int) -> int:
+def required_cert_version(network: str | NetworkParams, height: int) -> int:
     """The certificate version a block at ``height`` must carry on ``network``."""
     return get_params(network).required_cert_version(_check_height(height))
 
 
-def moe_allowed(network: str, height: int) -> bool:
+def moe_allowed(network: str | NetworkParams, height: int) -> bool:
     """Whether an MoE proof can be accepted in a block at ``height`` on ``network``."""
     return get_params(network).moe_allowed(_check_height(height))
 
 
-def dense_only_active(network: str, height: int) -> bool:
+def dense_only_active(network: str | NetworkParams, height: int) -> bool:
     return get_params(network).dense_only_active(_check_height(height))
 
 
-def rank_penalty_active(network: str, height: int) -> bool:
+def rank_penalty_active(network: str | NetworkParams, height: int) -> bool:
     return get_params(network).rank_penalty_active(_check_height(height))

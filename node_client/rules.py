@@ -9,10 +9,13 @@ the version required at the height, dense-only, and the rank penalty. A violatio
 from __future__ import annotations
 
 from node_client import forks
-from node_client.publicdata import (
-    PUBLIC_DATA_MAX_V2,
-    PUBLIC_DATA_SIZE_DENSE,
-    rank_penalty_violation,
+from proof.int7 import (
+    MAX_PUBLIC_DATA_SIZE as PUBLIC_DATA_MAX_V2,
+    PENALTY_BASE_RANK,
+    PUBLIC_DATA_SIZE as PUBLIC_DATA_SIZE_DENSE,
+    Int7Error,
+    config_and_jackpot,
+    penalized_bound,
 )
 
 
@@ -23,6 +26,28 @@ class RuleViolation(Exception):
         super().__init__(f"{rule}: {text}")
         self.rule = rule
         self.text = text
+
+
+def rank_penalty_error(bits: int, public_data: bytes) -> str | None:
+    """None when INT public data meets the rank-penalty rule, else pearld's CheckRankPenalty error text."""
+    if not public_data:
+        return "empty public data"
+    size = len(public_data)
+    if not PUBLIC_DATA_SIZE_DENSE <= size <= PUBLIC_DATA_MAX_V2:
+        return f"rank penalty rule violated: invalid public_data_len {size}"
+    try:
+        config, jackpot = config_and_jackpot(public_data)
+        if config.rank < PENALTY_BASE_RANK:
+            return f"rank penalty rule violated: Rank must be >= {PENALTY_BASE_RANK} || r={config.rank}"
+        bound = penalized_bound(bits, config)
+    except Int7Error as exc:
+        return f"rank penalty rule violated: {exc}"
+    if int.from_bytes(jackpot, "little") > bound:
+        return (
+            "rank penalty rule violated: Jackpot condition not satisfied: "
+            "hash does not meet the rank-penalized difficulty target"
+        )
+    return None
 
 
 def is_moe_certificate(cert_version: int, public_data: bytes) -> bool:
@@ -54,7 +79,7 @@ def check_public_data_size(cert_version: int, public_data: bytes) -> None:
         )
 
 
-def check_certificate(network: str, height: int, cert_version: int, public_data: bytes, bits: int) -> None:
+def check_certificate(network: str | forks.NetworkParams, height: int, cert_version: int, public_data: bytes, bits: int) -> None:
     """Raise RuleViolation if pearld would refuse this certificate at ``height`` on ``network``.
 
     ``bits`` is the block header's compact target (the rank-penalty bound is measured against it).
@@ -82,17 +107,17 @@ def check_certificate(network: str, height: int, cert_version: int, public_data:
         cert_version not in (4, 5) and params.rank_penalty_active(height) and not params.no_pow_check
     )
     if rank_penalty_applies:
-        problem = rank_penalty_violation(bits, public_data)
+        problem = rank_penalty_error(bits, public_data)
         if problem is not None:
             raise RuleViolation(
                 "rank-penalty",
                 f"certificate fails the rank penalty rule at height {height} "
-                f"(fork active from height {params.rank_penalty_fork_height}): rank penalty rule violated: {problem}",
+                f"(fork active from height {params.rank_penalty_fork_height}): {problem}",
             )
 
 
 def would_accept(
-    network: str, height: int, cert_version: int, public_data: bytes, bits: int
+    network: str | forks.NetworkParams, height: int, cert_version: int, public_data: bytes, bits: int
 ) -> tuple[bool, str]:
     """Ask before submitting: ``(True, "")`` or ``(False, reason naming the rule)``."""
     try:
