@@ -182,6 +182,10 @@ def test_mine_cpu_argument_errors():
         mine_cpu(HEADER, MOE, m=32, n=16, bits=BITS, cert_version=1)
     with pytest.raises(Int7Error, match="16·r"):
         mine_cpu(HEADER, MiningConfig(1024, 128, ROWS, COLS), m=128, n=64, bits=BITS, cert_version=2)
+    with pytest.raises(Int7Error, match="holds no row tile"):
+        mine_cpu(HEADER, DENSE, m=64, n=64, bits=BITS, cert_version=2)
+    with pytest.raises(Int7Error, match="fewer than n opened columns"):
+        mine_cpu(HEADER, MOE, m=32, n=8, bits=BITS, cert_version=2)
     with pytest.raises(Int7Error, match="no winning tile"):
         mine_cpu(HEADER, DENSE, m=128, n=64, bits=0x1B00FFFF, cert_version=2, max_attempts=1)
 
@@ -193,3 +197,26 @@ def test_given_routing_is_used_and_checked():
     assert set(proof.a.row_indices) <= set(routing[proof.moe.expert_idx])
     with pytest.raises(Int7Error, match="exactly top_k"):
         mine_cpu(HEADER, MOE, m=32, n=16, bits=BITS, cert_version=3, routing=[list(range(32))] + [[]] * 3)
+
+
+def test_random_byte_corruptions_give_reasons_not_tracebacks(mined):
+    rng = np.random.default_rng(11)
+    for name in ("dense-v3", "moe-v3"):
+        wire = mined[name].to_bytes()
+        for _ in range(60):
+            data = bytearray(wire)
+            position = int(rng.integers(len(data)))
+            data[position] ^= int(rng.integers(1, 256))
+            try:
+                proof = PlainProof.from_bytes(bytes(data))
+            except Int7Error as error:
+                assert str(error).startswith("plain proof:")
+                continue
+            ok, why = verify_plain_proof(HEADER, proof, bits=BITS, cert_version=3)
+            assert not ok and why, position
+
+
+def test_benchmark_verifies_k4096_within_budget(capsys):
+    from proof.int7.bench import main
+    assert main(["--repeats", "1"]) == 0
+    assert "within the 1 s budget" in capsys.readouterr().out

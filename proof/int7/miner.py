@@ -149,8 +149,11 @@ def mine_cpu(header76: bytes, config: MiningConfig, *, m: int, n: int, bits: int
     salted_for(cert_version)
     if config.is_moe and cert_version < 2:
         raise Int7Error(f"an MoE configuration needs certificate version >= 2, got {cert_version}")
-    if m <= 0 or n <= 0:
-        raise Int7Error(f"m and n must be positive, got m = {m}, n = {n}")
+    if config.cols_pattern.max >= n or (config.is_moe and config.w >= n):
+        raise Int7Error(f"n = {n} holds no column tile of the pattern {config.cols}"
+                        + (" with fewer than n opened columns" if config.is_moe else ""))
+    if config.rows_pattern.max >= m:
+        raise Int7Error(f"m = {m} holds no row tile of the pattern {config.rows}")
     bound = mining_bound(bits, config, cert_version)
     rng = np.random.default_rng(seed)
     total_cols = n * max(config.experts, 1)
