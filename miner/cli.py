@@ -1,20 +1,216 @@
-"""`pearl-moe` command line: the worker and its tools."""
+"""`pearl-moe` command line: the worker (`run`), its gRPC clients (`status`, `events`, `control`)
+and the local devnet (`devnet`)."""
 from __future__ import annotations
 
 import argparse
+import json
+import logging
+import signal
 import sys
+import tempfile
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+DEFAULT_CONTROL = "127.0.0.1:50551"
+ADDRESS_FILE = "control.addr"
+
+
+def _add_run(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("run", help="serve a MoE model and mine inside its expert GEMMs",
+                       description="With no --gateway, an embedded local devnet is started and the "
+                                   "run stops after --max-blocks accepted blocks (default 1).")
+    m = p.add_argument_group("model and serving")
+    m.add_argument("--model", default="qwen3_moe",
+                   help="preset (qwen3_moe, mixtral, deepseek_v3) or a config.json path")
+    m.add_argument("--weights", type=Path, help="local weights (.safetensors or torch file); random if absent")
+    m.add_argument("--seed", type=int, default=0)
+    m.add_argument("--prompts", type=Path, help="file of prompts, one per line (default: generated)")
+    m.add_argument("--batch-size", type=int, default=4)
+    m.add_argument("--prompt-len", type=int, default=64)
+    m.add_argument("--max-new-tokens", type=int, default=16)
+    n = p.add_argument_group("chain")
+    n.add_argument("--gateway", help="pearl-gateway address (tcp://HOST:PORT or unix:///PATH)")
+    n.add_argument("--pearld", help="pearld RPC URL for heights and block status, e.g. http://127.0.0.1:18334")
+    n.add_argument("--pearld-user", default="user")
+    n.add_argument("--pearld-password", default="pass")
+    n.add_argument("--network", default=None,
+                   help="network whose fork rules apply (default: regtest, or the devnet's profile)")
+    n.add_argument("--devnet-profile", default="regtest", help="network profile of the embedded devnet")
+    w = p.add_argument_group("worker")
+    w.add_argument("--mode", default="auto", help="auto, off, fp8-moe, int7-moe or int7-dense")
+    w.add_argument("--min-mining-tokens", type=int, default=16, help="smaller launches serve unmined")
+    w.add_argument("--data-dir", type=Path, help="unsent proofs and the submitted log (default: a temp dir "
+                                                 "for the embedded devnet, ./pearl-moe-data otherwise)")
+    w.add_argument("--control", default=DEFAULT_CONTROL, help="gRPC control address (port 0 = any)")
+    w.add_argument("--metrics-port", type=int, default=0, help="Prometheus port on 127.0.0.1 (0 = any, -1 = off)")
+    w.add_argument("--duration", type=float, help="stop after this many seconds")
+    w.add_argument("--max-blocks", type=int, help="stop after this many accepted blocks "
+                                                  "(default 1 with the embedded devnet)")
+    w.add_argument("--progress-interval", type=float, default=5.0)
+    w.add_argument("--log-level", default="WARNING")
+    p.set_defaults(func=cmd_run)
+
+
+def _add_clients(sub: argparse._SubParsersAction) -> None:
+    s = sub.add_parser("status", help="live figures of a running worker (over gRPC)")
+    s.add_argument("--address", help=f"control address (default: the data dir's {ADDRESS_FILE}, else {DEFAULT_CONTROL})")
+    s.add_argument("--data-dir", type=Path, default=Path("pearl-moe-data"))
+    s.add_argument("--json", action="store_true", help="print the status as JSON")
+    s.set_defaults(func=cmd_status)
+    e = sub.add_parser("events", help="stream a running worker's events (over gRPC)")
+    e.add_argument("--address")
+    e.add_argument("--data-dir", type=Path, default=Path("pearl-moe-data"))
+    e.add_argument("--no-replay", action="store_true", help="only events from now on")
+    e.add_argument("--count", type=int, help="stop after this many events")
+    e.set_defaults(func=cmd_events)
+    c = sub.add_parser("control", help="pause, resume or set the mining mode of a running worker")
+    c.add_argument("action", choices=("pause", "resume", "mode"))
+    c.add_argument("value", nargs="?", default="", help="the mode for 'mode', a reason for 'pause'")
+    c.add_argument("--address")
+    c.add_argument("--data-dir", type=Path, default=Path("pearl-moe-data"))
+    c.set_defaults(func=cmd_control)
+
+
+def _add_devnet(sub: argparse._SubParsersAction) -> None:
+    from node_client import devnet
+
+    d = sub.add_parser("devnet", help="run the local devnet (a stand-in pearld and pearl-gateway)")
+    devnet.add_arguments(d)
+    d.set_defaults(func=lambda args: devnet.cli_main(args))
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pearl-moe", description=__doc__)
-    parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_run(sub)
+    _add_clients(sub)
+    _add_devnet(sub)
     return parser
+
+
+def _control_address(args: argparse.Namespace) -> str:
+    if args.address:
+        return args.address
+    path = args.data_dir / ADDRESS_FILE
+    return path.read_text().strip() if path.is_file() else DEFAULT_CONTROL
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    import grpc
+    from google.protobuf.json_format import MessageToDict
+
+    from miner.progress import status_line
+    from miner.service import ControlClient
+
+    client = ControlClient(_control_address(args))
+    try:
+        status = MessageToDict(client.status(), preserving_proto_field_name=True,
+                               always_print_fields_with_no_presence=True)
+    except grpc.RpcError as exc:
+        print(f"pearl-moe status: no worker answers at {_control_address(args)}: {exc.details()}", file=sys.stderr)
+        return 2
+    finally:
+        client.close()
+    if args.json:
+        print(json.dumps(status, indent=2, sort_keys=True))
+        return 0
+    _print_status(status, status_line)
+    return 0
+
+
+def _print_status(status: dict[str, Any], status_line: Any) -> None:
+    mining, serving = status["mining"], status["serving"]
+    for key in ("credited_work", "tickets", "launches_mined", "launches_unmined", "winners", "proofs_built",
+                "verify_failed", "refused_by_rules", "submitted", "accepted", "rejected", "persisted",
+                "resubmitted", "dropped_stale", "oom_events", "pending_winners"):
+        mining[key] = int(mining.get(key, 0))
+    for key in ("requests", "prefill_tokens", "decode_tokens"):
+        serving[key] = int(serving.get(key, 0))
+    status["height"] = int(status.get("height", -1))
+    print(status_line(status))
+    print(f"  network {status['network']}  cert V{status['cert_version']}  mode {status['mode']} "
+          f"(preference {status['mode_preference']}: {status['mode_reason']})  backend {status['backend'] or '-'}")
+    print(f"  source {'connected' if status['source_connected'] else 'DOWN: ' + status['source_error']}")
+    print(f"  serving: {serving['requests']} requests, prefill {serving['prefill_tokens_per_s']:.0f} tok/s, "
+          f"decode {serving['decode_tokens_per_s']:.0f} tok/s")
+    print(f"  mining: hashrate {mining['hashrate']:.3g} work/s, launches mined {mining['launches_mined']} "
+          f"unmined {mining['launches_unmined']}, proofs {mining['proofs_built']}, "
+          f"verify failed {mining['verify_failed']}, refused by rules {mining['refused_by_rules']}, "
+          f"persisted {mining['persisted']}, pending {mining['pending_winners']}")
+    for reason, count in sorted(mining.get("rejected_reasons", {}).items()):
+        print(f"  rejected {int(count)}x: {reason}")
+
+
+def cmd_events(args: argparse.Namespace) -> int:
+    import time
+
+    import grpc
+
+    from miner.service import ControlClient
+
+    client = ControlClient(_control_address(args))
+    seen = 0
+    try:
+        for event in client.events(replay=not args.no_replay):
+            stamp = time.strftime("%H:%M:%S", time.localtime(event.time))
+            print(f"{stamp} #{event.seq} {event.kind}: {event.message}", flush=True)
+            seen += 1
+            if args.count is not None and seen >= args.count:
+                break
+    except grpc.RpcError as exc:
+        if exc.code() != grpc.StatusCode.CANCELLED:
+            print(f"pearl-moe events: {exc.details()}", file=sys.stderr)
+            return 2
+    except KeyboardInterrupt:
+        pass
+    finally:
+        client.close()
+    return 0
+
+
+def cmd_control(args: argparse.Namespace) -> int:
+    import grpc
+
+    from miner.service import ControlClient
+
+    client = ControlClient(_control_address(args))
+    try:
+        if args.action == "pause":
+            status = client.pause(args.value)
+        elif args.action == "resume":
+            status = client.resume()
+        else:
+            status = client.set_mode(args.value)
+    except grpc.RpcError as exc:
+        print(f"pearl-moe control: {exc.details()}", file=sys.stderr)
+        return 2
+    finally:
+        client.close()
+    print(f"state {status.state}, mode {status.mode} ({status.mode_reason})")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from miner.runner import run_worker
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    with ExitStack() as stack:
+        if args.data_dir is None:
+            args.data_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="pearl-moe-"))) \
+                if args.gateway is None else Path("pearl-moe-data")
+        return run_worker(args, stack)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return int(args.command is None)
+    try:
+        return int(args.func(args) or 0)
+    except ValueError as exc:
+        print(f"pearl-moe {args.command}: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     sys.exit(main())

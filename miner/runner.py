@@ -1,0 +1,78 @@
+"""``pearl-moe run``: build the worker from the command line, serve until done, shut down cleanly."""
+from __future__ import annotations
+
+import argparse
+import signal
+import threading
+import time
+from contextlib import ExitStack
+from pathlib import Path
+from types import FrameType
+
+from node_client.pearld import PearldClient
+
+from miner.metrics import start_metrics
+from miner.model import load_config
+from miner.progress import ProgressDisplay, status_line
+from miner.service import serve
+from miner.sources import GatewaySource
+from miner.worker import Worker, WorkerConfig
+
+ADDRESS_FILE = "control.addr"
+
+
+def _embedded_devnet(args: argparse.Namespace, stack: ExitStack) -> tuple[str, PearldClient, str]:
+    """Start the local devnet in-process; returns (gateway address, pearld client, network)."""
+    from node_client.devnet import start_devnet
+
+    devnet = stack.enter_context(start_devnet(args.devnet_profile, datadir=Path(args.data_dir) / "devnet"))
+    print(f"pearl-moe: embedded devnet ({args.devnet_profile}) at height {devnet.chain.height}: "
+          f"pearld {devnet.pearld_url}, gateway {devnet.gateway_address}", flush=True)
+    return devnet.gateway_address, devnet.pearld_client(retries=0, timeout=5.0), args.devnet_profile
+
+
+def run_worker(args: argparse.Namespace, stack: ExitStack) -> int:
+    model = load_config(args.model)
+    if args.gateway is None:
+        gateway_address, pearld, network = _embedded_devnet(args, stack)
+        max_blocks = 1 if args.max_blocks is None else args.max_blocks
+    else:
+        gateway_address, network, max_blocks = args.gateway, args.network or "regtest", args.max_blocks
+        pearld = PearldClient(args.pearld, args.pearld_user, args.pearld_password, retries=0, timeout=5.0) \
+            if args.pearld else None
+    network = args.network or network
+    source = GatewaySource(gateway_address, pearld)
+    stack.callback(source.close)
+    config = WorkerConfig(
+        model=model, network=network, data_dir=Path(args.data_dir), weights=args.weights, seed=args.seed,
+        prompts=args.prompts, batch_size=args.batch_size, prompt_len=args.prompt_len,
+        max_new_tokens=args.max_new_tokens, min_mining_tokens=args.min_mining_tokens, mode=args.mode,
+        duration_s=args.duration, max_blocks=max_blocks,
+    )
+    worker = Worker(config, source)
+    server, port = serve(worker, args.control)
+    stack.callback(server.stop, 2)
+    host = args.control.rpartition(":")[0] or "127.0.0.1"
+    (config.data_dir / ADDRESS_FILE).write_text(f"{host}:{port}\n")
+    print(f"pearl-moe: {model.style} model ({model.num_layers} layers, {model.num_experts} experts, "
+          f"k={model.hidden_size}), network {network}, control {host}:{port}", flush=True)
+    if args.metrics_port >= 0:
+        metrics_port = start_metrics(worker.status, args.metrics_port)
+        print(f"pearl-moe: metrics on http://127.0.0.1:{metrics_port}/metrics", flush=True)
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        worker.stop_requested.set()
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+    display = ProgressDisplay(worker.events, args.progress_interval)
+    started = time.monotonic()
+    worker.start()
+    try:
+        worker.serve(on_batch=lambda: display.tick(worker.status()))
+    finally:
+        worker.shutdown()
+    display.flush_events()
+    print(f"pearl-moe: done after {time.monotonic() - started:.0f} s: {status_line(worker.status())}", flush=True)
+    return 0

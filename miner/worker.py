@@ -1,0 +1,228 @@
+"""The worker: serves the model, mines inside its MoE layers, and wires every part together.
+
+Threads: the serving loop (the caller's), ``job-poller`` (jobs, mode changes and per-job backend
+preparation), ``mining-completion`` (proofs and submissions), the gRPC server's pool and the
+metrics server. Inference never waits on the network: the poller and completion threads do.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from miner.accounting import MiningStats
+from miner.backend import MiningBackend, WinnerRecord
+from miner.completion import CompletionWorker
+from miner.cpu_int7 import CpuInt7Backend
+from miner.events import EventBus
+from miner.generation import Generator, file_prompts, generated_prompts
+from miner.jobs import JobPoller, JobSource, MiningJob
+from miner.layer import MinedLayer
+from miner.model import ModelConfig, build_model
+from miner.modes import AUTO, CHOICES, Mode, choose_mode, job_height
+from miner.persistence import SubmissionStore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class WorkerConfig:
+    model: ModelConfig
+    network: str
+    data_dir: Path
+    weights: Path | None = None
+    seed: int = 0
+    prompts: Path | None = None
+    batch_size: int = 4
+    prompt_len: int = 64
+    max_new_tokens: int = 16
+    min_mining_tokens: int = 16
+    mode: str = AUTO
+    poll_interval: float = 1.0
+    oom_cooldown_s: float = 30.0
+    duration_s: float | None = None
+    max_blocks: int | None = None
+
+
+BackendFactory = Callable[[Mode, int, ModelConfig], MiningBackend]
+
+
+def cpu_backend(mode: Mode, layer_id: int, cfg: ModelConfig) -> MiningBackend:
+    """The CPU reference backends: torch GEMMs, mining with proof/'s CPU pieces."""
+    if mode in (Mode.INT7_MOE, Mode.INT7_DENSE):
+        return CpuInt7Backend(mode, layer_id, cfg.num_experts, cfg.top_k)
+    raise NotImplementedError(f"no CPU backend mines {mode.value}")
+
+
+@dataclass
+class _Control:
+    paused: str = ""  # reason, empty when not paused
+    cooldown_until: float = 0.0
+    preference: str = AUTO
+    mode: Mode = Mode.OFF
+    mode_reason: str = "no current job"
+    started: float = field(default_factory=time.monotonic)
+
+
+class Worker:
+    def __init__(self, config: WorkerConfig, source: JobSource,
+                 backend_factory: BackendFactory = cpu_backend) -> None:
+        self.config, self.source, self.backend_factory = config, source, backend_factory
+        self.events = EventBus()
+        self.stats = MiningStats()
+        self.store = SubmissionStore(config.data_dir)
+        self.model = build_model(config.model, config.weights, config.seed)
+        self.generator = Generator(self.model, config.batch_size, config.max_new_tokens)
+        self.poller = JobPoller(source, interval=config.poll_interval)
+        self.completion = CompletionWorker(source, self.store, self.stats, self.events, config.network,
+                                           lambda: self.poller.current)
+        self.control = _Control(preference=config.mode)
+        self._lock = threading.Lock()
+        self.stop_requested = threading.Event()
+        self.layers = [MinedLayer(block.layer_id, self.stats, self.may_mine, self.completion.offer,
+                                  self._oom, config.min_mining_tokens) for block in self.model.moe_blocks]
+        for block, layer in zip(self.model.moe_blocks, self.layers):
+            block.launcher = layer
+        self.poller.subscribe(self._on_job)
+
+    # -- state --------------------------------------------------------------------------------
+    def may_mine(self) -> bool:
+        c = self.control
+        return not c.paused and time.monotonic() >= c.cooldown_until and c.mode != Mode.OFF
+
+    def state(self) -> str:
+        c = self.control
+        if c.paused:
+            return "paused"
+        if time.monotonic() < c.cooldown_until:
+            return "cooldown"
+        return "mining" if c.mode != Mode.OFF and self.poller.current is not None else "waiting"
+
+    def _oom(self, exc: MemoryError) -> None:
+        self.control.cooldown_until = time.monotonic() + self.config.oom_cooldown_s
+        self.stats.add("oom_events")
+        self.events.publish("oom", f"out of memory while mining ({exc}); serving unmined for "
+                                   f"{self.config.oom_cooldown_s:.0f} s")
+
+    # -- jobs and modes (job thread) ----------------------------------------------------------
+    def _on_job(self, job: MiningJob | None) -> None:
+        if job is None:
+            self.events.publish("source_down", f"job retired, mining paused: {self.poller.last_error}")
+        else:
+            height = job_height(job, self.config.network) if job.height is None else job.height
+            self.events.publish("job", f"job {job.job_id} cert V{job.cert_version} height "
+                                       f"{job.height if job.height is not None else f'~{height}'}")
+        self._apply_mode(job)
+        self.completion.wake()
+
+    def _apply_mode(self, job: MiningJob | None) -> None:
+        with self._lock:
+            decision = choose_mode(job, self.config.network, self.control.preference)
+            for layer in self.layers:
+                layer.backend = None
+            mode, reason = decision.mode, decision.reason
+            if job is not None and mode != Mode.OFF:
+                try:
+                    for layer, block in zip(self.layers, self.model.moe_blocks):
+                        backend = self.backend_factory(mode, layer.layer_id, self.config.model)
+                        backend.prepare_job(job, block.w13)
+                        layer.backend = backend
+                except (NotImplementedError, ValueError) as exc:
+                    for layer in self.layers:
+                        layer.backend = None
+                    mode, reason = Mode.OFF, f"cannot mine {mode.value}: {exc}"
+            changed = (mode, reason) != (self.control.mode, self.control.mode_reason)
+            self.control.mode, self.control.mode_reason = mode, reason
+        if changed:
+            self.events.publish("mode", f"{mode.value}: {reason}")
+
+    # -- control (gRPC) -----------------------------------------------------------------------
+    def pause(self, reason: str) -> None:
+        self.control.paused = reason or "paused"
+        self.events.publish("paused", self.control.paused)
+
+    def resume(self) -> None:
+        self.control.paused = ""
+        self.control.cooldown_until = 0.0
+        self.events.publish("resumed", "mining resumed")
+
+    def set_mode(self, mode: str) -> None:
+        if mode not in CHOICES:
+            raise ValueError(f"mode {mode!r} is not one of {CHOICES}")
+        self.control.preference = mode
+        self.events.publish("mode_preference", f"mode preference set to {mode}")
+        self._apply_mode(self.poller.current)
+
+    def status(self) -> dict[str, Any]:
+        job = self.poller.current
+        s = self.generator.stats
+        mining = self.stats.snapshot()
+        mining["pending_winners"] = self.completion.pending
+        return {
+            "state": self.state(), "mode": self.control.mode.value,
+            "mode_preference": self.control.preference, "mode_reason": self.control.mode_reason,
+            "network": self.config.network, "job_id": job.job_id if job else "",
+            "cert_version": job.cert_version if job else 0,
+            "height": job.height if job is not None and job.height is not None else -1,
+            "source_connected": self.poller.failures == 0, "source_error": self.poller.last_error,
+            "model": self.config.model.style, "backend": self._backend_name(),
+            "uptime_s": time.monotonic() - self.control.started,
+            "serving": {"requests": s.requests, "prefill_tokens": s.prefill_tokens,
+                        "decode_tokens": s.decode_tokens, "prefill_tokens_per_s": s.prefill_tokens_per_s,
+                        "decode_tokens_per_s": s.decode_tokens_per_s, "tokens_per_s": s.tokens_per_s},
+            "mining": mining,
+        }
+
+    def _backend_name(self) -> str:
+        backend = self.layers[0].backend if self.layers else None
+        return backend.name if backend is not None else ""
+
+    def check_blocks(self) -> None:
+        """Account the blocks of submitted jobs the chain has moved past (accepted or not)."""
+        block_status = getattr(self.source, "block_status", None)
+        for job, included in self.completion.resolve(self.poller.current, block_status):
+            if included:
+                self.stats.add("accepted")
+                self.events.publish("accepted", f"block for job {job.job_id} accepted")
+            else:
+                self.stats.reject("not included in the chain")
+                self.events.publish("rejected", f"block for job {job.job_id} not included in the chain")
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    def start(self) -> None:
+        pending = self.store.load_pending()
+        if pending:
+            self.events.publish("pending", f"{len(pending)} persisted proof(s) to retry when their job is current")
+            self.completion.retry_later(pending)
+        self.completion.start()
+        self.poller.start()
+
+    def finished(self) -> bool:
+        c = self.config
+        if self.stop_requested.is_set():
+            return True
+        if c.duration_s is not None and time.monotonic() - self.control.started >= c.duration_s:
+            return True
+        return c.max_blocks is not None and self.stats.accepted >= c.max_blocks
+
+    def serve(self, on_batch: Callable[[], None] = lambda: None) -> None:
+        """Serve the request stream until ``finished()``; accounts blocks between batches."""
+        cfg = self.config
+        stream = file_prompts(cfg.prompts, cfg.model.vocab_size) if cfg.prompts else \
+            generated_prompts(cfg.prompt_len, cfg.model.vocab_size, cfg.seed)
+        for _ in self.generator.serve(stream):
+            self.check_blocks()
+            on_batch()
+            if self.finished():
+                break
+
+    def shutdown(self) -> None:
+        """Stop polling, drain the completion thread and persist unsent proofs."""
+        self.poller.stop()
+        kept = self.completion.stop()
+        self.check_blocks()
+        self.events.publish("stopped", f"worker stopped; {len(kept)} proof(s) persisted")
