@@ -14,9 +14,11 @@ from proof.int7 import (
     PENALTY_BASE_RANK,
     PUBLIC_DATA_SIZE as PUBLIC_DATA_SIZE_DENSE,
     Int7Error,
+    PlainProof,
     config_and_jackpot,
     penalized_bound,
 )
+from proof.int7 import public_data as int7_public_data
 
 
 class RuleViolation(Exception):
@@ -125,3 +127,18 @@ def would_accept(
     except RuleViolation as exc:
         return False, str(exc)
     return True, ""
+
+
+def would_accept_plain_proof(
+    network: str | forks.NetworkParams, height: int, cert_version: int, header76: bytes, proof: PlainProof
+) -> tuple[bool, str]:
+    """``would_accept`` for an INT plain proof about to go to the gateway: its public data is built
+    with proof.int7 (the same bytes the prover will commit to) and the header's bits are used."""
+    if len(header76) != 76:
+        raise ValueError(f"header76 must be 76 bytes, got {len(header76)}")
+    try:
+        public_data = int7_public_data(header76, proof, cert_version=cert_version)
+    except Int7Error as exc:
+        return False, f"invalid-proof: {exc}"
+    bits = int.from_bytes(header76[72:76], "little")
+    return would_accept(network, height, cert_version, public_data, bits)
