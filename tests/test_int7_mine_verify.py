@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 from proof.int7 import (Int7Error, MiningConfig, PlainProof, PublicData, build_proof, commit_instance,
-                        instance_tickets, mine_cpu, penalized_bound, public_data, ticket_value,
-                        unpenalized_bound, verify_plain_proof)
+                        instance_tickets, instance_transcripts, mine_cpu, noise_a_rows, noise_b_cols, noised,
+                        penalized_bound, public_data, ticket_value, transcript_words, unpenalized_bound,
+                        verify_plain_proof)
 
 HEADER = bytes(4) + bytes([1]) * 32 + bytes([2]) * 32 + bytes.fromhex("66666666") + bytes.fromhex("ffff7f20")
 BITS = 0x1E010000  # regtest PowLimitBits: about one tile in 256 wins
@@ -220,3 +221,18 @@ def test_benchmark_verifies_k4096_within_budget(capsys):
     from proof.int7.bench import main
     assert main(["--repeats", "1"]) == 0
     assert "within the 1 s budget" in capsys.readouterr().out
+
+
+def test_instance_transcripts_match_single_tile_and_verifier_noise():
+    rng = np.random.default_rng(5)
+    a = rng.integers(-64, 65, size=(128, 2048), dtype=np.int8)
+    bt = rng.integers(-64, 65, size=(64, 2048), dtype=np.int8)
+    instance = commit_instance(HEADER, DENSE, a, bt, cert_version=3)
+    assert np.array_equal(instance.a_noised[:3], noised(a[:3], noise_a_rows(instance.s_a, 2048, 128, [0, 1, 2])))
+    e_b = noise_b_cols(instance.s_b, 2048, 128, [60, 61, 62, 63])
+    assert np.array_equal(instance.bt_noised[60:], noised(bt[60:], e_b))
+    (_, row_offsets, col_offsets, words), = list(instance_transcripts(instance))
+    i, j = 5, 3
+    rows = [row_offsets[i] + p for p in ROWS]
+    cols = [col_offsets[j] + q for q in COLS]
+    assert np.array_equal(words[i, j], transcript_words(instance.a_noised[rows], instance.bt_noised[cols], 128))

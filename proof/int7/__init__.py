@@ -5,7 +5,8 @@ proofs and public data, the CPU reference miner and the plain-proof verifier.
 """
 from .config import CONFIG_SIZE, MiningConfig
 from .errors import Int7Error
-from .miner import Instance, TileWin, build_proof, commit_instance, instance_tickets, mine_cpu, mining_bound
+from .miner import (Instance, TileWin, build_proof, commit_instance, instance_tickets, instance_transcripts,
+                    mine_cpu, mining_bound)
 from .noise import (LABEL_A, LABEL_B, apply_sparse, noise_a_rows, noise_b_cols, noised, prng_block,
                     sparse_factor, uniform_factor)
 from .pattern import PeriodicPattern, list_to_pattern
@@ -25,9 +26,9 @@ __all__ = [
     "PENALTY_BASE_RANK", "PUBLIC_DATA_SIZE", "PeriodicPattern", "PlainProof", "PublicData",
     "SEED_SALT_A", "SEED_SALT_B", "TileWin", "apply_sparse", "build_proof", "chunk_dot_products",
     "commit_instance", "commitment", "config_and_jackpot", "end_offsets", "flatten", "fold_chunks",
-    "instance_tickets", "job_key", "list_to_pattern", "mine_cpu", "min_cert_version", "mining_bound",
-    "noise_a_rows", "noise_b_cols", "noise_seeds", "noised", "offsets_hash", "peel",
-    "penalized_bound", "prng_block", "public_data", "random_routing", "routing_fold", "sparse_factor",
-    "sparse_matrix", "ticket", "ticket_value", "tile_transcripts", "transcript_words",
-    "uniform_factor", "unpenalized_bound", "verify_plain_proof",
+    "instance_tickets", "instance_transcripts", "job_key", "list_to_pattern", "min_cert_version",
+    "mine_cpu", "mining_bound", "noise_a_rows", "noise_b_cols", "noise_seeds", "noised",
+    "offsets_hash", "peel", "penalized_bound", "prng_block", "public_data", "random_routing",
+    "routing_fold", "sparse_factor", "sparse_matrix", "ticket", "ticket_value", "tile_transcripts",
+    "transcript_words", "uniform_factor", "unpenalized_bound", "verify_plain_proof",
 ]

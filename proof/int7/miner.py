@@ -96,8 +96,11 @@ def commit_instance(header76: bytes, config: MiningConfig, a: np.ndarray, bt: np
                     frozen_routing)
 
 
-def instance_tickets(instance: Instance):
-    """Yield TileWin for every lottery tile, experts in order, row tiles then column tiles."""
+def instance_transcripts(instance: Instance):
+    """Yield (expert, row offsets, column offsets, words (T_r, T_c, 16) uint32) per expert group.
+
+    Dense instances are one group (expert 0); MoE row offsets are positions in the expert's token list.
+    """
     config = instance.config
     groups = [(0, np.arange(instance.a.shape[0]), instance.bt_noised)]
     if config.is_moe:
@@ -107,9 +110,14 @@ def instance_tickets(instance: Instance):
     for expert, rows, bt_group in groups:
         row_offsets, row_tiles = tile_index_sets(config.rows_pattern, len(rows))
         col_offsets, col_tiles = tile_index_sets(config.cols_pattern, bt_group.shape[0])
-        if not row_offsets or not col_offsets:
-            continue
-        words = tile_transcripts(instance.a_noised[rows], bt_group, config.rank, row_tiles, col_tiles)
+        if row_offsets and col_offsets:
+            yield expert, row_offsets, col_offsets, tile_transcripts(
+                instance.a_noised[rows], bt_group, config.rank, row_tiles, col_tiles)
+
+
+def instance_tickets(instance: Instance):
+    """Yield TileWin for every lottery tile, experts in order, row tiles then column tiles."""
+    for expert, row_offsets, col_offsets, words in instance_transcripts(instance):
         for i, t_rows in enumerate(row_offsets):
             for j, t_cols in enumerate(col_offsets):
                 yield TileWin(expert, t_rows, t_cols, ticket(instance.s_a, words[i, j]))
