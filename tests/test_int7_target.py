@@ -1,7 +1,7 @@
 """Jackpot bounds: int-protocol.md §9.2–9.3 and node-consensus.md §6.6 values."""
 import pytest
 
-from proof.int7 import Int7Error, MiningConfig, penalized_bound, ticket_value, unpenalized_bound
+from proof.int7 import Int7Error, MiningConfig, meets_bound, penalized_bound, ticket_value, unpenalized_bound
 
 ROWS = [0, 8, 64, 72]
 COLS = [0, 1, 8, 9, 32, 33, 40, 41]
@@ -38,8 +38,9 @@ def test_go_rank_penalty_vector():  # node-consensus.md §6.6: DefaultNBits, k =
 
 
 def test_penalty_rejects_low_rank_and_degenerate_configs():
-    with pytest.raises(Int7Error, match="rank must be >= 128"):
-        penalized_bound(0x1D00FFFF, config(4096, 64))
+    for rank in (32, 64):
+        with pytest.raises(Int7Error, match="rank must be >= 128"):
+            penalized_bound(0x1D00FFFF, config(4096, rank))
     with pytest.raises(Int7Error, match="degenerate"):
         penalized_bound(0x1D00FFFF, config(64, 128))
 
@@ -54,3 +55,10 @@ def test_ticket_is_read_little_endian():
     assert ticket_value(bytes(31) + bytes([1])) == 1 << 248
     with pytest.raises(Int7Error, match="32 bytes"):
         ticket_value(bytes(31))
+
+
+@pytest.mark.parametrize("rank", [128, 256])
+def test_bound_is_inclusive(rank):  # accepted at the bound, rejected at bound + 1
+    bound = penalized_bound(0x1D00FFFF, config(65536, rank))
+    assert meets_bound(bound.to_bytes(32, "little"), bound)
+    assert not meets_bound((bound + 1).to_bytes(32, "little"), bound)

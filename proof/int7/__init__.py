@@ -16,7 +16,7 @@ from .public_data import (MAX_PUBLIC_DATA_SIZE, MIN_MOE_PUBLIC_DATA_SIZE, PUBLIC
                           config_and_jackpot)
 from .routing import end_offsets, flatten, random_routing
 from .seeds import SEED_SALT_A, SEED_SALT_B, commitment, job_key, noise_seeds, offsets_hash, routing_fold
-from .target import PENALTY_BASE_RANK, penalized_bound, ticket_value, unpenalized_bound
+from .target import PENALTY_BASE_RANK, meets_bound, penalized_bound, ticket_value, unpenalized_bound
 from .transcript import chunk_dot_products, fold_chunks, ticket, tile_transcripts, transcript_words
 from .verifier import public_data, verify_plain_proof
 
@@ -27,7 +27,7 @@ __all__ = [
     "SEED_SALT_A", "SEED_SALT_B", "TileWin", "apply_sparse", "build_proof", "chunk_dot_products",
     "commit_instance", "commitment", "config_and_jackpot", "end_offsets", "flatten", "fold_chunks",
     "instance_tickets", "instance_transcripts", "job_key", "list_to_pattern", "min_cert_version",
-    "mine_cpu", "mining_bound", "noise_a_rows", "noise_b_cols", "noise_seeds", "noised",
+    "meets_bound", "mine_cpu", "mining_bound", "noise_a_rows", "noise_b_cols", "noise_seeds", "noised",
     "offsets_hash", "peel", "penalized_bound", "prng_block", "public_data", "random_routing",
     "routing_fold", "sparse_factor", "sparse_matrix", "ticket", "ticket_value", "tile_transcripts",
     "transcript_words", "uniform_factor", "unpenalized_bound", "verify_plain_proof",

@@ -21,6 +21,7 @@ MIN_TILE_SIZE = 32
 MAX_TILE_SIZE = 256
 MAX_WORKER_INPUT = 1 << 22
 DWORD_SIZE = 4
+VALUE_LIMIT = 64  # committed operands lie in [-64, 64]
 
 
 @dataclass(frozen=True)

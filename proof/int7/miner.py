@@ -11,17 +11,16 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..blake3tree import MerkleTree
-from .config import MiningConfig
+from .config import VALUE_LIMIT, MiningConfig
 from .errors import Int7Error
 from .noise import LABEL_A, LABEL_B, apply_sparse, noised, sparse_factor, uniform_factor
 from .openings import open_rows
 from .plain_proof import LEAF_SIZE, MoEOpening, PlainProof
 from .routing import Routing, check_routing, end_offsets, expert_start, flatten, open_entries, random_routing
 from .seeds import commitment, job_key, noise_seeds, offsets_hash, salted_for
-from .target import penalized_bound, ticket_value, unpenalized_bound
+from .target import meets_bound, penalized_bound, unpenalized_bound
 from .transcript import ticket, tile_index_sets, tile_transcripts
 
-VALUE_LIMIT = 64
 DEFAULT_MAX_ATTEMPTS = 64
 
 
@@ -174,6 +173,6 @@ def mine_cpu(header76: bytes, config: MiningConfig, *, m: int, n: int, bits: int
         instance = commit_instance(header76, config, a, bt, cert_version=cert_version,
                                    routing=attempt_routing)
         for win in instance_tickets(instance):
-            if ticket_value(win.ticket) <= bound:
+            if meets_bound(win.ticket, bound):
                 return build_proof(instance, win)
     raise Int7Error(f"no winning tile in {max_attempts} attempts")

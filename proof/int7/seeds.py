@@ -11,9 +11,9 @@ import blake3
 from ..blake3tree import keyed_tree_root
 from .config import MiningConfig
 from .errors import Int7Error
+from .plain_proof import LEAF_SIZE
 
 HEADER_SIZE = 76
-LEAF_SIZE = 1024
 SEED_SALT_A = blake3.blake3(b"pearl/cert-v3/noise-seed/A").digest()
 SEED_SALT_B = blake3.blake3(b"pearl/cert-v3/noise-seed/B").digest()
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .config import MiningConfig
+from .config import VALUE_LIMIT, MiningConfig
 from .errors import Int7Error
 from .noise import noise_a_rows, noise_b_cols, noised
 from .openings import check_opening, leaf_count
@@ -22,7 +22,6 @@ from .seeds import HEADER_SIZE, job_key, noise_seeds, offsets_hash, salted_for
 from .transcript import ticket, transcript_words
 
 MAX_DIM = 1 << 24
-VALUE_LIMIT = 64
 
 
 @dataclass(frozen=True)

@@ -33,3 +33,8 @@ def ticket_value(ticket: bytes) -> int:
     if len(ticket) != 32:
         raise Int7Error(f"ticket must be 32 bytes, got {len(ticket)}")
     return int.from_bytes(ticket, "little")
+
+
+def meets_bound(ticket: bytes, bound: int) -> bool:
+    """The lottery test: LE(ticket) <= bound (inclusive)."""
+    return ticket_value(ticket) <= bound

@@ -4,7 +4,7 @@ from __future__ import annotations
 from .errors import Int7Error
 from .plain_proof import PlainProof
 from .statement import derive_statement, statement_public_data, statement_ticket
-from .target import ticket_value, unpenalized_bound
+from .target import meets_bound, unpenalized_bound
 
 
 def verify_plain_proof(header76: bytes, proof: PlainProof, *, bits: int,
@@ -21,7 +21,7 @@ def verify_plain_proof(header76: bytes, proof: PlainProof, *, bits: int,
         bound = unpenalized_bound(bits, statement.config)
     except Int7Error as error:
         return False, str(error)
-    if ticket_value(jackpot) > bound:
+    if not meets_bound(jackpot, bound):
         return False, f"ticket {jackpot[::-1].hex()} (LE value) exceeds the target bound {bound:#x}"
     return True, "ok"
 
