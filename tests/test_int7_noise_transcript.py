@@ -141,3 +141,21 @@ def test_peel_recovers_the_product_exactly(seed):
     product = a_noised.astype(np.int64) @ b_noised.astype(np.int64)
     assert not np.array_equal(product, a.astype(np.int64) @ b)
     assert np.array_equal(peel(product, a, b_noised, u_a, p_a, u_b, p_b), a.astype(np.int64) @ b)
+
+
+def test_moe_peel_gathers_rows_and_expert_columns():
+    """C_e = A'_e·W'_e − Gather(A·P_B)·U_B[e]ᵀ − Gather(U_A)·(P_Aᵀ·W'_e): the peel on an expert slice."""
+    rng = np.random.default_rng(9)
+    m, n_e, experts, k, rank = 10, 6, 3, 128, 32
+    s_a, s_b = rng.bytes(32), rng.bytes(32)
+    a = rng.integers(-64, 65, size=(m, k), dtype=np.int8)
+    b = rng.integers(-64, 65, size=(k, experts * n_e), dtype=np.int8)
+    u_a = uniform_factor(s_a, LABEL_A, range(m), rank)
+    u_b = uniform_factor(s_b, LABEL_B, range(experts * n_e), rank)
+    p_a, p_b = sparse_factor(s_a, LABEL_A, k, rank), sparse_factor(s_b, LABEL_B, k, rank)
+    a_noised = noised(a, apply_sparse(u_a, *p_a))
+    b_noised = noised(b.T, apply_sparse(u_b, *p_b)).T
+    tokens, cols = np.array([1, 4, 5, 9]), np.arange(n_e, 2 * n_e)
+    product = a_noised[tokens].astype(np.int64) @ b_noised[:, cols].astype(np.int64)
+    recovered = peel(product, a[tokens], b_noised[:, cols], u_a[tokens], p_a, u_b[cols], p_b)
+    assert np.array_equal(recovered, a[tokens].astype(np.int64) @ b[:, cols])

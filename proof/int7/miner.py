@@ -7,6 +7,7 @@ given operands, for comparing GPU kernels against.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterator
 
 import numpy as np
 
@@ -95,7 +96,7 @@ def commit_instance(header76: bytes, config: MiningConfig, a: np.ndarray, bt: np
                     frozen_routing)
 
 
-def instance_transcripts(instance: Instance):
+def instance_transcripts(instance: Instance) -> Iterator[tuple[int, list[int], list[int], np.ndarray]]:
     """Yield (expert, row offsets, column offsets, words (T_r, T_c, 16) uint32) per expert group.
 
     Dense instances are one group (expert 0); MoE row offsets are positions in the expert's token list.
@@ -114,7 +115,7 @@ def instance_transcripts(instance: Instance):
                 instance.a_noised[rows], bt_group, config.rank, row_tiles, col_tiles)
 
 
-def instance_tickets(instance: Instance):
+def instance_tickets(instance: Instance) -> Iterator[TileWin]:
     """Yield TileWin for every lottery tile, experts in order, row tiles then column tiles."""
     for expert, row_offsets, col_offsets, words in instance_transcripts(instance):
         for i, t_rows in enumerate(row_offsets):
