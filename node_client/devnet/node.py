@@ -168,7 +168,8 @@ class DevnetNode:
     def _entry(self, value: Any) -> ChainEntry:
         text = _typed(value, str, "hash")
         try:
-            block_hash = from_display_hex(text)
+            # chainhash.NewHashFromStr: a short string is a number with its leading zeros left out.
+            block_hash = from_display_hex(text.rjust(64, "0") if len(text) <= 64 else text)
         except ValueError as exc:
             raise RpcFault(ERR_DESERIALIZATION, f"Argument must be hexadecimal string (not {text[:64]!r})") from exc
         entry = self.chain.entry_by_hash(block_hash)
