@@ -38,6 +38,7 @@ class CompletionWorker:
         self.network, self.current_job = network, current_job
         self._queue: queue.Queue = queue.Queue(max_queue)
         self._answered: set[bytes] = set()  # job headers already holding a submitted proof
+        self._held: set[bytes] = set()  # job headers whose proof waits in the data directory
         self.awaiting: list[MiningJob] = []  # submitted jobs whose block status is not yet known
         self._retry: list[Submission] = []
         self._lock = threading.Lock()
@@ -54,7 +55,7 @@ class CompletionWorker:
     def offer(self, backend: MiningBackend, record: WinnerRecord) -> bool:
         """Queue a winner (never blocks the serving thread); False when it was not taken."""
         self.stats.add("winners")
-        if record.job.header76 in self._answered:
+        if self._has_proof(record.job):
             return False
         try:
             self._queue.put_nowait((backend, record))
@@ -66,6 +67,7 @@ class CompletionWorker:
         """Persisted submissions from an earlier run; sent once their job is the current one."""
         with self._lock:
             self._retry.extend(subs)
+        self._held.update(sub.job.header76 for sub in subs)
         self._queue.put(None)  # wake the thread
 
     def wake(self) -> None:
@@ -88,12 +90,16 @@ class CompletionWorker:
                 log.exception("completion failed")
                 self.events.publish("error", f"completion failed: {exc}")
 
+    def _has_proof(self, job: MiningJob) -> bool:
+        """One proof per job is enough: a header makes at most one block."""
+        return job.header76 in self._answered or job.header76 in self._held
+
     def _process(self, backend: MiningBackend, record: WinnerRecord) -> None:
         job = record.job
         if job != self.current_job():
             self.stats.add("dropped_stale")
             return
-        if job.header76 in self._answered:
+        if self._has_proof(job):
             return
         sub = self.prepare(backend, record)
         if sub is not None:
@@ -128,20 +134,24 @@ class CompletionWorker:
         try:
             answer = self.source.submit(sub.proof_b64, sub.job)
         except SourceUnavailable as exc:
-            self.store.persist(sub)
-            self.stats.add("persisted")
             with self._lock:
                 self._retry.append(sub)
-            self.events.publish("persisted", f"source unreachable, proof {sub.proof_id[:12]} kept: {exc}")
+            if sub.job.header76 not in self._held:  # first failure: keep it on disk
+                self.store.persist(sub)
+                self._held.add(sub.job.header76)
+                self.stats.add("persisted")
+                self.events.publish("persisted", f"source unreachable, proof {sub.proof_id[:12]} kept: {exc}")
             return
         except SubmissionRefused as exc:
             self.store.mark_submitted(sub)
             self._answered.add(sub.job.header76)
+            self._held.discard(sub.job.header76)
             self.stats.reject(str(exc))
             self.events.publish("rejected", f"proof {sub.proof_id[:12]} rejected: {exc}")
             return
         self.store.mark_submitted(sub)
         self._answered.add(sub.job.header76)
+        self._held.discard(sub.job.header76)
         with self._lock:
             self.awaiting.append(sub.job)
         self.stats.add("submitted")
@@ -181,6 +191,7 @@ class CompletionWorker:
                 self.submit(sub)
             else:
                 self.store.forget(sub)
+                self._held.discard(sub.job.header76)
                 self.stats.add("dropped_stale")
                 self.events.publish("dropped", f"persisted proof {sub.proof_id[:12]}: job {sub.job.job_id} "
                                                "is no longer current")
@@ -206,8 +217,7 @@ class CompletionWorker:
                 continue
             backend, record = item
             job = record.job
-            if job.header76 in self._answered or job != self.current_job() \
-                    or any(s.job == job for s in kept + fresh):
+            if self._has_proof(job) or job != self.current_job() or any(s.job == job for s in fresh):
                 continue
             sub = self.prepare(backend, record)
             if sub is not None:

@@ -1,0 +1,29 @@
+"""End to end on the CPU: the worker serves a MoE model and mines accepted devnet blocks."""
+import pytest
+
+from miner.sources import GatewaySource
+from miner.worker import Worker
+from node_client.devnet import start_devnet
+from test_miner_support import ServingThread, tiny_config, wait_until
+
+
+@pytest.mark.parametrize("network, mode", [("regtest", "int7-moe"), ("mainnet@100000", "int7-dense")])
+def test_worker_mines_accepted_devnet_blocks(tmp_path, network: str, mode: str) -> None:
+    with start_devnet(network, datadir=tmp_path / "chain") as devnet:
+        start = devnet.chain.height
+        source = GatewaySource(devnet.gateway_address, devnet.pearld_client(retries=0, timeout=5))
+        worker = Worker(tiny_config(tmp_path / "data", network, max_blocks=2), source)
+        with ServingThread(worker):
+            wait_until(lambda: worker.stats.accepted >= 2, 120, "two accepted blocks")
+            status = worker.status()
+        devnet.gateway.wait_idle()
+        results = devnet.gateway.results()
+    assert status["mode"] == mode
+    assert devnet.chain.height >= start + 2
+    accepted = [r for r in results if r.status == "accepted"]
+    assert len(accepted) >= 2
+    assert all(r.status in ("accepted", "stale") for r in results), results
+    # one proof per job, never the same proof twice
+    assert status["mining"]["submitted"] == len(results)
+    assert status["mining"]["verify_failed"] == 0 and status["mining"]["refused_by_rules"] == 0
+    assert status["serving"]["requests"] > 0 and status["mining"]["credited_work"] > 0
