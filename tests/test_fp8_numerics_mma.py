@@ -145,6 +145,20 @@ def test_model_matches_literal_restatement(device, codes, k, seed):
     assert np.array_equal(got[finite].view(np.uint32), want[finite].view(np.uint32))
 
 
+@pytest.mark.parametrize("device", ["hopper", "blackwell"])
+def test_every_code_against_the_literal_restatement(device):
+    # Row r of A carries code r (all 256, NaN rows included) at four positions among random codes.
+    rng = np.random.default_rng(6)
+    a = _random_operands(rng, 256, 64, ALL_CODES)
+    a[:, [0, 9, 33, 63]] = np.arange(256, dtype=np.uint8)[:, None]
+    b = _random_operands(rng, 6, 64, ALL_CODES)
+    got = fp8_matmul(device, a, b)
+    want = literal_matmul(a, b, device)
+    assert np.isnan(got[[0x7F, 0xFF]]).all() and np.array_equal(np.isnan(got), np.isnan(want))
+    finite = ~np.isnan(want)
+    assert np.array_equal(got[finite].view(np.uint32), want[finite].view(np.uint32))
+
+
 def test_large_then_tiny_products_drop_below_the_window():
     # A large accumulated total followed by tiny products: terms ≥ 32 binades below the anchor vanish.
     k = 256

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import numpy as np
 
-E4M3_MAX = 448.0
 E4M3_MAX_CODE = 0x7E
 E4M3_NAN = 0x7F
 

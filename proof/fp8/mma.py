@@ -151,6 +151,22 @@ def _exact_sum_binade(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return np.where(total == 0, NO_BINADE, binade - below)
 
 
+def _record_binades(
+    model: DeviceModel, p_sig: np.ndarray, p_exp: np.ndarray, c_sig: np.ndarray, c_exp: np.ndarray,
+    total: np.ndarray, z_window: np.ndarray, m_cell: np.ndarray,
+) -> None:
+    """Fold one group into the running Z (this window) and M (this cell) binades, in place."""
+    # Product binade: (sa·sb) << 17 at exponent e is sa·sb · 2^(e − 6).
+    p_binade = np.where(p_sig == 0, NO_BINADE, p_exp + _ILOG2[np.abs(p_sig)] - 6).max(axis=-1)
+    c_binade = _binade_of(c_sig, c_exp)
+    if model.promotion_groups is None:
+        np.maximum(m_cell, np.maximum(p_binade, c_binade), out=m_cell)
+        return
+    np.maximum(z_window, np.maximum(p_binade, c_binade), out=z_window)
+    partial = _exact_sum_binade(total, _to_f32(c_sig, c_exp))  # unrounded total + window value
+    np.maximum(m_cell, np.maximum(p_binade, partial), out=m_cell)
+
+
 def _replay(
     model: DeviceModel, a_codes: np.ndarray, b_codes: np.ndarray, with_stats: bool
 ) -> tuple[np.ndarray, PolicyStats | None]:
@@ -179,18 +195,8 @@ def _replay(
             c_sig, c_exp = _group_sum(p_sig, p_exp, c_sig, c_exp, model.window_width)
             window_done = (g + 1) % window_groups == 0 or g == groups - 1
             if with_stats:
-                # Product binade: (sa·sb) << 17 at exponent e is sa·sb · 2^(e − 6).
-                p_binade = np.where(p_sig == 0, NO_BINADE, p_exp + _ILOG2[np.abs(p_sig)] - 6).max(axis=-1)
-                c_binade = _binade_of(c_sig, c_exp)
-                w = g // window_groups
-                local = _to_f32(c_sig, c_exp)
-                if model.promotion_groups is None:
-                    partial_binade = c_binade
-                else:
-                    partial_binade = _exact_sum_binade(total, local)
-                z = z_binades[rows, :, w]
-                z_binades[rows, :, w] = np.maximum(z, np.maximum(p_binade, c_binade))
-                m_binades[rows] = np.maximum(m_binades[rows], np.maximum(p_binade, partial_binade))
+                _record_binades(model, p_sig, p_exp, c_sig, c_exp, total, z_binades[rows, :, g // window_groups],
+                                m_binades[rows])
             if model.promotion_groups is not None and window_done:
                 total = total + _to_f32(c_sig, c_exp)  # RNE fp32 promotion
                 total = np.where(total == 0, np.float32(0), total)
@@ -203,6 +209,6 @@ def _replay(
     if not with_stats:
         return out, None
     if model.promotion_groups is None:
-        z_binades = m_binades[:, :, None].copy()
+        z_binades = m_binades[:, :, None].copy()  # Blackwell: Z = M over the whole of k
     window_k = HOPPER_WINDOW_K if model.promotion_groups is not None else k
     return out, PolicyStats(z_binades=z_binades, m_binades=m_binades, window_k=window_k)
