@@ -65,6 +65,7 @@ class _Control:
     preference: str = AUTO
     mode: Mode = Mode.OFF
     mode_reason: str = "no current job"
+    backend: str = ""
     started: float = field(default_factory=time.monotonic)
 
 
@@ -124,19 +125,19 @@ class Worker:
             decision = choose_mode(job, self.config.network, self.control.preference)
             for layer in self.layers:
                 layer.backend = None
-            mode, reason = decision.mode, decision.reason
+            mode, reason, name = decision.mode, decision.reason, ""
             if job is not None and mode != Mode.OFF:
                 try:
                     for layer, block in zip(self.layers, self.model.moe_blocks):
                         backend = self.backend_factory(mode, layer.layer_id, self.config.model)
                         backend.prepare_job(job, block.w13)
-                        layer.backend = backend
+                        layer.backend, name = backend, backend.name
                 except (NotImplementedError, ValueError) as exc:
                     for layer in self.layers:
                         layer.backend = None
-                    mode, reason = Mode.OFF, f"cannot mine {mode.value}: {exc}"
+                    mode, reason, name = Mode.OFF, f"cannot mine {mode.value}: {exc}", ""
             changed = (mode, reason) != (self.control.mode, self.control.mode_reason)
-            self.control.mode, self.control.mode_reason = mode, reason
+            self.control.mode, self.control.mode_reason, self.control.backend = mode, reason, name
         if changed:
             self.events.publish("mode", f"{mode.value}: {reason}")
 
@@ -169,17 +170,13 @@ class Worker:
             "cert_version": job.cert_version if job else 0,
             "height": job.height if job is not None and job.height is not None else -1,
             "source_connected": self.poller.failures == 0, "source_error": self.poller.last_error,
-            "model": self.config.model.style, "backend": self._backend_name(),
+            "model": self.config.model.style, "backend": self.control.backend,
             "uptime_s": time.monotonic() - self.control.started,
             "serving": {"requests": s.requests, "prefill_tokens": s.prefill_tokens,
                         "decode_tokens": s.decode_tokens, "prefill_tokens_per_s": s.prefill_tokens_per_s,
                         "decode_tokens_per_s": s.decode_tokens_per_s, "tokens_per_s": s.tokens_per_s},
             "mining": mining,
         }
-
-    def _backend_name(self) -> str:
-        backend = self.layers[0].backend if self.layers else None
-        return backend.name if backend is not None else ""
 
     def check_blocks(self) -> None:
         """Account the blocks of submitted jobs the chain has moved past (accepted or not)."""
