@@ -129,11 +129,13 @@ class _Handler(socketserver.StreamRequestHandler):
 class _TcpServer(socketserver.ThreadingTCPServer):
     daemon_threads = True
     allow_reuse_address = True
+    request_queue_size = 128  # asyncio.start_server's default backlog is 100
     backend: GatewayBackend
 
 
 class _UnixServer(socketserver.ThreadingUnixStreamServer):
     daemon_threads = True
+    request_queue_size = 128
     backend: GatewayBackend
 
 

@@ -54,6 +54,7 @@ class PearldRpcServer(http.server.ThreadingHTTPServer):
 
     daemon_threads = True
     allow_reuse_address = True
+    request_queue_size = 128  # Go's listener uses the kernel's SOMAXCONN; 5 would reset bursts
 
     def __init__(
         self,
