@@ -12,6 +12,7 @@ equal `proof.blake3tree.keyed_tree_root(key, data, 1024)` = the standard BLAKE3 
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -111,6 +112,20 @@ def load_words8(ptr, mask):
 
 
 @jit
+def load_words8_bounded(base, first, limit, live):
+    """Words first..first+7 of a buffer at base; words at or past `limit` read as zero."""
+    w0 = tl.load(base + first + 0, mask=live & (first + 0 < limit), other=0).to(tl.uint32, bitcast=True)
+    w1 = tl.load(base + first + 1, mask=live & (first + 1 < limit), other=0).to(tl.uint32, bitcast=True)
+    w2 = tl.load(base + first + 2, mask=live & (first + 2 < limit), other=0).to(tl.uint32, bitcast=True)
+    w3 = tl.load(base + first + 3, mask=live & (first + 3 < limit), other=0).to(tl.uint32, bitcast=True)
+    w4 = tl.load(base + first + 4, mask=live & (first + 4 < limit), other=0).to(tl.uint32, bitcast=True)
+    w5 = tl.load(base + first + 5, mask=live & (first + 5 < limit), other=0).to(tl.uint32, bitcast=True)
+    w6 = tl.load(base + first + 6, mask=live & (first + 6 < limit), other=0).to(tl.uint32, bitcast=True)
+    w7 = tl.load(base + first + 7, mask=live & (first + 7 < limit), other=0).to(tl.uint32, bitcast=True)
+    return w0, w1, w2, w3, w4, w5, w6, w7
+
+
+@jit
 def store_words8(ptr, w0, w1, w2, w3, w4, w5, w6, w7, mask):
     """Store eight uint32 tensors as consecutive int32 words at ptr."""
     tl.store(ptr + 0, w0.to(tl.int32, bitcast=True), mask=mask)
@@ -138,8 +153,8 @@ def _chunk_kernel(data_ptr, key_ptr, key_stride, out_ptr, words_per_instance, ch
     first_word = chunk.to(tl.int64) * 256
     for block in tl.static_range(16):
         w = first_word + block * 16
-        m0, m1, m2, m3, m4, m5, m6, m7 = load_words8(base + w, live & (w < words_per_instance))
-        m8, m9, m10, m11, m12, m13, m14, m15 = load_words8(base + w + 8, live & (w + 8 < words_per_instance))
+        m0, m1, m2, m3, m4, m5, m6, m7 = load_words8_bounded(base, w, words_per_instance, live)
+        m8, m9, m10, m11, m12, m13, m14, m15 = load_words8_bounded(base, w + 8, words_per_instance, live)
         if block == 0:
             flags = tl.full(counter.shape, 16 | 1, tl.uint32)
         elif block == 15:
@@ -238,9 +253,20 @@ def hash_blocks(keys: torch.Tensor, messages: torch.Tensor, flags: int) -> torch
     return out
 
 
+def constant_words(data: bytes, device: torch.device | str) -> torch.Tensor:
+    """`words_from_bytes` cached per device: constants made once, before any CUDA-graph capture
+    (a host-to-device copy of pageable memory cannot be captured)."""
+    return _constant_words(bytes(data), torch.device(device))
+
+
+@functools.lru_cache(maxsize=None)
+def _constant_words(data: bytes, device: torch.device) -> torch.Tensor:
+    return words_from_bytes(data, device)
+
+
 def iv_words(device: torch.device | str) -> torch.Tensor:
     """BLAKE3's IV as a (1, 8) int32 key tensor (the 'key' of unkeyed hashing)."""
-    return torch.tensor([IV], dtype=torch.int64, device=device).to(torch.int32)
+    return constant_words(np.array(IV, dtype="<u4").tobytes(), device).view(1, 8)
 
 
 @dataclass
@@ -254,6 +280,16 @@ class KeyedTrees:
     levels: list[torch.Tensor]
     roots: torch.Tensor
     num_leaves: int
+
+
+def level_counts(nbytes: int) -> list[int]:
+    """Node counts of the kept levels (leaves first, root excluded) of a tree over nbytes."""
+    counts = []
+    count = max(1, triton.cdiv(nbytes, 1024))
+    while count > 1:
+        counts.append(count)
+        count = triton.cdiv(count, 2)
+    return counts
 
 
 def keyed_trees(keys: torch.Tensor, data: torch.Tensor) -> KeyedTrees:

@@ -16,7 +16,7 @@ import triton.language as tl
 from proof.int7.noise import LABEL_A, LABEL_B
 
 from ._jit import jit
-from .blake3 import compress, load_words8, words_from_bytes
+from .blake3 import compress, constant_words, load_words8
 
 _LANES = 64
 _SINGLE_BLOCK_KEYED = 1 | 2 | 8 | 16
@@ -79,10 +79,6 @@ def _check_rank(rank: int) -> None:
         raise NoiseError(f"noise rank must be a power of two >= 32, got {rank}")
 
 
-def label_words(label: bytes, device: torch.device | str) -> torch.Tensor:
-    return words_from_bytes(label, device)
-
-
 def uniform_factor(keys: torch.Tensor, label: bytes, rows: int, rank: int) -> torch.Tensor:
     """U for rows 0..rows−1 of every instance: (instances, rows, rank) int8 in [−32, 31]."""
     _check_keys(keys)
@@ -91,7 +87,7 @@ def uniform_factor(keys: torch.Tensor, label: bytes, rows: int, rank: int) -> to
     blocks = rows * rank // 32
     out = torch.empty((instances, rows, rank), dtype=torch.int8, device=keys.device)
     total = instances * blocks
-    _prng_kernel[(triton.cdiv(total, _LANES),)](keys.contiguous(), label_words(label, keys.device),
+    _prng_kernel[(triton.cdiv(total, _LANES),)](keys.contiguous(), constant_words(label, keys.device),
                                                  out, out, blocks, total, rows * rank, rank,
                                                  SPARSE=0, LANES=_LANES)
     return out
@@ -106,7 +102,7 @@ def sparse_factor(keys: torch.Tensor, label: bytes, k: int, rank: int) -> tuple[
     first = torch.empty((instances, k), dtype=torch.int32, device=keys.device)
     second = torch.empty_like(first)
     total = instances * blocks
-    _prng_kernel[(triton.cdiv(total, _LANES),)](keys.contiguous(), label_words(label, keys.device),
+    _prng_kernel[(triton.cdiv(total, _LANES),)](keys.contiguous(), constant_words(label, keys.device),
                                                  first, second, blocks, total, k, rank,
                                                  SPARSE=1, LANES=_LANES)
     return first.long(), second.long()

@@ -10,7 +10,7 @@ import torch
 
 from proof.int7.seeds import SEED_SALT_A, SEED_SALT_B
 
-from .blake3 import KEYED_HASH, SINGLE_BLOCK, hash_blocks, iv_words, words_from_bytes
+from .blake3 import KEYED_HASH, SINGLE_BLOCK, constant_words, hash_blocks, iv_words
 
 
 class SeedError(ValueError):
@@ -39,7 +39,7 @@ def salted(roots: torch.Tensor, dim: int, salt: bytes) -> torch.Tensor:
     tail = torch.zeros((roots.shape[0], 8), dtype=torch.int64, device=roots.device)
     tail[:, 0] = dim
     message = torch.cat([roots, tail.to(torch.int32)], dim=1)
-    key = words_from_bytes(salt, roots.device).view(1, 8)
+    key = constant_words(salt, roots.device).view(1, 8)
     return hash_blocks(key, message, SINGLE_BLOCK | KEYED_HASH)
 
 

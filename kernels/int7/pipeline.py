@@ -1,0 +1,303 @@
+"""The INT7 mined expert GEMM end to end: per-job B-side preparation and the per-launch A side.
+
+Two instance layouts (ARCHITECTURE.md's mode table):
+- dense (the mainnet fallback, any cert version): every expert's GEMM is its own dense instance,
+  A_e = the expert's M token rows, B_e = its weights; commitments, seeds and noise per expert.
+- MoE (cert V2/V3 where MoE is allowed): one instance, A = all tokens, B = the stacked experts,
+  the routing (E lists of M ascending token ids, uniform M per expert) folded into s_A.
+
+`prepare_job` (per job: new header or config) hashes and noises the weights on a side stream and
+records an event that the serving stream waits on before the first launch. `MinedPass.run`
+(per launch) quantises, hashes, derives s_A, noises, runs the mined GEMM, snapshots a winner and
+publishes the record — device work only (no host syncs), so it captures in a CUDA graph.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from proof.int7.config import MiningConfig
+from proof.int7.noise import LABEL_A, LABEL_B
+from proof.int7.plain_proof import MoEOpening, PlainProof
+from proof.int7.routing import entry_leaves
+from proof.int7.seeds import job_key, salted_for
+
+from .blake3 import KeyedTrees, keyed_trees, level_counts, words_from_bytes
+from .mined_gemm import RECORD_WORDS, Tiling, mined_gemm
+from .noise import int8_limbs, noised, sparse_factor, sparse_product, uniform_factor
+from .quant import quantize_int7
+from .seeds import noise_seed_a, noise_seed_b
+from .winner import CLAIM, INSTANCE, TICKET, TILE_COL, TILE_ROW, WinnerSlot, merkle_opening, row_opening
+
+
+class PipelineError(ValueError):
+    """Bad arguments to the mined pass (names what is wrong)."""
+
+
+def bound_words(bound: int, device: torch.device | str) -> torch.Tensor:
+    """The 256-bit bound as 8 little-endian u32 words (int32 bits)."""
+    if not 0 <= bound < 1 << 256:
+        raise PipelineError(f"bound must be a 256-bit unsigned integer, got {bound}")
+    return words_from_bytes(bound.to_bytes(32, "little"), device)
+
+
+def _check_contiguous_patterns(config: MiningConfig) -> None:
+    if tuple(config.rows) != tuple(range(config.h)) or tuple(config.cols) != tuple(range(config.w)):
+        raise PipelineError("the GPU miner needs contiguous lottery tiles (rows 0..h−1, cols 0..w−1), "
+                            f"got rows {list(config.rows)} cols {list(config.cols)}")
+
+
+@dataclass
+class MiningJob:
+    """Per-job device state: the weights' commitments, s_B, B-side noise and B'."""
+
+    header76: bytes
+    config: MiningConfig
+    cert_version: int
+    moe: bool
+    job_key: bytes
+    key_words: torch.Tensor  # (1, 8)
+    bt: torch.Tensor  # (E, N, K) int8 clean weights (what the openings show)
+    scale_b: torch.Tensor  # (E, N) float32
+    b_trees: KeyedTrees  # dense: E instances; MoE: 1 instance (stacked)
+    s_b: torch.Tensor  # (E, 8)
+    u_b: torch.Tensor  # (E, N, r) int8
+    first_b: torch.Tensor  # (E, K)
+    second_b: torch.Tensor  # (E, K)
+    bt_noised: torch.Tensor  # (E, N, K) int8
+    bound: torch.Tensor  # (8,) int32
+    ready: torch.cuda.Event | None
+
+    @property
+    def salted(self) -> bool:
+        return salted_for(self.cert_version)
+
+
+def prepare_job(weights: torch.Tensor, scale_b: torch.Tensor, *, header76: bytes,
+                config: MiningConfig, cert_version: int, bound: int, moe: bool,
+                stream: torch.cuda.Stream | None = None) -> MiningJob:
+    """B side of a job: commit the int7 weights (E, N, K) under the job key, s_B, noise, B'.
+
+    `bound` is the ticket bound to mine against (the rank-penalised one where the node applies it).
+    On CUDA the work runs on `stream` (a side stream by default) and `job.ready` marks completion.
+    """
+    config.check_limits()
+    _check_contiguous_patterns(config)
+    if weights.dtype != torch.int8 or weights.dim() != 3 or not weights.is_contiguous():
+        raise PipelineError(f"weights must be contiguous int8 (E, N, K), got {weights.dtype} "
+                            f"{tuple(weights.shape)}")
+    experts, n, k = weights.shape
+    if k != config.common_dim:
+        raise PipelineError(f"weights have K={k} but the config's common_dim is {config.common_dim}")
+    if moe != config.is_moe or (moe and config.experts != experts):
+        raise PipelineError(f"config experts={config.experts} does not fit a "
+                            f"{'MoE' if moe else 'dense'} job of {experts} experts")
+    if tuple(scale_b.shape) != (experts, n) or scale_b.dtype != torch.float32:
+        raise PipelineError(f"scale_b must be float32 ({experts}, {n}), got {scale_b.dtype} "
+                            f"{tuple(scale_b.shape)}")
+    key = job_key(header76, config)
+    cuda = weights.device.type == "cuda"
+    side = stream if stream is not None else (torch.cuda.Stream(weights.device) if cuda else None)
+    if side is not None:
+        side.wait_stream(torch.cuda.current_stream(weights.device))
+    with torch.cuda.stream(side) if side is not None else _nullcontext():
+        key_words = words_from_bytes(key, weights.device).view(1, 8)
+        rank = config.rank
+        salted = salted_for(cert_version)
+        if moe:
+            trees = keyed_trees(key_words, weights.view(1, experts * n * k))
+            s_b1 = noise_seed_b(key_words, trees.roots, salted_seeds=salted, n=n)
+            s_b = s_b1.expand(experts, 8).contiguous()
+            u_b = uniform_factor(s_b1, LABEL_B, experts * n, rank).view(experts, n, rank)
+            first, second = (t.expand(experts, k).contiguous() for t in sparse_factor(s_b1, LABEL_B, k, rank))
+        else:
+            trees = keyed_trees(key_words, weights.view(experts, n * k))
+            s_b = noise_seed_b(key_words, trees.roots, salted_seeds=salted, n=n)
+            u_b = uniform_factor(s_b, LABEL_B, n, rank)
+            first, second = sparse_factor(s_b, LABEL_B, k, rank)
+        job = MiningJob(bytes(header76), config, cert_version, moe, key, key_words, weights,
+                        scale_b, trees, s_b, u_b, first, second, noised(weights, u_b, first, second),
+                        bound_words(bound, weights.device), None)
+        if side is not None:
+            job.ready = torch.cuda.Event()
+            job.ready.record(side)
+    return job
+
+
+class _nullcontext:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def _tree_words(prefix: str, nbytes: int) -> dict[str, int]:
+    """Retained-buffer sizes (int32 words) of one instance's tree levels and root."""
+    sizes = {f"{prefix}_level{i}": count * 8 for i, count in enumerate(level_counts(nbytes))}
+    sizes[f"{prefix}_root"] = 8
+    return sizes
+
+
+class MinedPass:
+    """The per-launch A side and the mined GEMM for one job and one static shape.
+
+    rows: tokens per expert (M). MoE: tokens = the number of distinct tokens (E·M / top_k).
+    Buffers are static so `run` can be captured in a CUDA graph and replayed.
+    """
+
+    def __init__(self, job: MiningJob, rows: int, *, tokens: int | None = None,
+                 tiling: Tiling | None = None, write_i32: bool = False) -> None:
+        self.job = job
+        self.rows = rows
+        self.tiling = tiling
+        experts, n, k = job.bt.shape
+        self.tokens = tokens if job.moe else rows
+        if job.moe and (tokens is None or tokens * job.config.top_k != experts * rows):
+            raise PipelineError(f"MoE needs tokens·top_k = E·M; got tokens={tokens}, "
+                                f"top_k={job.config.top_k}, E={experts}, M={rows}")
+        if rows < job.config.h:
+            raise PipelineError(f"{rows} rows per expert hold no {job.config.h}-row tile")
+        device = job.bt.device
+        a_bytes = self.tokens * k
+        sizes = {"a": a_bytes // 4, **_tree_words("a", a_bytes)}
+        if job.moe:
+            sizes["routing"] = experts * rows
+            sizes.update(_tree_words("routing", experts * rows * 4))
+        self.slot = WinnerSlot(device, sizes)
+        self.out = torch.empty((experts, rows, n), dtype=torch.bfloat16, device=device)
+        self.out_i32 = (torch.empty((experts, rows, n), dtype=torch.int32, device=device)
+                        if write_i32 else None)
+        valid = rows - rows % job.config.h
+        self.rows_valid = torch.full((experts,), valid, dtype=torch.int32, device=device)
+        self.offsets = (torch.arange(1, experts + 1, device=device, dtype=torch.int32) * rows)
+        self.dump: torch.Tensor | None = None
+
+    def run(self, x: torch.Tensor, routing: torch.Tensor | None = None) -> torch.Tensor:
+        """Quantise activations to int7 per row, then `run_quantized`.
+
+        Dense: x (E, M, K). MoE: x (tokens, K) and routing (E, M) int32 ascending token ids.
+        """
+        q, scale = quantize_int7(x)
+        return self.run_quantized(q, scale, routing)
+
+    def run_quantized(self, q: torch.Tensor, scale_a: torch.Tensor,
+                      routing: torch.Tensor | None = None) -> torch.Tensor:
+        """The mined pass on int7 activations q (with row scales); returns the bf16 output."""
+        job = self.job
+        experts, n, k = job.bt.shape
+        config = job.config
+        rank = config.rank
+        if job.moe:
+            if q.shape != (self.tokens, k) or routing is None or routing.shape != (experts, self.rows):
+                raise PipelineError(f"MoE pass needs q ({self.tokens}, {k}) and routing "
+                                    f"({experts}, {self.rows})")
+            q3 = q.view(1, self.tokens, k)
+            a_trees = keyed_trees(job.key_words, q.view(1, -1))
+            flat_routing = routing.to(torch.int32).contiguous().view(1, -1)
+            r_trees = keyed_trees(job.key_words, flat_routing.view(torch.int8))
+            o_trees = keyed_trees(job.key_words, self.offsets.view(1, -1).view(torch.int8))
+            s_a1 = noise_seed_a(job.s_b[:1], a_trees.roots, salted_seeds=job.salted, m=self.tokens,
+                                routing_hash=r_trees.roots, offsets_hash=o_trees.roots)
+            u_a = uniform_factor(s_a1, LABEL_A, self.tokens, rank)
+            first, second = sparse_factor(s_a1, LABEL_A, k, rank)
+            index = routing.long()
+            a_noised = noised(q3, u_a, first, second)[0][index]
+            a_clean = q[index]
+            apb = sparse_product(q3, job.first_b[:1], job.second_b[:1], rank)[0][index]
+            s_a = s_a1.expand(experts, 8).contiguous()
+            scale = scale_a[index].float().contiguous()
+        else:
+            if q.shape != (experts, self.rows, k):
+                raise PipelineError(f"dense pass needs q ({experts}, {self.rows}, {k}), got {tuple(q.shape)}")
+            a_trees = keyed_trees(job.key_words, q.view(experts, -1))
+            s_a = noise_seed_a(job.s_b, a_trees.roots, salted_seeds=job.salted, m=self.rows)
+            u_a = uniform_factor(s_a, LABEL_A, self.rows, rank)
+            first, second = sparse_factor(s_a, LABEL_A, k, rank)
+            a_noised = noised(q, u_a, first, second)
+            a_clean = q
+            apb = sparse_product(q, job.first_b, job.second_b, rank)
+            scale = scale_a.float().contiguous()
+        mined_gemm(a_noised.contiguous(), a_clean.contiguous(), job.bt_noised,
+                   int8_limbs(apb).contiguous(), job.u_b, s_a, job.bound, self.rows_valid,
+                   self.slot.record, scale, job.scale_b, rank=rank, tile_h=config.h,
+                   tile_w=config.w, out=self.out, out_i32=self.out_i32, dump=self.dump,
+                   tiling=self.tiling)
+        self._retain(q, a_trees, by_instance=not job.moe)
+        if job.moe:
+            self.slot.retain("routing", flat_routing, by_instance=False)
+            self._retain_tree("routing", r_trees, by_instance=False)
+        self.slot.publish()
+        return self.out
+
+    def _retain(self, q: torch.Tensor, trees: KeyedTrees, *, by_instance: bool) -> None:
+        instances = trees.roots.shape[0]
+        self.slot.retain("a", q.contiguous().view(instances, -1).view(torch.int32), by_instance=by_instance)
+        self._retain_tree("a", trees, by_instance=by_instance)
+
+    def _retain_tree(self, prefix: str, trees: KeyedTrees, *, by_instance: bool) -> None:
+        for i, level in enumerate(trees.levels):
+            self.slot.retain(f"{prefix}_level{i}", level, by_instance=by_instance)
+        self.slot.retain(f"{prefix}_root", trees.roots, by_instance=by_instance)
+
+    def winner_record(self) -> dict[str, int] | None:
+        """The published record if the doorbell rang (call after the launch completed)."""
+        if not self.slot.rang():
+            return None
+        record = self.slot.host_record.tolist()
+        return {"instance": record[INSTANCE], "t_rows": record[TILE_ROW], "t_cols": record[TILE_COL],
+                "ticket": b"".join((w & 0xFFFFFFFF).to_bytes(4, "little")
+                                   for w in record[TICKET:TICKET + 8])}
+
+    def take_proof(self) -> PlainProof | None:
+        """The plain proof of the published winner (None without one); re-arms the slot."""
+        record = self.winner_record()
+        if record is None:
+            return None
+        proof = self._build_proof(record)
+        self.slot.rearm()
+        return proof
+
+    def _retained_tree(self, prefix: str) -> tuple[list[torch.Tensor], torch.Tensor]:
+        retained = self.slot.retained
+        levels = []
+        while f"{prefix}_level{len(levels)}" in retained:
+            levels.append(retained[f"{prefix}_level{len(levels)}"].cpu().view(-1, 8))
+        return levels, retained[f"{prefix}_root"].cpu()
+
+    def _build_proof(self, record: dict[str, int]) -> PlainProof:
+        job = self.job
+        config = job.config
+        experts, n, k = job.bt.shape
+        e = record["instance"]
+        inner = [record["t_rows"] + p for p in range(config.h)]
+        local_cols = [record["t_cols"] + q for q in range(config.w)]
+        a_flat = self.slot.retained["a"].cpu().view(torch.int8)
+        a_levels, a_root = self._retained_tree("a")
+        moe = None
+        if job.moe:
+            routing = self.slot.retained["routing"].cpu().view(experts, self.rows)
+            rows = [int(routing[e, i]) for i in inner]
+            start = e * self.rows
+            r_levels, r_root = self._retained_tree("routing")
+            offsets = tuple(self.rows * (i + 1) for i in range(experts))
+            routing_opening = merkle_opening(routing.view(-1).view(torch.int8), r_levels, r_root,
+                                             entry_leaves(start, inner))
+            moe = MoEOpening(config.experts, config.top_k, e, offsets, tuple(inner), routing_opening)
+            b_flat = job.bt.view(-1)
+            b_levels = [level[0] for level in job.b_trees.levels]
+            b_root = job.b_trees.roots[0]
+            b_rows = [e * n + c for c in local_cols]
+            m = self.tokens
+        else:
+            rows = inner
+            b_flat = job.bt[e].reshape(-1)
+            b_levels = [level[e] for level in job.b_trees.levels]
+            b_root = job.b_trees.roots[e]
+            b_rows = local_cols
+            m = self.rows
+        a_open = row_opening(a_flat, a_levels, a_root, rows, k)
+        b_open = row_opening(b_flat, b_levels, b_root, b_rows, k)
+        return PlainProof(m, n, k, config.rank, a_open, b_open, moe)
+

@@ -1,0 +1,117 @@
+"""Winners: the device record, its pinned host mirror, the retained operand snapshot, and the
+plain proof built from them.
+
+The mined GEMM's first winner claims record[0] with a CAS and writes (instance, tile row, tile
+column, ticket). After the GEMM, still on the serving stream and without host syncs:
+`retain` copies the winning instance's committed A bytes and A-tree levels into buffers that
+later launches leave alone (record[12] marks the snapshot taken), then the record is copied to
+pinned host memory and, in a second copy, its doorbell word, so the host never sees a doorbell
+before the record. The host polls the doorbell, builds the proof from the snapshot and the job's
+B side, and re-arms.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+import triton
+import triton.language as tl
+
+from proof.blake3tree import _sibling_positions, leaves_for_rows
+from proof.int7.plain_proof import LEAF_SIZE, MatrixOpening, MerkleOpening
+
+from ._jit import jit
+from .blake3 import bytes_from_words
+from .mined_gemm import RECORD_WORDS
+
+CLAIM, INSTANCE, TILE_ROW, TILE_COL, TICKET, RETAINED = 0, 1, 2, 3, 4, 12
+_BLOCK = 1024
+
+
+@jit
+def _retain_kernel(record_ptr, src_ptr, dst_ptr, per_instance, USE_INDEX: tl.constexpr,
+                   BLOCK: tl.constexpr):
+    """dst ← src[record's instance] once a winner is claimed and not yet snapshotted."""
+    claimed = tl.load(record_ptr)
+    taken = tl.load(record_ptr + 12)
+    if (claimed == 1) & (taken == 0):
+        if USE_INDEX:
+            inst = tl.load(record_ptr + 1).to(tl.int64)
+        else:
+            inst = tl.full((), 0, tl.int64)
+        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        live = offs < per_instance
+        tl.store(dst_ptr + offs, tl.load(src_ptr + inst * per_instance + offs, mask=live), mask=live)
+
+
+@jit
+def _mark_kernel(record_ptr):
+    if tl.load(record_ptr) == 1:
+        tl.store(record_ptr + 12, 1)
+
+
+class WinnerSlot:
+    """One launch's winner record (device), its pinned mirror, and the retained snapshot."""
+
+    def __init__(self, device: torch.device, retained_words: dict[str, int]) -> None:
+        pin = device.type == "cuda"
+        self.record = torch.zeros(RECORD_WORDS, dtype=torch.int32, device=device)
+        self.host_record = torch.zeros(RECORD_WORDS, dtype=torch.int32, pin_memory=pin)
+        self.host_doorbell = torch.zeros(1, dtype=torch.int32, pin_memory=pin)
+        self.retained = {name: torch.zeros(words, dtype=torch.int32, device=device)
+                         for name, words in retained_words.items()}
+
+    def retain(self, name: str, source: torch.Tensor, *, by_instance: bool) -> None:
+        """Snapshot source (instances, words...) int32 row of the winner (row 0 if not by_instance)."""
+        dst = self.retained[name]
+        per_instance = dst.numel()
+        src = source.contiguous().view(-1)
+        if src.numel() != per_instance * (source.shape[0] if by_instance else 1):
+            raise ValueError(f"retain {name}: source of {src.numel()} words does not match "
+                             f"{per_instance} words per instance")
+        _retain_kernel[(triton.cdiv(per_instance, _BLOCK),)](self.record, src, dst, per_instance,
+                                                             USE_INDEX=int(by_instance), BLOCK=_BLOCK)
+
+    def publish(self) -> None:
+        """Mark the snapshot taken, then copy the record and, last, the doorbell to the host."""
+        _mark_kernel[(1,)](self.record)
+        self.host_record.copy_(self.record, non_blocking=True)
+        self.host_doorbell.copy_(self.record[:1], non_blocking=True)
+
+    def rang(self) -> bool:
+        """Whether the doorbell is set (read after the launch's stream work is complete)."""
+        return int(self.host_doorbell[0]) == 1
+
+    def rearm(self) -> None:
+        """Clear the device record and the doorbell so the next launch can win again."""
+        self.record.zero_()
+        self.host_doorbell.zero_()
+
+
+def merkle_opening(flat: torch.Tensor, levels: Sequence[torch.Tensor], root: torch.Tensor,
+                   leaf_indices: Sequence[int]) -> MerkleOpening:
+    """Open leaves of one committed buffer from its kept tree levels (no re-hashing).
+
+    flat: the instance's committed bytes (int8/uint8, unpadded); levels: (count, 8) int32 per
+    level, leaves first; root: (8,) int32.
+    """
+    total = max(1, math.ceil(flat.numel() / LEAF_SIZE))
+    indices = tuple(int(i) for i in leaf_indices)
+    leaves = tuple(_leaf(flat, i) for i in indices)
+    siblings = tuple(bytes_from_words(levels[level][i]) for level, i in _sibling_positions(indices, total))
+    return MerkleOpening(leaves, indices, total, bytes_from_words(root), siblings)
+
+
+def _leaf(flat: torch.Tensor, index: int) -> bytes:
+    """Leaf `index` of a committed buffer (zero-padded past its end), copied to the host."""
+    raw = flat[index * LEAF_SIZE:(index + 1) * LEAF_SIZE].detach().to("cpu").contiguous()
+    data = raw.view(torch.uint8).numpy().tobytes()
+    return data + bytes(LEAF_SIZE - len(data))
+
+
+def row_opening(flat: torch.Tensor, levels: Sequence[torch.Tensor], root: torch.Tensor,
+                rows: Sequence[int], row_bytes: int) -> MatrixOpening:
+    """Open full rows of a row-major committed matrix: every leaf they touch."""
+    leaves = leaves_for_rows(rows, row_bytes, LEAF_SIZE)
+    return MatrixOpening(merkle_opening(flat, levels, root, leaves), tuple(int(r) for r in rows))
