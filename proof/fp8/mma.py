@@ -77,7 +77,7 @@ def _check_operands(a_codes: np.ndarray, b_codes: np.ndarray) -> tuple[np.ndarra
 
 def _split_codes(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Signed 4-bit significands (subnormals unnormalised) and exponent fields (subnormals as 1)."""
-    c = codes.astype(np.int64)
+    c = codes.astype(np.int32)
     exponent = (c >> 3) & 0xF
     mantissa = c & 0x7
     significand = np.where(exponent != 0, mantissa | 8, mantissa)
@@ -107,9 +107,10 @@ def _group_sum(
     """
     anchor = np.maximum(p_exp.max(axis=-1), c_exp)
     # Rescale the 24-bit significands to W bits (truncating), then align to the anchor.
-    p_shift = np.minimum(anchor[..., None] - p_exp, 63)
+    p_shift = np.minimum(anchor[..., None] - p_exp, 31)  # aligned terms are < 2^27: 31 clears them
     p_aligned = (np.abs(p_sig) << (17 + width - 24)) >> p_shift
-    total = np.where(p_sig < 0, -p_aligned, p_aligned).sum(axis=-1)
+    np.negative(p_aligned, out=p_aligned, where=p_sig < 0)
+    total = p_aligned.sum(axis=-1, dtype=np.int64)
     c_magnitude = np.abs(c_sig)
     c_rescaled = c_magnitude >> (24 - width) if width < 24 else c_magnitude << (width - 24)
     c_aligned = c_rescaled >> np.minimum(anchor - c_exp, 63)
