@@ -186,3 +186,18 @@ def test_nan_codes_are_rejected():
     b_clean, b = build_strip("blackwell", rng.normal(size=(16, 1024)), "B")
     a.codes[1, 5] = 0x7F
     assert check_policy("blackwell", a_clean, a, b_clean, b) == (False, "non-finite noised entry on side A")
+
+
+def test_check_policy_rejects_mismatched_strips():
+    rng = np.random.default_rng(22)
+    a_clean, a = build_strip("hopper", rng.normal(size=(4, 256)), "A")
+    b_clean, b = build_strip("hopper", rng.normal(size=(16, 256)), "B")
+    with pytest.raises(ValueError, match="side B"):
+        check_policy("hopper", a_clean, a, b_clean[:8], b)
+    with pytest.raises(ValueError, match="h × k"):
+        check_policy("hopper", a_clean, a, b_clean[:, :128], b)
+
+
+def test_grid_exponent_takes_numpy_integers_exactly():
+    big = (1 << 60) - 1  # float() would round this up to 2^60
+    assert grid_exponent("hopper", np.int64(big), 0) == grid_exponent_from_binades("hopper", 59, None)

@@ -14,11 +14,11 @@ The integer rules are restated from Pearl's zk-pow v4 verifier (see docs/protoco
 from __future__ import annotations
 
 import math
-from numbers import Real
+from numbers import Integral, Real
 
 import numpy as np
 
-from .bf16 import bf16_is_nan, bf16_to_f32
+from .bf16 import bf16_to_f32
 from .devices import DeviceModel, device_model
 from .e4m3 import is_nan_code
 from .mma import NO_BINADE, PolicyStats, fp8_matmul_with_stats
@@ -64,8 +64,8 @@ def _magnitude_binade(x: Real) -> int | None:
         raise ValueError(f"a policy magnitude must be a finite non-negative number, got {x!r}")
     if x == 0:
         return None
-    if isinstance(x, int):
-        return x.bit_length() - 1
+    if isinstance(x, Integral):
+        return int(x).bit_length() - 1
     return math.frexp(float(x))[1] - 1
 
 
@@ -196,18 +196,22 @@ def check_policy(
     rows (h × k, w × k); a/b their noisy-quantized strips; stats the tile replay's binades
     (computed here when not given: pass fp8_matmul_with_stats' result to reuse one replay)."""
     model = device_model(device)
-    h, k = np.shape(a_clean)
-    w = np.shape(b_clean)[0]
+    a_clean = np.asarray(a_clean, dtype=np.uint16)
+    b_clean = np.asarray(b_clean, dtype=np.uint16)
+    if a_clean.ndim != 2 or b_clean.ndim != 2 or a_clean.shape[1] != b_clean.shape[1]:
+        raise ValueError(f"clean strips must be h × k and w × k, got {a_clean.shape} and {b_clean.shape}")
+    (h, k), w = a_clean.shape, b_clean.shape[0]
     for name, clean, rows in (("A", a_clean, a), ("B", b_clean, b)):
-        if np.shape(clean) != rows.codes.shape or np.shape(clean)[1] != k:
-            raise ValueError(f"side {name}: clean rows {np.shape(clean)} do not match codes {rows.codes.shape}")
-        if bf16_is_nan(clean).any() or ((np.asarray(clean) & 0x7FFF) == 0x7F80).any():
+        per_row = (clean.shape[0],)
+        if rows.codes.shape != clean.shape or np.shape(rows.alpha) != per_row or np.shape(rows.l2f) != per_row:
+            raise ValueError(f"side {name}: noisy rows do not match the clean strip {clean.shape}")
+        if ((clean & 0x7F80) == 0x7F80).any():
             return False, f"non-finite clean entry on side {name}"
         if is_nan_code(rows.codes).any():
             return False, f"non-finite noised entry on side {name}"
 
     for name, clean, rows in (("A", a_clean, a), ("B", b_clean, b)):
-        dead = _dead_entries(model, np.asarray(clean), rows.l2f)
+        dead = _dead_entries(model, clean, rows.l2f)
         if dead * DEAD_FRACTION_DENOMINATOR > clean.size:
             return False, f"liveness: side {name} has {dead} dead entries of {clean.size} (limit 1/64)"
 
