@@ -201,3 +201,21 @@ def test_check_policy_rejects_mismatched_strips():
 def test_grid_exponent_takes_numpy_integers_exactly():
     big = (1 << 60) - 1  # float() would round this up to 2^60
     assert grid_exponent("hopper", np.int64(big), 0) == grid_exponent_from_binades("hopper", 59, None)
+
+
+def test_census_alone_rejects_vanishing_noise_like_pearls_test():
+    # Pearl's jackpot_policy.rs scenario: one 1.0 spike per row, the rest 0, l2f forced to 2^-32 on
+    # both sides: every zero entry's summand variance is ~2^-118, far below the grid, so nearly all
+    # k·h·w summands are skippable (checks 1-2 bypassed by calling the census directly).
+    k = 1024
+    clean = np.zeros((2, k), dtype=np.uint16)
+    clean[:, 0] = 0x3F80
+    mesh_e = np.where(np.arange(2 * 32).reshape(2, 32) % 3 == 0, 0xB0, 0x30).astype(np.uint8)
+    mesh_f = np.where(np.arange(k * 32).reshape(k, 32) % 5 == 0, 0xB0, 0x30).astype(np.uint8)
+    l2, linf = np.array([0x3D00, 0x3D00], np.uint16), np.array([0x3F80, 0x3F80], np.uint16)
+    side = noisy_quantize("blackwell", clean, l2, linf, mesh_e, mesh_f)
+    side.l2f[:] = 0x2F80
+    _, stats = fp8_matmul_with_stats("blackwell", side.codes, side.codes)
+    skippable = count_skippable("blackwell", clean, side, clean, side, stats)
+    assert skippable > budget(k, 2, 2)
+    assert skippable >= 2 * 2 * (k - 1)
