@@ -33,7 +33,8 @@ FAR_GAP = 16
 M_WINDOW_BITS = 18
 GRID_EXPONENT_BIAS = 157
 SKIP_THRESHOLD_OFFSET = 64 * (16 + 2 * SCORE_BIAS) - 128 * GRID_EXPONENT_BIAS  # 45952
-# λ = 64·(2e − 13 + SCORE_BIAS) + G(κ) with e = enc − 268 the addend's binade frame: 128·enc − 2624 + G.
+# λ = 64·(2·e_big − 13 + SCORE_BIAS) + G(κ) for a dominant addend n·2^(e_big − 15); with the
+# encoding enc = e_big + 268 this is 128·enc + _SCORE_OFFSET + G(κ), _SCORE_OFFSET = −2624.
 _SCORE_OFFSET = 64 * (SCORE_BIAS - 13 - 2 * 268)
 _CENSUS_CHUNK = 1024
 _log2_table: np.ndarray | None = None
