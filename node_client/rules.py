@@ -19,6 +19,9 @@ from proof.int7 import (
     penalized_bound,
 )
 from proof.int7 import public_data as int7_public_data
+from proof.fp8.plain_proof import PlainProofV4
+from proof.fp8.verify import Rejected as Fp8Rejected
+from proof.fp8.verify import evaluate_plain_proof as evaluate_fp8_plain_proof
 
 
 class RuleViolation(Exception):
@@ -130,15 +133,20 @@ def would_accept(
 
 
 def would_accept_plain_proof(
-    network: str | forks.NetworkParams, height: int, cert_version: int, header76: bytes, proof: PlainProof
+    network: str | forks.NetworkParams, height: int, cert_version: int, header76: bytes,
+    proof: PlainProof | PlainProofV4,
 ) -> tuple[bool, str]:
-    """``would_accept`` for an INT plain proof about to go to the gateway: its public data is built
-    with proof.int7 (the same bytes the prover will commit to) and the header's bits are used."""
+    """``would_accept`` for a plain proof about to go to the gateway: its public data is built with
+    proof/ (the bytes the prover will commit to: proof.int7 for V1–V3, proof.fp8 for V4) and the
+    header's bits are used."""
     if len(header76) != 76:
         raise ValueError(f"header76 must be 76 bytes, got {len(header76)}")
     try:
-        public_data = int7_public_data(header76, proof, cert_version=cert_version)
-    except Int7Error as exc:
+        if isinstance(proof, PlainProofV4):
+            public_data = evaluate_fp8_plain_proof(header76, proof).to_bytes()
+        else:
+            public_data = int7_public_data(header76, proof, cert_version=cert_version)
+    except (Int7Error, Fp8Rejected) as exc:
         return False, f"invalid-proof: {exc}"
     bits = int.from_bytes(header76[72:76], "little")
     return would_accept(network, height, cert_version, public_data, bits)

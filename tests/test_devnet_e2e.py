@@ -59,7 +59,7 @@ def test_cpu_proof_is_accepted_and_the_chain_survives_a_restart(tmp_path) -> Non
         assert [pearld.call("getblockhash", [h]) for h in (1, 2)] == hashes
         for h in hashes:
             block = Block.from_bytes(bytes.fromhex(pearld.call("getblock", [h, 0])))
-            verify_certificate(block.header, block.certificate)  # raises if the block does not re-verify
+            verify_certificate(block.header, block.certificate, devnet.chain.proofs)  # raises unless it re-verifies
         _mine_through_gateway(devnet, seed=2)
         assert pearld.getblockchaininfo()["blocks"] == 3
 
@@ -122,3 +122,23 @@ def test_other_networks_mine_their_required_version(network: str, version: int) 
             assert client.get_mining_info().cert_version == version
         _mine_through_gateway(devnet, seed=0)
         assert devnet.chain.tip.block.certificate.version == version
+
+
+def test_fp8_v4_blocks_with_ancestor_headers_survive_a_restart(tmp_path) -> None:
+    with start_devnet("regtest-fp8", datadir=tmp_path) as devnet:
+        with devnet.gateway_client() as client:
+            job = client.get_mining_info()
+        assert job.cert_version == 4
+        assert job.ancestor_headers == (devnet.chain.tip.block.header.to_bytes(),)
+        _mine_through_gateway(devnet, seed=0)
+        with devnet.gateway_client() as client:
+            assert len(client.get_mining_info().ancestor_headers) == 2
+        _mine_through_gateway(devnet, seed=1)
+        certificate = devnet.chain.tip.block.certificate
+        assert certificate.version == 4 and certificate.proof.startswith(PLACEHOLDER_MAGIC + b"\x02")
+        template = devnet.pearld_client(retries=0).call("getblocktemplate", [{}])
+        assert template["requiredcertversion"] == 4 and len(template["ancestorheaders"]) == 3
+    with start_devnet("regtest-fp8", datadir=tmp_path) as devnet:
+        assert devnet.chain.height == 2
+        tip = devnet.chain.tip.block
+        verify_certificate(tip.header, tip.certificate, devnet.chain.proofs)

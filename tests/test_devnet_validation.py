@@ -64,7 +64,7 @@ def make_block(chain: Chain, spec: Spec) -> Block:
     commitment = proof_commitment(spec.version, public_data) if spec.commitment is None else spec.commitment
     header = BlockHeader.from_incomplete_bytes(header76, commitment)
     block_hash = header.block_hash() if spec.cert_hash is None else spec.cert_hash
-    certificate = build_certificate(spec.version, block_hash, public_data, proof.to_bytes())
+    certificate = build_certificate(spec.version, block_hash, public_data, proof.to_bytes(), chain.proofs)
     return Block(certificate, header, (coinbase,))
 
 
@@ -134,7 +134,7 @@ def test_a_proof_for_another_header_fails_verification(chain: Chain) -> None:
     block = make_block(chain, Spec())
     other = make_block(chain, Spec(timestamp=block.header.timestamp + 1))
     certificate = build_certificate(3, block.header.block_hash(), block.certificate.public_data,
-                                    other.certificate.proof[16:])
+                                    other.certificate.proof[17:], chain.proofs)
     text = _rejection(chain, dataclasses.replace(block, certificate=certificate))
     assert text.startswith("certificate verification failed: proof rejected: ")
 
@@ -188,6 +188,7 @@ def test_v1_block_on_signet() -> None:
 def test_simnet_skips_proof_verification() -> None:
     chain = Chain(get_params("simnet"), clock=lambda: NOW)
     block = make_block(chain, Spec())
-    unverifiable = build_certificate(3, block.header.block_hash(), block.certificate.public_data, b"x")
-    assert unverifiable.proof == placeholder_proof(b"x")
+    unverifiable = build_certificate(3, block.header.block_hash(), block.certificate.public_data, b"x",
+                                     chain.proofs)
+    assert unverifiable.proof == placeholder_proof(b"x", chain.proofs)
     assert chain.submit(dataclasses.replace(block, certificate=unverifiable).to_bytes()) is None

@@ -25,6 +25,7 @@ from node_client.devnet.validate import (
     check_block_sanity,
     check_connect_block,
 )
+from node_client.devnet.placeholder import PlainProofStore
 from node_client.forks import NetworkParams
 from proof.chain import (
     Block,
@@ -50,6 +51,7 @@ GENESIS_TEXT = (
 )
 BLOCKS_FILE = "blocks.dat"
 META_FILE = "devnet.json"
+PROOFS_FILE = "plainproofs.dat"
 
 
 class ChainStoreError(RuntimeError):
@@ -95,6 +97,9 @@ class Chain:
         self._by_hash: dict[bytes, ChainEntry] = {self._entries[0].hash: self._entries[0]}
         self._datadir = Path(datadir) if datadir is not None else None
         if self._datadir is not None:
+            self._datadir.mkdir(parents=True, exist_ok=True)
+        self.proofs = PlainProofStore(self._datadir / PROOFS_FILE if self._datadir is not None else None)
+        if self._datadir is not None:
             self._open_store()
 
     # --- persistence -------------------------------------------------------------------------------
@@ -104,7 +109,6 @@ class Chain:
 
     def _open_store(self) -> None:
         assert self._datadir is not None
-        self._datadir.mkdir(parents=True, exist_ok=True)
         meta_path = self._datadir / META_FILE
         if meta_path.exists():
             stored = json.loads(meta_path.read_text())
@@ -142,6 +146,7 @@ class Chain:
             if store is not None:
                 store.close()
                 self._store = None
+            self.proofs.close()
 
     def _append(self, raw: bytes) -> None:
         if self._datadir is None:
@@ -198,7 +203,7 @@ class Chain:
             if block_hash in self._by_hash:
                 return f"already have block {display_hex(block_hash)}"
             try:
-                check_block_sanity(block, self.params, self.now())
+                check_block_sanity(block, self.params, self.now(), self.proofs)
             except BlockRuleError as exc:
                 return str(exc)
             tip = self._entries[-1]

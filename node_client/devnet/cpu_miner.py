@@ -3,8 +3,12 @@ from __future__ import annotations
 
 import struct
 
+import numpy as np
+
 from node_client.gateway import GatewayClient, MiningJob
 from proof import int7
+from proof.fp8.miner import mine_cpu as mine_fp8_cpu
+from proof.fp8.plain_proof import PlainProofV4
 
 # The Go/FFI default mining configuration (int-protocol.md §1.1): k = 2048, rank 128, 4 × 8 tiles.
 DEFAULT_CONFIG = int7.MiningConfig(2048, 128, [0, 8, 64, 72], [0, 1, 8, 9, 32, 33, 40, 41])
@@ -19,11 +23,35 @@ def job_bits(job: MiningJob) -> int:
     return struct.unpack_from("<I", job.incomplete_header_bytes, 72)[0]
 
 
+# A small dense FP8 launch: k = 1024 (the V4 minimum), 64 × 128 operands, σ_d = the parent header.
+FP8_SHAPE = (64, 128, 1024)
+FP8_ATTEMPTS = 50
+
+
+def mine_fp8_plain_proof(job: MiningJob, *, seed: int = 0) -> PlainProofV4:
+    """A dense V4 plain proof for ``job`` mined on random operands with σ_d = the parent header."""
+    if not job.ancestor_headers:
+        raise ValueError("a V4 job must carry ancestor headers (the parent first)")
+    m, n, k = FP8_SHAPE
+    rng = np.random.default_rng(seed)
+    for _ in range(FP8_ATTEMPTS):
+        a = rng.standard_normal((m, k)).astype(np.float32)
+        b = rng.standard_normal((n, k)).astype(np.float32)
+        result = mine_fp8_cpu(job.incomplete_header_bytes, a, b, ancestor_header=job.ancestor_headers[0],
+                              target=job.target)
+        if result.proof is not None:
+            return result.proof
+    raise RuntimeError(f"no admissible FP8 winner in {FP8_ATTEMPTS} launches")
+
+
 def mine_plain_proof(job: MiningJob, *, seed: int = 0, config: int7.MiningConfig = DEFAULT_CONFIG,
-                     m: int = DEFAULT_M, n: int = DEFAULT_N, max_attempts: int = MAX_ATTEMPTS) -> int7.PlainProof:
-    """A plain proof for ``job`` (INT versions 1–3) that meets the job's target."""
+                     m: int = DEFAULT_M, n: int = DEFAULT_N,
+                     max_attempts: int = MAX_ATTEMPTS) -> int7.PlainProof | PlainProofV4:
+    """A plain proof for ``job`` that meets its target: INT (versions 1–3, ``config``) or dense FP8 (V4)."""
+    if job.cert_version == 4:
+        return mine_fp8_plain_proof(job, seed=seed)
     if job.cert_version not in (1, 2, 3):
-        raise ValueError(f"the CPU reference miner here mines certificate versions 1-3, the job needs {job.cert_version}")
+        raise ValueError(f"the CPU reference miner mines certificate versions 1-4, the job needs {job.cert_version}")
     return int7.mine_cpu(job.incomplete_header_bytes, config, m=m, n=n, bits=job_bits(job),
                          cert_version=job.cert_version, seed=seed, max_attempts=max_attempts)
 

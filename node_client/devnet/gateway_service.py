@@ -19,7 +19,7 @@ import threading
 
 from node_client import gateway as gw
 from node_client.devnet.node import DevnetNode
-from node_client.devnet.placeholder import ProofRejected, build_certificate, decode_plain_proof, verified_public_data
+from node_client.devnet.placeholder import ProofRejected, build_certificate, decode_plain_proof, public_data_for
 from node_client.devnet.rpc_gateway import MiningPausedError
 from node_client.pearld import BlockTemplate
 from proof.certificate import CertificateError, proof_commitment
@@ -154,10 +154,10 @@ class DevnetGateway:
         template = work.template
         version = template.required_cert_version
         try:
-            public_data = verified_public_data(version, work.header76, plain, template.bits)
+            public_data = public_data_for(version, work.header76, plain)
             commitment = proof_commitment(version, public_data)
             header = BlockHeader.from_incomplete_bytes(work.header76, commitment)
-            certificate = build_certificate(version, header.block_hash(), public_data, plain)
+            certificate = build_certificate(version, header.block_hash(), public_data, plain, self.node.chain.proofs)
         except (ProofRejected, CertificateError) as exc:
             return Submission(index, "invalid", str(exc))
         block = Block(certificate, header, (Transaction.from_bytes(work.coinbase_bytes),))

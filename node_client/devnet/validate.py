@@ -12,7 +12,7 @@ import datetime
 import math
 
 from node_client import rules
-from node_client.devnet.placeholder import ProofRejected, verify_certificate
+from node_client.devnet.placeholder import PlainProofStore, ProofRejected, verify_certificate
 from node_client.forks import NetworkParams
 from proof.chain import (
     COINBASE_PREV_INDEX,
@@ -120,7 +120,7 @@ def _check_transaction_sanity(tx) -> None:
         raise BlockRuleError("transaction input refers to previous output that is null")
 
 
-def check_block_sanity(block: Block, params: NetworkParams, now: int) -> None:
+def check_block_sanity(block: Block, params: NetworkParams, now: int, proofs: PlainProofStore) -> None:
     """checkBlockSanity: transactions and merkle root, then CheckBlockHeaderSanity (last: the proof)."""
     txs = block.transactions
     if not txs:
@@ -147,10 +147,10 @@ def check_block_sanity(block: Block, params: NetworkParams, now: int) -> None:
         if txid in seen:
             raise BlockRuleError(f"block contains duplicate transaction {display_hex(txid)}")
         seen.add(txid)
-    check_header_sanity(block, params, now)
+    check_header_sanity(block, params, now, proofs)
 
 
-def check_header_sanity(block: Block, params: NetworkParams, now: int) -> None:
+def check_header_sanity(block: Block, params: NetworkParams, now: int, proofs: PlainProofStore) -> None:
     """CheckBlockHeaderSanity: certificate present, size, allow-list, time, target, verification."""
     header, certificate = block.header, block.certificate
     if certificate is None:
@@ -171,7 +171,7 @@ def check_header_sanity(block: Block, params: NetworkParams, now: int) -> None:
         raise BlockRuleError(f"block target difficulty of {target:064x} is higher than max of {pow_limit:064x}")
     if not params.no_pow_check:
         try:
-            verify_certificate(header, certificate)
+            verify_certificate(header, certificate, proofs)
         except ProofRejected as exc:
             raise BlockRuleError(f"certificate verification failed: {exc}") from exc
 
