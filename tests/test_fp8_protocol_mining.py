@@ -7,10 +7,9 @@ import pytest
 
 from proof.chain import BlockHeader, sha256d
 from proof.fp8 import transcript
-from proof.fp8.merkle_serde import MerkleProof
 from proof.fp8.miner import build_plain_proof, commit_operand, mine_cpu
 from proof.fp8.params import Device, make_job
-from proof.fp8.plain_proof import MatrixOpening, PlainProofV4
+from proof.fp8.plain_proof import MatrixOpening
 from proof.fp8.prequant import prequantize
 from proof.fp8.public_data import PublicData
 from proof.fp8.verify import NOT_ADMISSIBLE, verify_plain_proof
@@ -23,7 +22,8 @@ TILE_WORK = 4 * 64 * K
 def _headers(bits: int, timestamp: int = 1_700_000_000):
     """σ_2 (the committed ancestor), σ_1 (the parent, carried in the chain) and the proposed σ̂."""
     grandparent = BlockHeader(1, bytes(32), bytes(range(32)), timestamp, bits, b"\x11" * 32).to_bytes()
-    parent = BlockHeader(1, sha256d(grandparent), bytes(range(1, 33)), timestamp + 1, bits, b"\x22" * 32).to_bytes()
+    parent = BlockHeader(1, sha256d(grandparent), bytes(range(1, 33)), timestamp + 1, bits,
+                         b"\x22" * 32).to_bytes()
     proposed = BlockHeader(1, sha256d(parent), bytes(range(2, 34)), timestamp + 2, bits).incomplete_bytes()
     return grandparent, parent, proposed
 
@@ -70,7 +70,8 @@ def test_dense_proof_verifies_at_the_header_target(dense):
     header, result = dense
     assert verify_plain_proof(header, result.proof) == (True, "ok")
     assert verify_plain_proof(header, result.proof.to_bytes()) == (True, "ok")
-    assert verify_plain_proof(header, result.proof.to_base64(), public_data=result.public_data.to_bytes()) == (True, "ok")
+    public_data = result.public_data.to_bytes()
+    assert verify_plain_proof(header, result.proof.to_base64(), public_data=public_data) == (True, "ok")
     assert verify_plain_proof(header, result.proof, target=_tight_target(result)) == (True, "ok")
     assert result.work == 32 * 128 * K and result.winners >= 1
 
@@ -84,7 +85,8 @@ def test_public_data_is_244_bytes_and_canonical(dense):
 
 def test_moe_proof_verifies(moe):
     header, result = moe
-    assert verify_plain_proof(header, result.proof.to_bytes(), public_data=result.public_data.to_bytes()) == (True, "ok")
+    public_data = result.public_data.to_bytes()
+    assert verify_plain_proof(header, result.proof.to_bytes(), public_data=public_data) == (True, "ok")
     witness = result.proof.moe_witness
     assert witness is not None and len(witness.offsets) == 4
     assert len(result.public_data.to_bytes()) == 244 + 2 + 2 + 12 + 64 + 4 * 4

@@ -258,6 +258,8 @@ def test_tile_bases_and_parse():
     assert lottery.tile_bases(gapped, 30) == [0, 2, 4, 6, 16, 18, 20]
     assert lottery.tile_indices(gapped, 18) == [18, 19, 26, 27]
     assert lottery.parse_tile_base([18, 19, 26, 27], gapped) == 18
+    assert [lottery.tile_base(gapped, i) for i in range(7)] == lottery.tile_bases(gapped, 30)
+    assert lottery.tile_base(TileShape(4, 64).col_pattern, 3) == 192
     for bad in ([19, 20, 27, 28], [18, 19, 26], [18, 19, 27, 26], []):
         with pytest.raises(ParamsError):
             lottery.parse_tile_base(bad, gapped)

@@ -39,6 +39,18 @@ def tile_bases(pattern: AxisPattern, num_rows: int) -> list[int]:
     return out
 
 
+def tile_base(pattern: AxisPattern, index: int) -> int:
+    """The base of tile number `index` along one axis (a GPU hit record's TILE_ROW / TILE_COLUMN).
+
+    Tiles are numbered in ascending base order: lattice point index % |lattice| of period
+    index // |lattice|. For the official patterns (no Null dims) this is index · tile size.
+    """
+    if index < 0:
+        raise ParamsError(f"tile index {index} must be non-negative")
+    lattice = pattern.valid_offsets()
+    return index // len(lattice) * pattern.total + lattice[index % len(lattice)]
+
+
 def parse_tile_base(indices: list[int], pattern: AxisPattern) -> int:
     """Inverse of tile_indices: the base of an opened index list, or ParamsError if it is no tile."""
     if not indices:

@@ -107,6 +107,10 @@ def build_plain_proof(job: JobParams, a: CommittedOperand, b: CommittedOperand, 
                       routing: RoutingCommitment | None = None, expert: int | None = None) -> PlainProofV4:
     """The PlainProofV4 of the tile at bases (t_a, t_b); MoE bases are expert-local.
 
+    For a GPU winner record, commit the retained A planes with commit_operand (B's are committed
+    once per job), take the bases from the record's tile indices with lottery.tile_base, and pass
+    the launch's routing commitment and the record's GROUP_ID as `expert`.
+
     Dense: A rows t_a + row offsets, B rows t_b + column offsets. MoE: A rows are the tokens at
     positions t_a + offsets of R[expert], B rows expert·η + t_b + offsets.
     """

@@ -404,7 +404,7 @@ class JobParams:
         return self.b.num_rows // self.experts if self.moe else self.b.num_rows
 
     def p_b(self) -> bytes:
-        """pB = n u32 ‖ k u32 ‖ r u16 ‖ quant u8 ‖ device u8 ‖ hash_idB u8 ‖ Pcol(6) ‖ e u16 (21 bytes)."""
+        """pB = n u32 ‖ k u32 ‖ r u16 ‖ quant u8 ‖ device u8 ‖ hash_idB u8 ‖ Pcol(6) ‖ e u16 (21 B)."""
         return (struct.pack("<IIHBBB", self.b.num_rows, self.common.k, self.common.r,
                             self.common.quant, self.common.device, self.b.hash_id)
                 + self.b.pattern.to_bytes() + struct.pack("<H", self.experts))
