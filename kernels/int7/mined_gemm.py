@@ -201,11 +201,20 @@ def _mined_gemm_kernel(an_ptr, ac_ptr, bt_ptr, limb_ptr, ub_ptr, key_ptr, bound_
     tl.store(out_ptr + out_offsets, value.to(tl.bfloat16))
 
 
-def default_tiling(m: int, n: int) -> Tiling:
-    """Decode (few rows per instance): 16-row blocks; prefill: 128 × 128."""
+def default_tiling(m: int, n: int, k: int, rank: int, tile_h: int = 2, tile_w: int = 2) -> Tiling:
+    """Decode (few rows per instance): 16-row blocks; prefill: 128 × 128; k steps of 128 or 64.
+
+    Picks the largest block sizes that divide the problem and hold whole lottery tiles; the
+    _check_tiling error names what does not fit when none does.
+    """
+    def largest(extent: int, options: tuple[int, ...], multiple: int) -> int:
+        return next((b for b in options if extent % b == 0 and b % multiple == 0), options[-1])
+
+    block_k = 128 if rank % 128 == 0 and k % 128 == 0 else 64
+    block_n = largest(n, (128, 64, 32, 16), tile_w)
     if m <= 32:
-        return Tiling(16, min(n, 128), 128, num_warps=4, num_stages=4)
-    return Tiling(min(m, 128), min(n, 128), 128, num_warps=8, num_stages=3)
+        return Tiling(largest(m, (16, 32), tile_h), block_n, block_k, num_warps=4, num_stages=4)
+    return Tiling(largest(m, (128, 64, 32, 16), tile_h), block_n, block_k, num_warps=8, num_stages=3)
 
 
 def _check_operand(name: str, t: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> None:
@@ -260,7 +269,7 @@ def mined_gemm(a_noised: torch.Tensor, a_clean: torch.Tensor, bt_noised: torch.T
         _check_operand("out_i32", out_i32, (e, m, n), torch.int32)
     if dump is not None:
         _check_operand("dump", dump, (e, m // tile_h, n // tile_w, DUMP_WORDS), torch.int32)
-    tiling = tiling or default_tiling(m, n)
+    tiling = tiling or default_tiling(m, n, k, rank, tile_h, tile_w)
     _check_tiling(tiling, m, n, k, rank, tile_h, tile_w)
     grid = (n // tiling.block_n, m // tiling.block_m, e)
     _mined_gemm_kernel[grid](
@@ -285,7 +294,7 @@ def plain_gemm(a: torch.Tensor, bt: torch.Tensor, scale_a: torch.Tensor, scale_b
     _check_operand("out", out, (e, m, n), torch.bfloat16)
     if out_i32 is not None:
         _check_operand("out_i32", out_i32, (e, m, n), torch.int32)
-    tiling = tiling or default_tiling(m, n)
+    tiling = tiling or default_tiling(m, n, k, 128)
     _check_tiling(tiling, m, n, k, tiling.block_k, 2, 2)
     grid = (n // tiling.block_n, m // tiling.block_m, e)
     _mined_gemm_kernel[grid](

@@ -133,7 +133,8 @@ def sparse_product(x: torch.Tensor, first: torch.Tensor, second: torch.Tensor, r
 def int8_limbs(x: torch.Tensor, count: int = 3) -> torch.Tensor:
     """Signed base-256 limbs of int32 x: (count, *x.shape) int8 with x = Σ limb_i·256^i.
 
-    Exact while |x| < 2^(8·count − 1); used to run exact int32 × int8 products on int8 MMAs.
+    Exact while |x| ≤ 127·(256^count − 1)/255 (8,355,711 for three limbs; |A·P_B| ≤ 64·k is far
+    below); used to run exact int32 × int8 products on int8 MMAs.
     """
     limbs = []
     rest = x.to(torch.int32)

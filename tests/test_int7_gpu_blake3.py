@@ -1,0 +1,65 @@
+"""kernels.int7.blake3 (device keyed BLAKE3) against the blake3 package and proof.blake3tree.
+
+Runs the Triton kernels compiled on a GPU machine and in Triton's interpreter elsewhere.
+"""
+import blake3
+import numpy as np
+import pytest
+import torch
+
+from kernels.int7.blake3 import (KEYED_HASH, SINGLE_BLOCK, Blake3Error, bytes_from_words, hash_blocks,
+                                 iv_words, keyed_trees, level_counts, words_from_bytes)
+from proof.blake3tree import MerkleTree
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+KEY = b"0123456789abcdef0123456789abcdef"
+
+
+def _keys(*keys: bytes) -> torch.Tensor:
+    return torch.stack([words_from_bytes(k, DEVICE) for k in keys])
+
+
+@pytest.mark.parametrize("nbytes", [16, 3 * 1024, 7 * 1024 + 4])
+def test_roots_equal_keyed_blake3_per_instance(nbytes):
+    rng = np.random.default_rng(nbytes)
+    keys = [rng.bytes(32) for _ in range(3)]
+    data = torch.from_numpy(rng.integers(-128, 128, (3, nbytes), dtype=np.int8)).to(DEVICE)
+    trees = keyed_trees(_keys(*keys), data)
+    for i, key in enumerate(keys):
+        raw = data[i].cpu().numpy().tobytes()
+        expected = blake3.blake3(raw + bytes(-len(raw) % 1024), key=key).digest()
+        assert bytes_from_words(trees.roots[i]) == expected
+    assert [level.shape[1] for level in trees.levels] == level_counts(nbytes)
+
+
+def test_kept_levels_give_pearl_siblings():
+    rng = np.random.default_rng(7)
+    data = rng.integers(-128, 128, 11 * 1024 - 256, dtype=np.int8)
+    trees = keyed_trees(_keys(KEY), torch.from_numpy(data).view(1, -1).to(DEVICE))
+    reference = MerkleTree(KEY, data.tobytes(), 1024)
+    assert trees.num_leaves == reference.num_leaves == 11
+    from proof.blake3tree import _sibling_positions
+    for opening in ([0], [3, 4], [10], [1, 2, 9]):
+        siblings = [bytes_from_words(trees.levels[level][0, i]) for level, i in
+                    _sibling_positions(opening, 11)]
+        assert siblings == reference.siblings(opening)
+
+
+def test_one_block_hashes_keyed_and_plain():
+    rng = np.random.default_rng(3)
+    messages = torch.from_numpy(rng.integers(-2**31, 2**31, (5, 16), dtype=np.int32)).to(DEVICE)
+    keyed = hash_blocks(_keys(KEY), messages, SINGLE_BLOCK | KEYED_HASH)
+    plain = hash_blocks(iv_words(DEVICE), messages, SINGLE_BLOCK)
+    for i in range(5):
+        raw = bytes_from_words(messages[i])
+        assert bytes_from_words(keyed[i]) == blake3.blake3(raw, key=KEY).digest()
+        assert bytes_from_words(plain[i]) == blake3.blake3(raw).digest()
+
+
+def test_bad_inputs_are_named():
+    with pytest.raises(Blake3Error, match="data must be"):
+        keyed_trees(_keys(KEY), torch.zeros(8, dtype=torch.int8, device=DEVICE))
+    with pytest.raises(Blake3Error, match="keys has 2 rows"):
+        keyed_trees(_keys(KEY, KEY), torch.zeros((3, 64), dtype=torch.int8, device=DEVICE))
+    with pytest.raises(Blake3Error, match="multiple of 4"):
+        words_from_bytes(b"abc")

@@ -1,0 +1,110 @@
+"""The mined GEMM kernel against proof.int7: every tile's 16 transcript words and ticket, the
+first-winner record, tile eligibility, the exact peel and the bf16 output."""
+import numpy as np
+import pytest
+import torch
+
+from kernels.int7 import noise as device_noise
+from kernels.int7.blake3 import bytes_from_words
+from kernels.int7.mined_gemm import (DUMP_WORDS, RECORD_WORDS, MinedGemmError, Tiling, mined_gemm,
+                                     plain_gemm)
+from kernels.int7.pipeline import bound_words
+from proof.int7 import LABEL_A, LABEL_B, ticket, ticket_value, tile_transcripts
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+E, M, N, K, RANK, H, W = 2, 32, 32, 1024 + 64, 64, 4, 8  # k mod r = 0 chunk tail of 64 columns
+TILING = Tiling(16, 32, 64)
+
+
+def _operands(seed):
+    gen = torch.Generator().manual_seed(seed)
+    a = torch.randint(-64, 65, (E, M, K), dtype=torch.int8, generator=gen).to(DEVICE)
+    bt = torch.randint(-64, 65, (E, N, K), dtype=torch.int8, generator=gen).to(DEVICE)
+    s_a = torch.randint(-2**31, 2**31 - 1, (E, 8), dtype=torch.int32, generator=gen).to(DEVICE)
+    s_b = torch.randint(-2**31, 2**31 - 1, (E, 8), dtype=torch.int32, generator=gen).to(DEVICE)
+    u_a = device_noise.uniform_factor(s_a, LABEL_A, M, RANK)
+    u_b = device_noise.uniform_factor(s_b, LABEL_B, N, RANK)
+    p_a = device_noise.sparse_factor(s_a, LABEL_A, K, RANK)
+    p_b = device_noise.sparse_factor(s_b, LABEL_B, K, RANK)
+    return dict(a=a, bt=bt, s_a=s_a, u_b=u_b, p_b=p_b, a_noised=device_noise.noised(a, u_a, *p_a),
+                bt_noised=device_noise.noised(bt, u_b, *p_b))
+
+
+def _run(ops, bound, rows_valid=M, dump=True):
+    record = torch.zeros(RECORD_WORDS, dtype=torch.int32, device=DEVICE)
+    out = torch.empty((E, M, N), dtype=torch.bfloat16, device=DEVICE)
+    out_i32 = torch.empty((E, M, N), dtype=torch.int32, device=DEVICE)
+    dumped = torch.zeros((E, M // H, N // W, DUMP_WORDS), dtype=torch.int32, device=DEVICE) if dump else None
+    scale_a = torch.linspace(0.5, 2.0, E * M, device=DEVICE).view(E, M)
+    scale_b = torch.linspace(0.01, 0.1, E * N, device=DEVICE).view(E, N)
+    limbs = device_noise.int8_limbs(device_noise.sparse_product(ops["a"], *ops["p_b"], RANK))
+    mined_gemm(ops["a_noised"], ops["a"], ops["bt_noised"], limbs.contiguous(), ops["u_b"], ops["s_a"],
+               bound_words(bound, DEVICE), torch.full((E,), rows_valid, dtype=torch.int32, device=DEVICE),
+               record, scale_a, scale_b, rank=RANK, tile_h=H, tile_w=W, out=out, out_i32=out_i32,
+               dump=dumped, tiling=TILING)
+    return record.cpu(), out.cpu(), out_i32.cpu(), dumped, scale_a.cpu(), scale_b.cpu()
+
+
+@pytest.fixture(scope="module")
+def mined():
+    ops = _operands(1)
+    return ops, _run(ops, bound=0)
+
+
+def test_every_tile_transcript_and_ticket_match_reference(mined):
+    ops, (record, _, _, dumped, _, _) = mined
+    rows = np.arange(M).reshape(-1, H)
+    cols = np.arange(N).reshape(-1, W)
+    for e in range(E):
+        words = tile_transcripts(ops["a_noised"][e].cpu().numpy(), ops["bt_noised"][e].cpu().numpy(),
+                                 RANK, rows, cols)
+        assert np.array_equal(dumped[e, :, :, :16].cpu().numpy().view(np.uint32), words)
+        key = bytes_from_words(ops["s_a"][e])
+        for i in range(rows.shape[0]):
+            for j in range(cols.shape[0]):
+                assert bytes_from_words(dumped[e, i, j, 16:]) == ticket(key, words[i, j])
+    assert record[0] == 0  # bound 0: nobody wins
+
+
+def test_peel_is_exact_and_output_is_dequantised(mined):
+    ops, (_, out, out_i32, _, scale_a, scale_b) = mined
+    expected = torch.einsum("emk,enk->emn", ops["a"].cpu().long(), ops["bt"].cpu().long())
+    assert torch.equal(out_i32.long(), expected)
+    dequantised = expected.double() * scale_a[:, :, None].double() * scale_b[:, None, :].double()
+    assert torch.allclose(out.double(), dequantised, rtol=1e-2, atol=1e-3)
+
+
+def test_first_winner_is_recorded_and_ineligible_rows_never_win(mined):
+    ops, (_, _, _, dumped, _, _) = mined
+    tickets = [[[bytes_from_words(dumped[e, i, j, 16:]) for j in range(N // W)] for i in range(M // H)]
+               for e in range(E)]
+    # Plant: the bound equals the smallest ticket among the first half of each instance's rows.
+    half = M // 2
+    best = min(((ticket_value(tickets[e][i][j]), e, i, j) for e in range(E) for i in range(half // H)
+                for j in range(N // W)))
+    record, *_ = _run(ops, bound=best[0], rows_valid=half, dump=False)
+    assert record[0] == 1
+    assert record[1:4].tolist() == [best[1], best[2] * H, best[3] * W]
+    assert bytes_from_words(record[4:12]) == tickets[best[1]][best[2]][best[3]]
+
+
+def test_plain_gemm_is_the_unmined_product():
+    ops = _operands(2)
+    out = torch.empty((E, M, N), dtype=torch.bfloat16, device=DEVICE)
+    out_i32 = torch.empty((E, M, N), dtype=torch.int32, device=DEVICE)
+    ones_a = torch.ones((E, M), device=DEVICE)
+    ones_b = torch.ones((E, N), device=DEVICE)
+    plain_gemm(ops["a"], ops["bt"], ones_a, ones_b, out=out, out_i32=out_i32, tiling=TILING)
+    expected = torch.einsum("emk,enk->emn", ops["a"].cpu().long(), ops["bt"].cpu().long())
+    assert torch.equal(out_i32.cpu().long(), expected)
+
+
+def test_bad_shapes_are_named():
+    ops = _operands(3)
+    out = torch.empty((E, M, N), dtype=torch.bfloat16, device=DEVICE)
+    ones_a = torch.ones((E, M), device=DEVICE)
+    ones_b = torch.ones((E, N), device=DEVICE)
+    with pytest.raises(MinedGemmError, match="block_n=48"):
+        plain_gemm(ops["a"], ops["bt"], ones_a, ones_b, out=out, tiling=Tiling(16, 48, 64))
+    with pytest.raises(MinedGemmError, match="bt must be contiguous"):
+        plain_gemm(ops["a"], ops["bt"].transpose(1, 2), ones_a, ones_b, out=out)
