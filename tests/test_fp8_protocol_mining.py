@@ -8,7 +8,7 @@ import pytest
 from proof.chain import BlockHeader, sha256d
 from proof.fp8 import transcript
 from proof.fp8.miner import build_plain_proof, commit_operand, mine_cpu
-from proof.fp8.params import Device, make_job
+from proof.fp8.params import Device, ParamsError, TileShape, make_job
 from proof.fp8.plain_proof import MatrixOpening
 from proof.fp8.prequant import prequantize
 from proof.fp8.public_data import PublicData
@@ -92,14 +92,27 @@ def test_moe_proof_verifies(moe):
     assert len(result.public_data.to_bytes()) == 244 + 2 + 2 + 12 + 64 + 4 * 4
 
 
-@pytest.mark.parametrize("device", [Device.HOPPER, Device.BLACKWELL])
-def test_both_devices_mine_and_verify(device):
-    rng = np.random.default_rng(int(device) + 3)
+@pytest.mark.parametrize("device,tile,m,n", [(Device.HOPPER, TileShape(4, 64), 8, 64),
+                                             (Device.HOPPER, TileShape(4, 128), 4, 128),
+                                             (Device.BLACKWELL, TileShape(4, 64), 8, 64),
+                                             (Device.BLACKWELL, TileShape(16, 32), 16, 32)])
+def test_devices_and_tiles_mine_and_verify(device, tile, m, n):
+    rng = np.random.default_rng(int(device) + tile.cols)
     grandparent, parent, header = _headers(0x207FFFFF)
-    result = mine_cpu(header, rng.standard_normal((8, K)).astype(np.float32),
-                      rng.standard_normal((64, K)).astype(np.float32), ancestor_header=parent, device=device)
+    result = mine_cpu(header, rng.standard_normal((m, K)).astype(np.float32),
+                      rng.standard_normal((n, K)).astype(np.float32), ancestor_header=parent, device=device,
+                      tile=tile)
     assert result.proof is not None and result.proof.job.common.device is device
+    assert result.proof.job.b.pattern == tile.col_pattern
     assert verify_plain_proof(header, result.proof) == (True, "ok")
+
+
+def test_hopper_has_no_tall_tile():
+    rng = np.random.default_rng(0)
+    _, parent, header = _headers(0x207FFFFF)
+    with pytest.raises(ParamsError, match="not one of the hopper tiles"):
+        mine_cpu(header, rng.standard_normal((16, K)), rng.standard_normal((32, K)), ancestor_header=parent,
+                 device=Device.HOPPER, tile=TileShape(16, 32))
 
 
 def test_difficulty_is_enforced(dense):

@@ -498,6 +498,8 @@ def make_job(ancestor_header: bytes, *, m: int, n: int, k: int, device: Device |
     """Build the job tuple the official miner uses: 1024-byte leaves, r = 32, the device's tile."""
     device = Device.parse(device)
     tile = tile or select_tile(device, n // experts if experts else n, k)
+    if tile not in DEVICE_TILES[device]:
+        raise ParamsError(f"the {tile.rows}x{tile.cols} tile is not one of the {device.model} tiles")
     job = JobParams(
         bytes(ancestor_header), CommonParams(k, PROTOCOL_RANK, Quant.FP8_E4M3_PREQUANT, device),
         OperandParams(m, hash_id, tile.row_pattern), OperandParams(n, hash_id, tile.col_pattern),
