@@ -30,7 +30,6 @@ from node_client.forks import NetworkParams
 from proof.chain import (
     Block,
     BlockHeader,
-    DecodeError,
     Transaction,
     TxIn,
     TxOut,
@@ -231,5 +230,3 @@ class Chain:
             self.tip_changed.notify_all()
             return None
 
-
-__all__ = ["Chain", "ChainEntry", "ChainStoreError", "DecodeError", "genesis_block"]

@@ -70,7 +70,8 @@ def cli_main(args: argparse.Namespace) -> int:
                 job = mine_one(client, seed=i)
                 devnet.gateway.wait_idle()
                 outcome = devnet.gateway.results()[-1]
-                print(f"  mined v{job.cert_version}: {outcome.status} {outcome.detail} height {devnet.chain.height}",
+                detail = f" ({outcome.detail})" if outcome.detail else ""
+                print(f"  mined a v{job.cert_version} proof: {outcome.status}{detail}, height {devnet.chain.height}",
                       flush=True)
         if args.exit_after_mining:
             return 0

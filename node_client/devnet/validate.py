@@ -18,6 +18,7 @@ from proof.chain import (
     COINBASE_PREV_INDEX,
     WITNESS_COMMITMENT_PREFIX,
     Block,
+    Transaction,
     display_hex,
     push_int,
     target_from_bits,
@@ -25,7 +26,6 @@ from proof.chain import (
     sha256d,
     write_varint,
 )
-from proof.certificate import MAX_CERTIFICATE_SIZE_V5, MAX_CERTIFICATE_SIZE
 
 MAX_BLOCK_VSIZE = 1_000_000
 MAX_GRAIN = 2_100_000_000 * 10**8
@@ -87,7 +87,7 @@ def _script_class(script: bytes) -> str:
     return "nonstandard"
 
 
-def _check_transaction_sanity(tx) -> None:
+def _check_transaction_sanity(tx: Transaction) -> None:
     if not tx.inputs:
         raise BlockRuleError("transaction has no inputs")
     if not tx.outputs:
@@ -151,14 +151,11 @@ def check_block_sanity(block: Block, params: NetworkParams, now: int, proofs: Pl
 
 
 def check_header_sanity(block: Block, params: NetworkParams, now: int, proofs: PlainProofStore) -> None:
-    """CheckBlockHeaderSanity: certificate present, size, allow-list, time, target, verification."""
+    """CheckBlockHeaderSanity: certificate present, allow-list, time, target, verification."""
     header, certificate = block.header, block.certificate
     if certificate is None:
         raise BlockRuleError("block has no certificate")
-    size = len(certificate.to_bytes()) if certificate.version != 5 else 0
-    cap = MAX_CERTIFICATE_SIZE_V5 if certificate.version == 5 else MAX_CERTIFICATE_SIZE
-    if size > cap:
-        raise BlockRuleError(f"certificate too large: {size} bytes (max {cap})")
+    # The size cap (65000 bytes) is enforced when the block is decoded, as pearld's LimitReader does.
     if not params.is_cert_version_allowed(certificate.version):
         raise BlockRuleError(f"certificate version {certificate.version} is not allowed")
     if header.timestamp > now + params.max_time_offset_minutes * 60:
