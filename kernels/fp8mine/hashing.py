@@ -1,0 +1,117 @@
+"""Keyed BLAKE3 pieces the FP8 transcript needs on the device, on top of kernels.int7.blake3.
+
+kernels.int7.blake3 provides the compression rounds, 1024-byte-leaf chunk trees and one-block
+hashes of full 64-byte blocks. The V4 transcript also hashes short messages whose last block is
+partial (labels of 20–23 bytes, headers of 76/108 bytes, seed messages of 85/107/173 bytes), which
+needs the compression's block-length word. `hash_short` adds that (one chunk, up to 16 blocks),
+reusing int7's round function; the one-block and tree paths are int7's own.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.int7._jit import jit
+from kernels.int7.blake3 import _round, iv_words, load_words8, store_words8, words_from_bytes
+
+MAX_SHORT_BYTES = 1024
+_LANES = 16
+
+
+class HashError(ValueError):
+    """Bad input to the device hashing helpers."""
+
+
+@jit
+def _compress_len(k0, k1, k2, k3, k4, k5, k6, k7,
+                  m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15,
+                  block_len, flags):
+    """The BLAKE3 compression with counter 0 and an explicit block length (chaining value out)."""
+    v0, v1, v2, v3, v4, v5, v6, v7 = k0, k1, k2, k3, k4, k5, k6, k7
+    v8 = tl.full(m0.shape, 0x6A09E667, tl.uint32)
+    v9 = tl.full(m0.shape, 0xBB67AE85, tl.uint32)
+    v10 = tl.full(m0.shape, 0x3C6EF372, tl.uint32)
+    v11 = tl.full(m0.shape, 0xA54FF53A, tl.uint32)
+    v12 = tl.full(m0.shape, 0, tl.uint32)
+    v13 = tl.full(m0.shape, 0, tl.uint32)
+    v14 = tl.full(m0.shape, 0, tl.uint32) + block_len
+    v15 = tl.full(m0.shape, 0, tl.uint32) + flags
+    for _ in tl.static_range(7):
+        v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11, v12, v13, v14, v15 = _round(
+            v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11, v12, v13, v14, v15,
+            m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15)
+        m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15 = (
+            m2, m6, m3, m10, m7, m0, m4, m13, m1, m11, m12, m5, m9, m14, m15, m8)
+    return v0 ^ v8, v1 ^ v9, v2 ^ v10, v3 ^ v11, v4 ^ v12, v5 ^ v13, v6 ^ v14, v7 ^ v15
+
+
+@jit
+def _short_kernel(key_ptr, key_stride, msg_ptr, out_ptr, total, nbytes, keyed,
+                  BLOCKS: tl.constexpr, LANES: tl.constexpr):
+    """out[i] = BLAKE3 of msg[i] (nbytes ≤ 64·BLOCKS, zero-padded words) under key[i] or the IV."""
+    lane = tl.program_id(0) * LANES + tl.arange(0, LANES)
+    live = lane < total
+    row = lane.to(tl.int64)
+    c0, c1, c2, c3, c4, c5, c6, c7 = load_words8(key_ptr + row * key_stride, live)
+    base = msg_ptr + row * (16 * BLOCKS)
+    keyed_flag = tl.where(keyed != 0, 16, 0).to(tl.uint32)
+    for block in tl.static_range(BLOCKS):
+        m0, m1, m2, m3, m4, m5, m6, m7 = load_words8(base + block * 16, live)
+        m8, m9, m10, m11, m12, m13, m14, m15 = load_words8(base + block * 16 + 8, live)
+        flags = keyed_flag
+        if block == 0:
+            flags = flags | 1
+        if block == BLOCKS - 1:
+            flags = flags | (2 | 8)
+            block_len = nbytes - 64 * (BLOCKS - 1)
+        else:
+            block_len = 64
+        c0, c1, c2, c3, c4, c5, c6, c7 = _compress_len(
+            c0, c1, c2, c3, c4, c5, c6, c7,
+            m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15,
+            block_len, flags)
+    store_words8(out_ptr + row * 8, c0, c1, c2, c3, c4, c5, c6, c7, live)
+
+
+def hash_short(keys: torch.Tensor | None, message: torch.Tensor) -> torch.Tensor:
+    """BLAKE3 (keyed when `keys` is given) of each row of `message`, a (N, nbytes) uint8 tensor.
+
+    keys: (N or 1, 8) int32 key words, or None for unkeyed hashing. nbytes in [1, 1024] (one
+    chunk). Returns (N, 8) int32: the 32-byte digests as little-endian words.
+    """
+    if message.dtype != torch.uint8 or message.dim() != 2:
+        raise HashError(f"message must be a (N, nbytes) uint8 tensor, got {message.dtype} {tuple(message.shape)}")
+    rows, nbytes = message.shape
+    if not 1 <= nbytes <= MAX_SHORT_BYTES:
+        raise HashError(f"short messages hold 1..{MAX_SHORT_BYTES} bytes, got {nbytes}")
+    blocks = -(-nbytes // 64)
+    padded = torch.zeros((rows, blocks * 64), dtype=torch.uint8, device=message.device)
+    padded[:, :nbytes] = message
+    key_words = iv_words(message.device) if keys is None else keys
+    if key_words.dtype != torch.int32 or key_words.dim() != 2 or key_words.shape[1] != 8 \
+            or key_words.shape[0] not in (1, rows):
+        raise HashError(f"keys must be int32 (N or 1, 8), got {key_words.dtype} {tuple(key_words.shape)}")
+    out = torch.empty((rows, 8), dtype=torch.int32, device=message.device)
+    _short_kernel[(triton.cdiv(rows, _LANES),)](
+        key_words.contiguous(), 0 if key_words.shape[0] == 1 else 8, padded.view(torch.int32), out,
+        rows, nbytes, int(keys is not None), BLOCKS=blocks, LANES=_LANES)
+    return out
+
+
+def as_bytes(words: torch.Tensor) -> torch.Tensor:
+    """(N, 8) int32 digest words → (N, 32) uint8 (little-endian), on the same device."""
+    return words.contiguous().view(torch.uint8)
+
+
+def constant_bytes(data: bytes, device: torch.device | str) -> torch.Tensor:
+    """A host constant (a label, pA) as a (1, len) uint8 device tensor."""
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device).view(1, -1)
+
+
+def constant_words(digest: bytes, device: torch.device | str) -> torch.Tensor:
+    """A 32-byte host constant (a fixed subkey) as (1, 8) int32 key words."""
+    if len(digest) != 32:
+        raise HashError(f"a key is 32 bytes, got {len(digest)}")
+    return words_from_bytes(digest, device).view(1, 8)
+

@@ -1,0 +1,265 @@
+"""The lottery on the device (§9): fold each 4×64 tile of the pre-peel accumulator, hash it,
+compare with the threshold, and latch the first winner into a record.
+
+Lattice (Hopper 4×64, expert-local): tile (t, c) of expert w covers rows 4t..4t+3 of w's rows and
+columns 64c..64c+63 of its n_e. Lane j = 4·row + g folds row `row` at columns 8·nb + 2·g + c in
+(nb, c) order, lane = rotl32(lane·0x9E3779B1 + bits, 13); the 16 lanes are one 64-byte block and
+J = one keyed compression under the jackpot key (int7's compression function). A tile wins iff
+LE256(J) ≤ threshold. The first winner CASes a lock that only the host re-arms, writes the
+record (Pearl's word layout, §9.5), raises the `fresh` flag for the payload copy, and stores
+STATUS last with release semantics. The record lives in device memory; `LotteryLatch.publish`
+copies it to pinned host memory in two stream-ordered copies, body first and STATUS last, so the
+host never sees a doorbell before the fields.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+from kernels.int7._jit import jit
+from kernels.int7.blake3 import compress, words_from_bytes
+from proof.fp8.lottery import threshold, threshold_bytes
+
+from .routing import RowTiles
+
+TILE_ROWS = 4
+TILE_COLS = 64
+RECORD_WORDS = 64
+MAGIC = (0x49473031, 0x48495453)
+# Record word offsets (Pearl's HitSignal layout; J at 40..47 is this package's addition).
+STATUS, M, N, K, TILE_ROW, TILE_COLUMN, LTILE_ROWS, LTILE_COLS = range(8)
+CODES_BYTES, SCALES_BYTES, LAYER_ID = 8, 9, 10
+TARGET, HASH_A, HASH_B, MAGIC_AT, GROUP_ID, TICKET = 12, 20, 28, 36, 38, 40
+_TILES_PER_PROGRAM = 16
+_FOLD_MULTIPLIER = 0x9E3779B1
+
+
+class LotteryError(ValueError):
+    """Bad input to the device lottery."""
+
+
+@jit
+def _le256(h0, h1, h2, h3, h4, h5, h6, h7, t_ptr):
+    """LE256(h) <= LE256(threshold), word 7 most significant."""
+    le = h0 <= tl.load(t_ptr + 0).to(tl.uint32, bitcast=True)
+    t = tl.load(t_ptr + 1).to(tl.uint32, bitcast=True)
+    le = (h1 < t) | ((h1 == t) & le)
+    t = tl.load(t_ptr + 2).to(tl.uint32, bitcast=True)
+    le = (h2 < t) | ((h2 == t) & le)
+    t = tl.load(t_ptr + 3).to(tl.uint32, bitcast=True)
+    le = (h3 < t) | ((h3 == t) & le)
+    t = tl.load(t_ptr + 4).to(tl.uint32, bitcast=True)
+    le = (h4 < t) | ((h4 == t) & le)
+    t = tl.load(t_ptr + 5).to(tl.uint32, bitcast=True)
+    le = (h5 < t) | ((h5 == t) & le)
+    t = tl.load(t_ptr + 6).to(tl.uint32, bitcast=True)
+    le = (h6 < t) | ((h6 == t) & le)
+    t = tl.load(t_ptr + 7).to(tl.uint32, bitcast=True)
+    return (h7 < t) | ((h7 == t) & le)
+
+
+@jit
+def _fold_lane(acc_ptr, row_base, col_base, live, n, ROW: tl.constexpr, GROUP: tl.constexpr):
+    """One lane: row ROW of each tile, columns 8·nb + 2·GROUP + c in (nb, c) order."""
+    lane = tl.full(row_base.shape, 0, tl.uint32)
+    ptr = acc_ptr + (row_base + ROW) * n + col_base + 2 * GROUP
+    for step in tl.static_range(16):
+        word = tl.load(ptr + 8 * (step // 2) + (step % 2), mask=live, other=0).to(tl.uint32, bitcast=True)
+        x = lane * 0x9E3779B1 + word
+        lane = (x << 13) | (x >> 19)
+    return lane
+
+
+@jit
+def _add(a, b):
+    return a + b
+
+
+@jit
+def _minimum(a, b):
+    return tl.minimum(a, b)
+
+
+@jit
+def _pick(values, slot_ids, slot):
+    """The entry of `values` at `slot` as a scalar (a masked sum; tl.reduce keeps the
+    interpreter path free of triton's jit'd standard-library reductions)."""
+    return tl.reduce(tl.where(slot_ids == slot, values, 0), 0, _add)
+
+
+@jit
+def _lottery_kernel(acc_ptr, n, tile_row_ptr, tile_expert_ptr, tile_local_ptr, num_tiles,
+                    key_ptr, thr_ptr, seed_b_ptr, lock_ptr, record_ptr, fresh_ptr, header_ptr,
+                    BT: tl.constexpr):
+    slot_ids = tl.arange(0, BT)
+    slots = tl.program_id(0) * BT + slot_ids
+    in_range = slots < num_tiles
+    row_start = tl.load(tile_row_ptr + slots, mask=in_range, other=-1)
+    live = in_range & (row_start >= 0)
+    row_base = tl.where(live, row_start, 0).to(tl.int64)
+    col_base = tl.program_id(1) * 64
+    m0 = _fold_lane(acc_ptr, row_base, col_base, live, n, 0, 0)
+    m1 = _fold_lane(acc_ptr, row_base, col_base, live, n, 0, 1)
+    m2 = _fold_lane(acc_ptr, row_base, col_base, live, n, 0, 2)
+    m3 = _fold_lane(acc_ptr, row_base, col_base, live, n, 0, 3)
+    m4 = _fold_lane(acc_ptr, row_base, col_base, live, n, 1, 0)
+    m5 = _fold_lane(acc_ptr, row_base, col_base, live, n, 1, 1)
+    m6 = _fold_lane(acc_ptr, row_base, col_base, live, n, 1, 2)
+    m7 = _fold_lane(acc_ptr, row_base, col_base, live, n, 1, 3)
+    m8 = _fold_lane(acc_ptr, row_base, col_base, live, n, 2, 0)
+    m9 = _fold_lane(acc_ptr, row_base, col_base, live, n, 2, 1)
+    m10 = _fold_lane(acc_ptr, row_base, col_base, live, n, 2, 2)
+    m11 = _fold_lane(acc_ptr, row_base, col_base, live, n, 2, 3)
+    m12 = _fold_lane(acc_ptr, row_base, col_base, live, n, 3, 0)
+    m13 = _fold_lane(acc_ptr, row_base, col_base, live, n, 3, 1)
+    m14 = _fold_lane(acc_ptr, row_base, col_base, live, n, 3, 2)
+    m15 = _fold_lane(acc_ptr, row_base, col_base, live, n, 3, 3)
+    zero = tl.full((BT,), 0, tl.uint32)
+    k0 = zero + tl.load(key_ptr + 0).to(tl.uint32, bitcast=True)
+    k1 = zero + tl.load(key_ptr + 1).to(tl.uint32, bitcast=True)
+    k2 = zero + tl.load(key_ptr + 2).to(tl.uint32, bitcast=True)
+    k3 = zero + tl.load(key_ptr + 3).to(tl.uint32, bitcast=True)
+    k4 = zero + tl.load(key_ptr + 4).to(tl.uint32, bitcast=True)
+    k5 = zero + tl.load(key_ptr + 5).to(tl.uint32, bitcast=True)
+    k6 = zero + tl.load(key_ptr + 6).to(tl.uint32, bitcast=True)
+    k7 = zero + tl.load(key_ptr + 7).to(tl.uint32, bitcast=True)
+    h0, h1, h2, h3, h4, h5, h6, h7 = compress(
+        k0, k1, k2, k3, k4, k5, k6, k7,
+        m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15, zero, zero + 27)
+    wins = _le256(h0, h1, h2, h3, h4, h5, h6, h7, thr_ptr) & live
+    slot = tl.reduce(tl.where(wins, slot_ids, BT), 0, _minimum)
+    if slot < BT:
+        if tl.atomic_cas(lock_ptr, 0, 1) == 0:
+            header = tl.arange(0, 16)
+            tl.store(record_ptr + header, tl.load(header_ptr + header), mask=header > 0)
+            tl.store(record_ptr + 36, 0x49473031)
+            tl.store(record_ptr + 37, 0x48495453)
+            tl.store(record_ptr + 4, _pick(tl.load(tile_local_ptr + slots, mask=live, other=0), slot_ids, slot))
+            tl.store(record_ptr + 5, tl.program_id(1))
+            tl.store(record_ptr + 38, _pick(tl.load(tile_expert_ptr + slots, mask=live, other=0), slot_ids, slot))
+            tl.store(record_ptr + 40, _pick(h0.to(tl.int32, bitcast=True), slot_ids, slot))
+            tl.store(record_ptr + 41, _pick(h1.to(tl.int32, bitcast=True), slot_ids, slot))
+            tl.store(record_ptr + 42, _pick(h2.to(tl.int32, bitcast=True), slot_ids, slot))
+            tl.store(record_ptr + 43, _pick(h3.to(tl.int32, bitcast=True), slot_ids, slot))
+            tl.store(record_ptr + 44, _pick(h4.to(tl.int32, bitcast=True), slot_ids, slot))
+            tl.store(record_ptr + 45, _pick(h5.to(tl.int32, bitcast=True), slot_ids, slot))
+            tl.store(record_ptr + 46, _pick(h6.to(tl.int32, bitcast=True), slot_ids, slot))
+            tl.store(record_ptr + 47, _pick(h7.to(tl.int32, bitcast=True), slot_ids, slot))
+            words = tl.arange(0, 8)
+            tl.store(record_ptr + 12 + words, tl.load(thr_ptr + words))
+            tl.store(record_ptr + 20 + words, tl.load(key_ptr + words))
+            tl.store(record_ptr + 28 + words, tl.load(seed_b_ptr + words))
+            tl.store(fresh_ptr, 1)
+            tl.atomic_xchg(record_ptr, 1, sem="release")
+
+
+@jit
+def _payload_kernel(fresh_ptr, src_ptr, dst_ptr, nwords, BLOCK: tl.constexpr):
+    """Copy src → dst only in the launch whose winner raised `fresh`."""
+    if tl.load(fresh_ptr) != 0:
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        live = offs < nwords
+        tl.store(dst_ptr + offs, tl.load(src_ptr + offs, mask=live), mask=live)
+
+
+@dataclass(frozen=True)
+class WinnerRecord:
+    """A published winner as the host reads it."""
+
+    m: int
+    n: int
+    k: int
+    tile_row: int
+    tile_column: int
+    group_id: int
+    layer_id: int
+    threshold: int
+    pow_key: bytes
+    seed_b: bytes
+    ticket: bytes
+    payload_bytes: tuple[int, int]
+
+
+def threshold_words(target: int, k: int, device: torch.device | str) -> torch.Tensor:
+    """The 4×64 tile's threshold min(target·4·64·k, 2²⁵⁶−1) as 8 LE int32 words."""
+    return words_from_bytes(threshold_bytes(threshold(target, TILE_ROWS, TILE_COLS, k)), device)
+
+
+class LotteryLatch:
+    """The first-winner latch of one device: lock, device record, payload buffers, pinned copy.
+
+    `payload` maps names to (device buffer) tensors that receive a snapshot of the launch's
+    retained inputs (A planes, routing) in the launch that wins; the host reads them after the
+    doorbell. Re-arm with `reset()` on the serving stream once the record has been consumed.
+    """
+
+    def __init__(self, device: torch.device | str, payload_shapes: dict[str, tuple[tuple[int, ...], torch.dtype]]):
+        self.device = torch.device(device)
+        self.lock = torch.zeros(1, dtype=torch.int32, device=self.device)
+        self.fresh = torch.zeros(1, dtype=torch.int32, device=self.device)
+        self.record = torch.zeros(RECORD_WORDS, dtype=torch.int32, device=self.device)
+        pinned = self.device.type == "cuda"
+        self.host = torch.zeros(RECORD_WORDS, dtype=torch.int32, pin_memory=pinned)
+        self.payload = {name: torch.zeros(shape, dtype=dtype, device=self.device)
+                        for name, (shape, dtype) in payload_shapes.items()}
+        self.header = torch.zeros(16, dtype=torch.int32, device=self.device)
+
+    def set_header(self, m: int, n: int, k: int, layer_id: int, codes_bytes: int, scales_bytes: int) -> None:
+        """The launch-shape words a winner copies into its record (words 1..10, magic)."""
+        words = np.zeros(16, dtype=np.int64)
+        words[[M, N, K, LTILE_ROWS, LTILE_COLS, CODES_BYTES, SCALES_BYTES, LAYER_ID]] = (
+            m, n, k, TILE_ROWS, TILE_COLS, codes_bytes, scales_bytes, layer_id)
+        self.header.copy_(torch.from_numpy(words.astype(np.int32)))
+
+    def run(self, acc: torch.Tensor, tiles: RowTiles, pow_key: torch.Tensor, threshold_: torch.Tensor,
+            seed_b: torch.Tensor, sources: dict[str, torch.Tensor]) -> None:
+        """Fold, hash and compare every tile of `acc` (rows, n_e) fp32; latch the first winner."""
+        if acc.dtype != torch.float32 or acc.dim() != 2 or acc.shape[1] % TILE_COLS:
+            raise LotteryError(f"acc must be fp32 (rows, n_e) with n_e % 64 == 0, got {acc.dtype} {tuple(acc.shape)}")
+        num_tiles = tiles.row_start.shape[0]
+        grid = (max(1, triton.cdiv(num_tiles, _TILES_PER_PROGRAM)), acc.shape[1] // TILE_COLS)
+        _lottery_kernel[grid](acc.contiguous().view(torch.int32), acc.shape[1], tiles.row_start,
+                              tiles.expert, tiles.local, num_tiles, pow_key.contiguous(),
+                              threshold_.contiguous(), seed_b.contiguous(), self.lock, self.record,
+                              self.fresh, self.header, BT=_TILES_PER_PROGRAM)
+        for name, src in sources.items():
+            dst = self.payload[name]
+            words = src.contiguous().view(torch.int32).view(-1)
+            block = 1024
+            _payload_kernel[(triton.cdiv(words.numel(), block),)](
+                self.fresh, words, dst.view(torch.int32).view(-1), words.numel(), BLOCK=block)
+        self.fresh.zero_()
+
+    def publish(self) -> None:
+        """Copy the record to the host: the body first, STATUS last (stream-ordered)."""
+        self.host[1:].copy_(self.record[1:], non_blocking=True)
+        self.host[:1].copy_(self.record[:1], non_blocking=True)
+
+    def poll(self) -> WinnerRecord | None:
+        """The published winner, or None; raises LotteryError on a malformed record."""
+        words = self.host.numpy().astype(np.int64) & 0xFFFFFFFF
+        if words[STATUS] == 0:
+            return None
+        if tuple(words[MAGIC_AT:MAGIC_AT + 2]) != MAGIC:
+            raise LotteryError("winner record has a bad magic")
+        if min(words[M], words[N], words[K]) <= 0 or words[K] % 32:
+            raise LotteryError(f"winner record has a bad shape m={words[M]} n={words[N]} k={words[K]}")
+        raw = words.astype("<u4")
+        return WinnerRecord(
+            m=int(words[M]), n=int(words[N]), k=int(words[K]), tile_row=int(words[TILE_ROW]),
+            tile_column=int(words[TILE_COLUMN]), group_id=int(words[GROUP_ID]), layer_id=int(words[LAYER_ID]),
+            threshold=int.from_bytes(raw[TARGET:TARGET + 8].tobytes(), "little"),
+            pow_key=raw[HASH_A:HASH_A + 8].tobytes(), seed_b=raw[HASH_B:HASH_B + 8].tobytes(),
+            ticket=raw[TICKET:TICKET + 8].tobytes(),
+            payload_bytes=(int(words[CODES_BYTES]), int(words[SCALES_BYTES])))
+
+    def reset(self) -> None:
+        """Re-arm: clear the record, the flag and the lock (on the current stream)."""
+        self.record.zero_()
+        self.fresh.zero_()
+        self.lock.zero_()
+        self.host.zero_()

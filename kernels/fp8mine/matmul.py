@@ -1,0 +1,114 @@
+"""The mined FP8 GEMM: e4m3 × e4m3 → fp32 with 128-k promotion windows, as the Hopper model (§8).
+
+On CUDA each 128-k slice is one `tl.dot` into a fresh fp32 window (four K = 32 WGMMAs chained from
++0) and the window is promoted into the fp32 total with one RNE add; the add is written as an FMA
+with 1.0 so Triton cannot fold the window into the dot's accumulator (which would chain the whole
+k without promotion). That this reproduces proof.fp8.fp8_matmul(device="hopper") bit for bit is a
+hypothesis the GPU check tests. On the CPU the model itself is the GEMM, so the pipeline around it
+is testable without a GPU.
+
+Grouped form: A rows in expert order (offsets = cumulative ends), B as (e, n_e, k); a static
+upper bound of row tiles (routing.row_tiles(partial=True)) keeps the launch free of host syncs.
+Dense GEMMs are the one-group case.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+from kernels.int7._jit import jit
+from proof.fp8.mma import fp8_matmul as model_matmul
+
+from .routing import RoutingTable, row_tiles
+
+WINDOW_K = 128
+GROUP_K = 32
+
+
+class MatmulError(ValueError):
+    """Bad operands for the windowed FP8 GEMM."""
+
+
+@jit
+def _windowed_kernel(a_ptr, b_ptr, out_ptr, tile_row_ptr, tile_expert_ptr, ends_ptr, n, k,
+                     BM: tl.constexpr, BN: tl.constexpr):
+    row0 = tl.load(tile_row_ptr + tl.program_id(0))
+    if row0 >= 0:
+        expert = tl.load(tile_expert_ptr + tl.program_id(0)).to(tl.int64)
+        row_end = tl.load(ends_ptr + expert)
+        rows = row0 + tl.arange(0, BM)
+        cols = tl.program_id(1) * BN + tl.arange(0, BN)
+        live_rows = rows < row_end
+        live_cols = cols < n
+        kk = tl.arange(0, 128)
+        a_rows = a_ptr + rows.to(tl.int64)[:, None] * k
+        b_rows = b_ptr + (expert * n + cols.to(tl.int64))[:, None] * k
+        total = tl.full((BM, BN), 0.0, tl.float32)
+        for k0 in range(0, k, 128):
+            live_k = (k0 + kk) < k
+            a = tl.load(a_rows + k0 + kk[None, :], mask=live_rows[:, None] & live_k[None, :], other=0)
+            b = tl.load(b_rows + k0 + kk[None, :], mask=live_cols[:, None] & live_k[None, :], other=0)
+            window = tl.dot(a.to(tl.float8e4nv, bitcast=True), tl.trans(b.to(tl.float8e4nv, bitcast=True)))
+            total = tl.fma(window, 1.0, total)  # the RNE promotion, kept apart from the dot
+        out = out_ptr + rows.to(tl.int64)[:, None] * n + cols[None, :]
+        tl.store(out, total, mask=live_rows[:, None] & live_cols[None, :])
+
+
+def _check(a: torch.Tensor, b: torch.Tensor) -> None:
+    if a.dtype != torch.float8_e4m3fn or b.dtype != torch.float8_e4m3fn:
+        raise MatmulError(f"operands must be float8_e4m3fn, got {a.dtype} and {b.dtype}")
+    if a.dim() != 2 or b.dim() != 3 or a.shape[1] != b.shape[2]:
+        raise MatmulError(f"need a (rows, k) and b (e, n, k), got {tuple(a.shape)} and {tuple(b.shape)}")
+    if a.shape[1] % GROUP_K or a.shape[1] == 0:
+        raise MatmulError(f"k must be a positive multiple of {GROUP_K}, got {a.shape[1]}")
+    if a.device != b.device:
+        raise MatmulError(f"operands on different devices: {a.device} and {b.device}")
+
+
+def grouped_matmul(a: torch.Tensor, b: torch.Tensor, table: RoutingTable,
+                   block_m: int = 64, block_n: int = 128) -> torch.Tensor:
+    """out[rows of w] = a[rows of w] · b[w]ᵀ accumulated as the Hopper model; (rows, n) fp32.
+
+    a: (rows, k) e4m3 in expert order (rows = table.rflat length); b: (e, n, k) e4m3.
+    """
+    _check(a, b)
+    experts, n, k = b.shape
+    if table.experts != experts or table.rflat.shape[0] != a.shape[0]:
+        raise MatmulError(f"routing has {table.experts} experts / {table.rflat.shape[0]} rows, "
+                          f"operands {experts} / {a.shape[0]}")
+    if a.device.type != "cuda":
+        return _model_grouped(a, b, table)
+    out = torch.empty((a.shape[0], n), dtype=torch.float32, device=a.device)
+    tiles = row_tiles(table, block_m, partial=True)
+    grid = (tiles.row_start.shape[0], triton.cdiv(n, block_n))
+    _windowed_kernel[grid](a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8), out,
+                           tiles.row_start, tiles.expert, table.offsets, n, k,
+                           BM=block_m, BN=block_n, num_warps=4, num_stages=3)
+    return out
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Dense a (m, k) · b (n, k)ᵀ with Hopper promotion: the one-group case; (m, n) fp32."""
+    if b.dim() != 2:
+        raise MatmulError(f"b must be (n, k), got {tuple(b.shape)}")
+    rows = a.shape[0]
+    table = RoutingTable(torch.arange(rows, dtype=torch.int32, device=a.device),
+                         torch.tensor([rows], dtype=torch.int32, device=a.device))
+    return grouped_matmul(a, b.unsqueeze(0), table)
+
+
+def _codes(x: torch.Tensor) -> np.ndarray:
+    return x.view(torch.uint8).cpu().numpy()
+
+
+def _model_grouped(a: torch.Tensor, b: torch.Tensor, table: RoutingTable) -> torch.Tensor:
+    """The CPU path: proof.fp8.fp8_matmul per expert (host offsets are free on the CPU)."""
+    out = torch.empty((a.shape[0], b.shape[1]), dtype=torch.float32)
+    start = 0
+    for expert, end in enumerate(table.offsets.tolist()):
+        if end > start:
+            out[start:end] = torch.from_numpy(model_matmul("hopper", _codes(a[start:end]), _codes(b[expert])))
+        start = end
+    return out.to(a.device)

@@ -1,0 +1,69 @@
+"""Noisy quantization to e4m3 on the device (§7), Hopper constants.
+
+Per row: l2f = max(l2, 2^-32), linf_f = max(linf, 2^-32) (NaN-propagating), nb = fma(δ√r, l2f,
+linf_f), α = bf16(448 / nb), β = bf16(bf16(α · l2f) · δ√r/256²). Per element:
+code = e4m3(clamp(fma(α, X, bf16(β · N)), ±448)), with N = bf16 of the E@F noise dot computed by
+the mined GEMM itself (k = 32: one window of one group from +0, as the device's atom).
+proof.fp8.quantization is the reference.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from proof.fp8.quantization import MAX_E4M3_BF16, NORM_FLOOR_BF16, scale_constants
+
+from .matmul import matmul
+from .numerics import bf16_div, bf16_fma, bf16_mul, clamp_e4m3, from_bits16
+
+DELTA_R, DELTA_OVER_STD = scale_constants("hopper")
+
+
+class QuantError(ValueError):
+    """Bad input to the device noisy quantization."""
+
+
+@dataclass
+class NoisySide:
+    """One operand after noisy quantization: codes (rows, k) e4m3, α/β (rows,) bf16, the bf16
+    noise N (rows, k) and the E lines (rows, 32) (the peel needs the last two)."""
+
+    codes: torch.Tensor
+    alpha: torch.Tensor
+    beta: torch.Tensor
+    noise: torch.Tensor
+    e_lines: torch.Tensor
+
+
+def _const(bits: int, like: torch.Tensor) -> torch.Tensor:
+    return from_bits16(torch.tensor(bits, device=like.device))
+
+
+def row_scales(l2: torch.Tensor, linf: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(α, β) bf16 per row from the raw bf16 norms."""
+    floor = _const(NORM_FLOOR_BF16, l2)
+    l2f = torch.maximum(l2, floor)
+    linf_f = torch.maximum(linf, floor)
+    bound = bf16_fma(_const(DELTA_R, l2).expand_as(l2f), l2f, linf_f)
+    alpha = bf16_div(_const(MAX_E4M3_BF16, l2).expand_as(bound), bound)
+    beta = bf16_mul(bf16_mul(alpha, l2f), _const(DELTA_OVER_STD, l2))
+    return alpha, beta
+
+
+def noisy_codes(alpha: torch.Tensor, beta: torch.Tensor, x: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    """e4m3(clamp(fma(α, X, bf16(β · N)), ±448)) elementwise; α, β per row."""
+    alpha_rows = alpha[:, None].expand_as(x)
+    return clamp_e4m3(bf16_fma(alpha_rows, x, bf16_mul(beta[:, None], noise)))
+
+
+def noisy_quantize(x: torch.Tensor, l2: torch.Tensor, linf: torch.Tensor, e_lines: torch.Tensor,
+                   f_lines: torch.Tensor) -> NoisySide:
+    """A whole operand: x (rows, k) bf16, norms (rows,), E (rows, 32) and F (k, 32) e4m3 lines."""
+    rows, k = x.shape
+    if x.dtype != torch.bfloat16 or e_lines.shape != (rows, 32) or f_lines.shape != (k, 32):
+        raise QuantError(f"need x bf16 (rows, k), e_lines (rows, 32), f_lines (k, 32); got "
+                         f"{x.dtype} {tuple(x.shape)}, {tuple(e_lines.shape)}, {tuple(f_lines.shape)}")
+    noise = matmul(e_lines, f_lines).to(torch.bfloat16)
+    alpha, beta = row_scales(l2, linf)
+    return NoisySide(noisy_codes(alpha, beta, x, noise), alpha, beta, noise, e_lines)

@@ -1,0 +1,88 @@
+"""The MoE routing table on the device (§13): Rflat, the end offsets O, and the lottery row tiles.
+
+Rflat lists, expert by expert, the tokens routed to it (a stable sort of the flattened top-k ids,
+so each list ascends); O[w] is the cumulative end offset of expert w. Both are u32 LE when hashed.
+The lottery lattice is expert-local: an expert with c rows has c // 4 row tiles, rows 4t..4t+3 of
+its list; a trailing partial tile is never mined. Everything is computed with static shapes, so
+nothing syncs: the tile map has a fixed upper bound of entries and marks unused ones with −1.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+class RoutingError(ValueError):
+    """Bad routing input."""
+
+
+@dataclass
+class RoutingTable:
+    """Rflat (m·top_k,) int32 token ids in expert order, offsets (e,) int32 cumulative ends."""
+
+    rflat: torch.Tensor
+    offsets: torch.Tensor
+
+    @property
+    def experts(self) -> int:
+        return self.offsets.shape[0]
+
+    def starts(self) -> torch.Tensor:
+        """First position of each expert's rows in Rflat, (e,) int64."""
+        ends = self.offsets.to(torch.int64)
+        return ends - torch.diff(ends, prepend=ends.new_zeros(1))
+
+
+def routing_table(topk_ids: torch.Tensor, experts: int) -> RoutingTable:
+    """From router top-k ids (m, top_k) — clamped to [0, e) — to (Rflat, O), without host syncs."""
+    if topk_ids.dim() != 2 or topk_ids.dtype not in (torch.int32, torch.int64):
+        raise RoutingError(f"topk_ids must be an integer (m, top_k) tensor, got {topk_ids.dtype} {tuple(topk_ids.shape)}")
+    if not 1 <= experts <= 1024:
+        raise RoutingError(f"experts must be in 1..1024, got {experts}")
+    top_k = topk_ids.shape[1]
+    ids = topk_ids.to(torch.int64).clamp(0, experts - 1).reshape(-1)
+    order = torch.sort(ids, stable=True).indices
+    counts = torch.zeros(experts, dtype=torch.int64, device=ids.device)
+    counts.scatter_add_(0, ids, torch.ones_like(ids))
+    return RoutingTable((order // top_k).to(torch.int32), torch.cumsum(counts, 0).to(torch.int32))
+
+
+def dense_table(m: int, device: torch.device | str) -> RoutingTable:
+    """Dense V4 as one group: every row, in order."""
+    return RoutingTable(torch.arange(m, dtype=torch.int32, device=device),
+                        torch.tensor([m], dtype=torch.int32, device=device))
+
+
+@dataclass
+class RowTiles:
+    """The lottery row tiles of a launch, (T,) each; unused entries have row_start = −1.
+
+    row_start: first row of the tile in expert order; expert: its group; local: its expert-local
+    tile index (the record's TILE_ROW). T = total_rows // 4 bounds the count for any routing.
+    """
+
+    row_start: torch.Tensor
+    expert: torch.Tensor
+    local: torch.Tensor
+
+
+def row_tiles(table: RoutingTable, tile_rows: int = 4, partial: bool = False) -> RowTiles:
+    """Enumerate each expert's row tiles without a host sync.
+
+    Lottery tiles are whole (partial=False); GEMM tiles cover every row (partial=True, the last
+    tile of an expert may be short and T = total_rows // tile_rows + e bounds the count).
+    """
+    total = table.rflat.shape[0]
+    ends = table.offsets.to(torch.int64)
+    starts = table.starts()
+    rows = ends - starts
+    tiles_per_expert = (rows + tile_rows - 1) // tile_rows if partial else rows // tile_rows
+    tile_ends = torch.cumsum(tiles_per_expert, 0)
+    bound = total // tile_rows + (table.experts if partial else 0)
+    slots = torch.arange(bound, dtype=torch.int64, device=ends.device)
+    expert = torch.searchsorted(tile_ends, slots, right=True).clamp(max=table.experts - 1)
+    local = slots - (tile_ends[expert] - tiles_per_expert[expert])
+    live = slots < tile_ends[-1]
+    row_start = torch.where(live, starts[expert] + tile_rows * local, torch.full_like(slots, -1))
+    return RowTiles(row_start.to(torch.int32), expert.to(torch.int32), local.to(torch.int32))
