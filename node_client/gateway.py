@@ -19,7 +19,6 @@ from typing import Any
 
 LINE_LIMIT = 4 * 2**20
 DEFAULT_TCP_PORT = 8337
-DEFAULT_SOCKET_PATH = "/tmp/pearlgw.sock"
 
 PARSE_ERROR = -32700
 INVALID_REQUEST = -32600

@@ -142,3 +142,19 @@ def test_fp8_v4_blocks_with_ancestor_headers_survive_a_restart(tmp_path) -> None
         assert devnet.chain.height == 2
         tip = devnet.chain.tip.block
         verify_certificate(tip.header, tip.certificate, devnet.chain.proofs)
+
+
+def test_cli_mines_and_persists(tmp_path, capsys) -> None:
+    import argparse
+
+    from node_client.devnet import add_arguments, cli_main
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    argv = ["--datadir", str(tmp_path), "--rpc-port", "0", "--gateway-port", "0", "--mine", "2",
+            "--exit-after-mining"]
+    assert cli_main(parser.parse_args(argv)) == 0
+    assert cli_main(parser.parse_args(argv)) == 0
+    out = capsys.readouterr().out
+    assert out.count("proof: accepted") == 4 and "height 4" in out
+    assert cli_main(parser.parse_args(["--network", "nonet"])) == 2

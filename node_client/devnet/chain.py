@@ -165,10 +165,6 @@ class Chain:
     def height(self) -> int:
         return self.tip.height
 
-    @property
-    def base_height(self) -> int:
-        return self._entries[0].height
-
     def entry_by_hash(self, block_hash: bytes) -> ChainEntry | None:
         with self._lock:
             return self._by_hash.get(block_hash)

@@ -10,6 +10,7 @@ from pathlib import Path
 from node_client import forks
 from node_client.devnet.cpu_miner import mine_one
 from node_client.devnet.server import DEFAULT_RPC_PASSWORD, DEFAULT_RPC_USER, Devnet
+from node_client.gateway import DEFAULT_TCP_PORT
 
 
 def _hex_int(text: str) -> int:
@@ -31,7 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rpc-password", default=DEFAULT_RPC_PASSWORD)
     parser.add_argument("--tls-cert", default=None, help="serve pearld RPC over TLS with this certificate (PEM)")
     parser.add_argument("--tls-key", default=None, help="the TLS certificate's key (PEM)")
-    parser.add_argument("--gateway-port", type=int, default=8337, help="gateway miner RPC TCP port (default 8337)")
+    parser.add_argument("--gateway-port", type=int, default=DEFAULT_TCP_PORT,
+                        help=f"gateway miner RPC TCP port (default {DEFAULT_TCP_PORT}, the gateway's)")
     parser.add_argument("--gateway-socket", default=None, help="serve the gateway on this Unix socket instead of TCP")
     parser.add_argument("--payout-script", type=bytes.fromhex, default=None,
                         help="coinbase output script, hex (P2TR/P2MR/OP_RETURN; default: a fixed devnet key)")
@@ -60,7 +62,7 @@ def cli_main(args: argparse.Namespace) -> int:
         print(f"devnet: cannot start: {exc}", file=sys.stderr)
         return 1
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    previous_handler = signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
         print(f"devnet {params.name}: height {devnet.chain.height}, data in {datadir}", flush=True)
         print(f"  pearld RPC  {devnet.pearld_url} (user {args.rpc_user})", flush=True)
@@ -84,4 +86,5 @@ def cli_main(args: argparse.Namespace) -> int:
         pass
     finally:
         devnet.close()
+        signal.signal(signal.SIGTERM, previous_handler)
     return 0
