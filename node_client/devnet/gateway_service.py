@@ -86,7 +86,7 @@ class DevnetGateway:
         tip_hash = display_hex(self.node.chain.tip.hash)
         with self._lock:
             if self._paused:
-                raise MiningPausedError("mining paused: no block template available")
+                raise MiningPausedError("mining_paused: no block template available")
             if self._work is not None and self._work.tip_hash == tip_hash:
                 return self._work
         template = BlockTemplate.from_rpc(self.node.template())

@@ -24,7 +24,8 @@ OVERLONG_LINE_MESSAGE = "Separator is not found, and chunk exceed the limit"
 
 
 class MiningPausedError(Exception):
-    """The backend has no template to hand out (answered with −32001)."""
+    """The backend has no template to hand out: −32001, message ``mining_paused[: details]``
+    (pearl_gateway/comm/dataclasses.py @ 4a356c31)."""
 
 
 class GatewayBackend(Protocol):
