@@ -229,6 +229,7 @@ class GatewayClient:
         if not reply:
             raise GatewayConnectionError(f"gateway at {self.address} closed the connection")
         if len(reply) > LINE_LIMIT or not reply.endswith(b"\n"):
+            self._disconnect()  # the rest of that line would be read as the next reply
             raise SchemaError("gateway reply exceeds the 4 MiB line limit or is truncated")
         return reply
 

@@ -1,7 +1,8 @@
 """The certificate rules pearld applies, so the worker never submits what the chain refuses.
 
 Order and texts follow pearld @ 2ad4bc25 (node-consensus.md §3.1, §3.4; docs/node-client.md):
-public-data size (decode), the version allow-list (CheckBlockHeaderSanity), then CheckCertificateRules:
+public-data size (decode), the version allow-list and empty public data (CheckBlockHeaderSanity and
+certificate verification), then CheckCertificateRules:
 the version required at the height, dense-only, and the rank penalty. A violation raises
 ``RuleViolation``; ``str(exc)`` starts with the rule's name and ``exc.text`` is pearld's own text
 (the devnet returns it as ``"rejected: <text>"``).
@@ -9,6 +10,7 @@ the version required at the height, dense-only, and the rank penalty. A violatio
 from __future__ import annotations
 
 from node_client import forks
+from proof.certificate import MAX_ZK_PROOF_SIZE
 from proof.int7 import (
     MAX_PUBLIC_DATA_SIZE as PUBLIC_DATA_MAX_V2,
     PENALTY_BASE_RANK,
@@ -82,6 +84,10 @@ def check_public_data_size(cert_version: int, public_data: bytes) -> None:
             "public-data-size",
             f"public data length {size} exceeds max {PUBLIC_DATA_MAX_V2} for certificate version {cert_version}",
         )
+    if cert_version == 4 and size > MAX_ZK_PROOF_SIZE:
+        raise RuleViolation(
+            "public-data-size", f"public data length {size} exceeds max {MAX_ZK_PROOF_SIZE} for certificate version 4"
+        )
 
 
 def check_certificate(network: str | forks.NetworkParams, height: int, cert_version: int, public_data: bytes, bits: int) -> None:
@@ -96,6 +102,9 @@ def check_certificate(network: str | forks.NetworkParams, height: int, cert_vers
     check_public_data_size(cert_version, public_data)
     if not params.is_cert_version_allowed(cert_version):
         raise RuleViolation("version-allowed", f"certificate version {cert_version} is not allowed")
+    if not public_data and not params.no_pow_check:  # certificate verification (sanity) refuses it
+        text = "empty fp8 proof" if cert_version == 4 else "empty public data"
+        raise RuleViolation("empty-public-data", f"certificate verification failed: {text}")
     required = params.required_cert_version(height)
     if cert_version != required:
         raise RuleViolation(

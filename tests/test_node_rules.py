@@ -92,11 +92,20 @@ def test_rank_128_k_2048_zero_jackpot_passes() -> None:
     assert rules.rank_penalty_error(RP_BITS, public_data(k=2048)) is None
 
 
-@pytest.mark.parametrize("data", [b"", bytes(163), bytes(164)])
+@pytest.mark.parametrize("data", [bytes(163), bytes(164)])
 def test_malformed_public_data_is_refused(data: bytes) -> None:
     assert rules.rank_penalty_error(RP_BITS, data) is not None
     ok, reason = rules.would_accept("mainnet", 120000, 3, data, RP_BITS)
     assert not ok and reason.startswith("rank-penalty: ")
+
+
+def test_empty_public_data() -> None:
+    assert rules.rank_penalty_error(RP_BITS, b"") == "empty public data"
+    for network, version, text in (("mainnet", 3, "empty public data"), ("regtest-fp8", 4, "empty fp8 proof")):
+        ok, reason = rules.would_accept(network, 120000, version, b"", RP_BITS)
+        assert (ok, reason) == (False, f"empty-public-data: certificate verification failed: {text}")
+    # §6.7: the placeholder V2 with no public data passes where proofs are not checked.
+    rules.check_certificate("simnet", 5, 3, b"", RP_BITS)
 
 
 def test_placeholder_and_simnet_skip_the_rank_penalty() -> None:
@@ -110,6 +119,8 @@ def test_size_caps() -> None:
     ok, reason = rules.would_accept("signet", 5, 1, bytes(165), EASY_BITS)
     assert not ok and reason.startswith("public-data-size: ")
     ok, reason = rules.would_accept("regtest", 5, 3, public_data(moe_tail=4807 - 163), EASY_BITS)
+    assert not ok and reason.startswith("public-data-size: ")
+    ok, reason = rules.would_accept("regtest-fp8", 5, 4, bytes(60001), EASY_BITS)
     assert not ok and reason.startswith("public-data-size: ")
 
 
