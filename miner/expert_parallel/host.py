@@ -1,0 +1,104 @@
+"""Rank 0's share of the host: the one job poller, the one submitter, and the control state.
+
+The other ranks learn the job, the mode preference, pause and stop from the ``Control`` rank 0
+broadcasts at every step (``sync``); their winners arrive through the relay (``winners``) and go
+to the same completion thread a single-process worker uses (checks, rules, one proof per job,
+persistence of unsent proofs).
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+
+from miner.accounting import MiningStats
+from miner.completion import CompletionWorker
+from miner.events import EventBus
+from miner.expert_parallel.sync import Control
+from miner.expert_parallel.winners import CompletionSink, RelayedWinner, WinnerSink
+from miner.jobs import JobPoller, JobSource, MiningJob
+from miner.modes import CHOICES
+from miner.persistence import SubmissionStore
+from miner.worker import WorkerConfig
+
+
+class HostSide:
+    def __init__(self, config: WorkerConfig, source: JobSource, stats: MiningStats,
+                 sink: WinnerSink | None = None) -> None:
+        self.config, self.source, self.stats = config, source, stats
+        self.events = EventBus()
+        self.store = SubmissionStore(config.data_dir)
+        self.poller = JobPoller(source, interval=config.poll_interval)
+        self.completion = CompletionWorker(source, self.store, stats, self.events, config.network,
+                                           lambda: self.poller.current)
+        self.sink: WinnerSink = sink or CompletionSink(self.completion, stats, self.events)
+        self.relayed_by_rank: Counter[int] = Counter()
+        self.paused = ""
+        self.preference = config.mode
+        self.stop_requested = threading.Event()
+        self.started = time.monotonic()
+        self.poller.subscribe(self._on_job)
+
+    def _on_job(self, job: MiningJob | None) -> None:
+        if job is None:
+            self.events.publish("source_down", f"job retired, mining paused: {self.poller.last_error}")
+        else:
+            self.events.publish("job", f"job {job.job_id} cert V{job.cert_version}")
+        self.completion.wake()
+
+    def control(self) -> Control:
+        """What every rank applies at this step."""
+        return Control(self.poller.current, self.preference, not self.paused, self.finished())
+
+    def finished(self) -> bool:
+        c = self.config
+        if self.stop_requested.is_set():
+            return True
+        if c.duration_s is not None and time.monotonic() - self.started >= c.duration_s:
+            return True
+        return c.max_blocks is not None and self.stats.accepted >= c.max_blocks
+
+    def deliver(self, relayed: list[RelayedWinner]) -> None:
+        for winner in relayed:
+            self.relayed_by_rank[winner.rank] += 1
+            self.sink.deliver(winner)
+
+    def pause(self, reason: str) -> None:
+        self.paused = reason or "paused"
+        self.events.publish("paused", self.paused)
+
+    def resume(self) -> None:
+        self.paused = ""
+        self.events.publish("resumed", "mining resumed")
+
+    def set_mode(self, mode: str) -> None:
+        if mode not in CHOICES:
+            raise ValueError(f"mode {mode!r} is not one of {CHOICES}")
+        self.preference = mode
+        self.events.publish("mode_preference", f"mode preference set to {mode}")
+
+    def check_blocks(self) -> None:
+        """Account the blocks of submitted jobs the chain has moved past (accepted or not)."""
+        block_status = getattr(self.source, "block_status", None)
+        for job, included in self.completion.resolve(self.poller.current, block_status):
+            if included:
+                self.stats.add("accepted")
+                self.events.publish("accepted", f"block for job {job.job_id} accepted")
+            else:
+                self.stats.reject("not included in the chain")
+                self.events.publish("rejected", f"block for job {job.job_id} not included in the chain")
+
+    def start(self) -> None:
+        pending = self.store.load_pending()
+        if pending:
+            self.completion.retry_later(pending)
+        self.completion.start()
+        self.poller.start()
+
+    def shutdown(self) -> int:
+        """Stop polling, drain the completion thread; returns how many proofs were persisted."""
+        self.poller.stop()
+        kept = self.completion.stop()
+        self.check_blocks()
+        self.events.publish("stopped", f"expert-parallel host stopped; {len(kept)} proof(s) persisted")
+        return len(kept)

@@ -1,0 +1,245 @@
+"""One rank of the expert-parallel worker: its share of the model, its mined layers, its proofs.
+
+Every rank builds the same seeded model, keeps its experts (``moe``), serves its own request
+stream (data-parallel attention), and mines its local experts' FC1 as its own instances: each
+rank's backend sees only its experts, one routed row per (token, slot) (top-k 1), so its
+commitments and lottery are independent of the other ranks'. Before each forward pass the ranks
+exchange the control state and the finished winners (``sync``); rank 0 also runs ``HostSide``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from miner.accounting import MiningStats
+from miner.expert_parallel.distributed import EPContext
+from miner.expert_parallel.host import HostSide
+from miner.expert_parallel.moe import shard_model
+from miner.expert_parallel.plan import ExpertPlan
+from miner.expert_parallel.sync import Control, StepSync
+from miner.expert_parallel.winners import ProofBuilder, WinnerSink
+from miner.generation import Generator, file_prompts, generated_prompts
+from miner.jobs import JobSource, MiningJob
+from miner.layer import MinedLayer
+from miner.model import ModelConfig, build_model
+from miner.modes import Mode, choose_mode
+from miner.worker import BackendFactory, WorkerConfig, cpu_backend
+
+log = logging.getLogger(__name__)
+
+HOST_COUNTERS = ("winners", "proofs_built", "verify_failed", "refused_by_rules", "submitted", "accepted",
+                 "rejected", "persisted", "resubmitted", "dropped_stale")
+RANK_COUNTERS = ("credited_work", "tickets", "launches_mined", "launches_unmined", "oom_events")
+
+
+def local_config(cfg: ModelConfig, experts: int) -> ModelConfig:
+    """The model config a rank's backends see: its local experts, one routed row per (token, slot)."""
+    return dataclasses.replace(cfg, num_experts=experts, top_k=1, n_group=1, topk_group=1, shared_experts=0)
+
+
+class JobPreparer:
+    """A daemon thread that prepares the backends for the latest requested (job, preference);
+    launches before it finishes serve unmined. Older requests are skipped."""
+
+    def __init__(self, worker: ExpertParallelWorker) -> None:
+        self.worker = worker
+        self._wanted: tuple[MiningJob | None, str] | None = None
+        self._stop = False
+        self._cond = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name="ep-job-prep", daemon=True)
+        self._thread.start()
+
+    def request(self, job: MiningJob | None, preference: str) -> None:
+        with self._cond:
+            self._wanted = (job, preference)
+            self._cond.notify()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify()
+        self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while self._wanted is None and not self._stop:
+                    self._cond.wait()
+                if self._stop:
+                    return
+                wanted, self._wanted = self._wanted, None
+            self.worker.prepare(*wanted)
+
+
+class _SteppedModel:
+    """The model as the generator calls it: the step exchange runs before every forward pass."""
+
+    def __init__(self, worker: ExpertParallelWorker) -> None:
+        self.worker, self.cfg = worker, worker.model.cfg
+
+    def __call__(self, *args: Any) -> torch.Tensor:
+        self.worker.step()
+        device = self.worker.ctx.device
+        return self.worker.model(*(a.to(device) if isinstance(a, torch.Tensor) else a for a in args)).cpu()
+
+
+class ExpertParallelWorker:
+    """``source`` (and optionally ``sink``) on rank 0 only; every rank calls the same methods."""
+
+    def __init__(self, config: WorkerConfig, ctx: EPContext, source: JobSource | None = None,
+                 backend_factory: BackendFactory = cpu_backend, sink: WinnerSink | None = None,
+                 max_batches: int | None = None) -> None:
+        if (source is None) != (ctx.rank != 0):
+            raise ValueError("rank 0, and only rank 0, holds the job source")
+        if max_batches is not None and max_batches <= 0:
+            raise ValueError(f"max_batches must be positive, got {max_batches}")
+        self.config, self.ctx, self.backend_factory = config, ctx, backend_factory
+        self.max_batches = max_batches
+        self.plan = ExpertPlan(config.model.num_experts, ctx.world_size)
+        self.local_cfg = local_config(config.model, self.plan.local_count(ctx.rank))
+        model = build_model(config.model, config.weights, config.seed)
+        self.shards = shard_model(model, self.plan, ctx.rank, ctx.group)
+        self.model = model.to(ctx.device)
+        self.stats = MiningStats()
+        self.control = Control(None, config.mode, True, False)  # the last one applied
+        self.mode, self.mode_reason = Mode.OFF, "no current job"
+        self.cooldown_until = 0.0
+        self.steps = 0
+        self._lock = threading.Lock()
+        self.builder = ProofBuilder(ctx.rank, self.plan.first(ctx.rank), lambda: self.control.job)
+        self.layers = [MinedLayer(s.layer_id, self.stats, self.may_mine, self.builder.offer, self._oom,
+                                  config.min_mining_tokens) for s in self.shards]
+        for shard, layer in zip(self.shards, self.layers):
+            shard.launcher = layer
+        self.sync = StepSync(ctx.rank, ctx.world_size, ctx.control_group)
+        self.host = HostSide(config, source, self.stats, sink) if source is not None else None
+        self.generator = Generator(_SteppedModel(self), config.batch_size, config.max_new_tokens)  # type: ignore[arg-type]
+        self.preparer = JobPreparer(self)
+
+    # -- mining state -------------------------------------------------------------------------
+    def may_mine(self) -> bool:
+        return (self.control.mining_allowed and self.mode != Mode.OFF
+                and time.monotonic() >= self.cooldown_until)
+
+    def _oom(self, exc: MemoryError) -> None:
+        self.cooldown_until = time.monotonic() + self.config.oom_cooldown_s
+        self.stats.add("oom_events")
+        log.warning("rank %d: out of memory while mining (%s); unmined for %.0f s", self.ctx.rank, exc,
+                    self.config.oom_cooldown_s)
+
+    def prepare(self, job: MiningJob | None, preference: str) -> None:
+        """Backends for this rank's layers (job thread); installed only if still the wanted job."""
+        decision = choose_mode(job, self.config.network, preference)
+        mode, reason = decision.mode, decision.reason
+        backends = []
+        if job is not None and mode != Mode.OFF:
+            try:
+                for layer, shard in zip(self.layers, self.shards):
+                    backend = self.backend_factory(mode, layer.layer_id, self.local_cfg)
+                    backend.prepare_job(job, shard.w13)
+                    backends.append(backend)
+            except (NotImplementedError, ValueError) as exc:
+                backends, mode, reason = [], Mode.OFF, f"cannot mine {mode.value}: {exc}"
+        with self._lock:
+            if (self.control.job, self.control.preference) != (job, preference):
+                return  # a newer job arrived meanwhile
+            for layer, backend in itertools.zip_longest(self.layers, backends):
+                layer.backend = backend
+            changed = (mode, reason) != (self.mode, self.mode_reason)
+            self.mode, self.mode_reason = mode, reason
+        if changed and self.host is not None:
+            self.host.events.publish("mode", f"{mode.value}: {reason}")
+
+    # -- the per-step exchange (serving thread, every rank) -----------------------------------
+    def step(self) -> None:
+        control = self.sync.broadcast_control(self.host.control() if self.host is not None else None)
+        if (control.job, control.preference) != (self.control.job, self.control.preference):
+            with self._lock:
+                for layer in self.layers:
+                    layer.backend = None  # the old job's launches would only make stale winners
+                self.control = control
+            self.preparer.request(control.job, control.preference)
+        else:
+            self.control = control
+        self._relay()
+        self.steps += 1
+
+    def _relay(self) -> None:
+        relayed = self.sync.gather_winners(self.builder.take())
+        if self.host is not None:
+            self.host.deliver(relayed)
+
+    # -- serving ------------------------------------------------------------------------------
+    def prompts(self) -> Iterator[list[int]]:
+        """This rank's request stream: every world_size-th line of the prompt file, or its own
+        generated prompts."""
+        cfg = self.config
+        if cfg.prompts is not None:
+            return itertools.islice(file_prompts(cfg.prompts, cfg.model.vocab_size), self.ctx.rank, None,
+                                    self.ctx.world_size)
+        return generated_prompts(cfg.prompt_len, cfg.model.vocab_size, cfg.seed + self.ctx.rank)
+
+    def start(self) -> None:
+        if self.host is not None:
+            self.host.start()
+
+    def serve(self) -> None:
+        """Serve batches in lockstep until rank 0 says stop (or ``max_batches`` on every rank)."""
+        batches = 0
+        for _ in self.generator.serve(self.prompts()):
+            batches += 1
+            if self.host is not None:
+                self.host.check_blocks()
+            if self.control.stop or (self.max_batches is not None and batches >= self.max_batches):
+                return
+
+    def shutdown(self, build_timeout_s: float = 60.0) -> dict[str, Any] | None:
+        """Finish every rank's proofs, relay them, drain the submitter; rank 0 returns the summary."""
+        self.preparer.stop()
+        if not self.builder.flush(build_timeout_s):
+            log.error("rank %d: proofs still building after %.0f s are not relayed", self.ctx.rank,
+                      build_timeout_s)
+        self._relay()
+        persisted = self.host.shutdown() if self.host is not None else 0
+        return self._summary(persisted)
+
+    def _summary(self, persisted: int) -> dict[str, Any] | None:
+        s = self.generator.stats
+        mine = self.stats.snapshot()
+        figures = {"rank": self.ctx.rank, "prefill_tokens": s.prefill_tokens, "decode_tokens": s.decode_tokens,
+                   "busy_s": s.prefill_seconds + s.decode_seconds, "decode_s": s.decode_seconds,
+                   "requests": s.requests, "steps": self.steps, "local_experts": self.local_cfg.num_experts,
+                   **{name: mine[name] for name in RANK_COUNTERS}}
+        boxes: list[Any] | None = [None] * self.ctx.world_size if self.ctx.rank == 0 else None
+        dist.gather_object(figures, boxes, dst=0, group=self.ctx.control_group)
+        if boxes is None or self.host is None:
+            return None
+        return summarize(boxes, {name: mine[name] for name in HOST_COUNTERS}, self.host.relayed_by_rank,
+                         persisted, self.config.model, str(self.ctx.device))
+
+
+def summarize(ranks: list[dict[str, Any]], host: dict[str, Any], relayed_by_rank: dict[int, int],
+              persisted: int, model: ModelConfig, device: str) -> dict[str, Any]:
+    """Whole-run figures: tokens/s over all ranks (they run in lockstep, so the slowest rank's busy
+    time is the run's), the ranks' mining totals and rank 0's submission counters."""
+    busy = max(r["busy_s"] for r in ranks)
+    decode_s = max(r["decode_s"] for r in ranks)
+    tokens = sum(r["prefill_tokens"] + r["decode_tokens"] for r in ranks)
+    decode = sum(r["decode_tokens"] for r in ranks)
+    return {
+        "world_size": len(ranks), "device": device, "model": dataclasses.asdict(model),
+        "tokens": tokens, "tokens_per_s": tokens / busy if busy else 0.0,
+        "decode_tokens_per_s": decode / decode_s if decode_s else 0.0,
+        **{name: sum(r[name] for r in ranks) for name in RANK_COUNTERS},
+        **host, "persisted_at_exit": persisted,
+        "relayed_by_rank": {str(r["rank"]): relayed_by_rank.get(r["rank"], 0) for r in ranks},
+        "ranks": ranks,
+    }
