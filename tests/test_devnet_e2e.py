@@ -9,7 +9,7 @@ import pytest
 from node_client import rules
 from node_client.devnet import start_devnet
 from node_client.devnet.chain import BLOCKS_FILE, ChainStoreError
-from node_client.devnet.cpu_miner import mine_plain_proof
+from node_client.devnet.cpu_miner import mine_fp8_plain_proof, mine_plain_proof
 from node_client.devnet.placeholder import PLACEHOLDER_MAGIC, verify_certificate
 from proof import int7
 from proof.chain import Block, BlockHeader, display_hex, target_from_bits
@@ -133,7 +133,14 @@ def test_fp8_v4_blocks_with_ancestor_headers_survive_a_restart(tmp_path) -> None
         _mine_through_gateway(devnet, seed=0)
         with devnet.gateway_client() as client:
             assert len(client.get_mining_info().ancestor_headers) == 2
-        _mine_through_gateway(devnet, seed=1)
+        # MoE is consensus-valid again as FP8: a V4 MoE proof passes the rules and the node.
+        with devnet.gateway_client() as client:
+            job = client.get_mining_info()
+            proof = mine_fp8_plain_proof(job, seed=1, experts=2)
+            assert proof.moe_witness is not None
+            assert rules.would_accept_plain_proof("regtest-fp8", 2, 4, job.incomplete_header_bytes, proof) == (True, "")
+            client.submit_plain_proof(proof.to_bytes(), job)
+        assert devnet.gateway.wait_idle() and devnet.gateway.results()[-1].status == "accepted"
         certificate = devnet.chain.tip.block.certificate
         assert certificate.version == 4 and certificate.proof.startswith(PLACEHOLDER_MAGIC + b"\x02")
         template = devnet.pearld_client(retries=0).call("getblocktemplate", [{}])

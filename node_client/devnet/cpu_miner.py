@@ -23,22 +23,25 @@ def job_bits(job: MiningJob) -> int:
     return struct.unpack_from("<I", job.incomplete_header_bytes, 72)[0]
 
 
-# A small dense FP8 launch: k = 1024 (the V4 minimum), 64 × 128 operands, σ_d = the parent header.
+# A small FP8 launch: k = 1024 (the V4 minimum), 64 tokens, 128 output rows per expert (or dense),
+# σ_d = the parent header.
 FP8_SHAPE = (64, 128, 1024)
 FP8_ATTEMPTS = 50
 
 
-def mine_fp8_plain_proof(job: MiningJob, *, seed: int = 0) -> PlainProofV4:
-    """A dense V4 plain proof for ``job`` mined on random operands with σ_d = the parent header."""
+def mine_fp8_plain_proof(job: MiningJob, *, seed: int = 0, experts: int = 0) -> PlainProofV4:
+    """A V4 plain proof for ``job`` on random operands: dense, or MoE over ``experts`` experts
+    (top-1 routing drawn at random)."""
     if not job.ancestor_headers:
         raise ValueError("a V4 job must carry ancestor headers (the parent first)")
     m, n, k = FP8_SHAPE
     rng = np.random.default_rng(seed)
     for _ in range(FP8_ATTEMPTS):
         a = rng.standard_normal((m, k)).astype(np.float32)
-        b = rng.standard_normal((n, k)).astype(np.float32)
+        b = rng.standard_normal((n * max(experts, 1), k)).astype(np.float32)
+        routing = rng.integers(0, experts, size=(m, 1)) if experts else None
         result = mine_fp8_cpu(job.incomplete_header_bytes, a, b, ancestor_header=job.ancestor_headers[0],
-                              target=job.target)
+                              target=job.target, topk_ids=routing, experts=experts)
         if result.proof is not None:
             return result.proof
     raise RuntimeError(f"no admissible FP8 winner in {FP8_ATTEMPTS} launches")
