@@ -17,6 +17,7 @@ from typing import Any
 from miner.accounting import MiningStats
 from miner.backend import MiningBackend, WinnerRecord
 from miner.completion import CompletionWorker
+from miner.cpu_fp8 import CpuFp8Backend
 from miner.cpu_int7 import CpuInt7Backend
 from miner.events import EventBus
 from miner.generation import Generator, file_prompts, generated_prompts
@@ -55,6 +56,8 @@ def cpu_backend(mode: Mode, layer_id: int, cfg: ModelConfig) -> MiningBackend:
     """The CPU reference backends: torch GEMMs, mining with proof/'s CPU pieces."""
     if mode in (Mode.INT7_MOE, Mode.INT7_DENSE):
         return CpuInt7Backend(mode, layer_id, cfg.num_experts, cfg.top_k)
+    if mode == Mode.FP8_MOE:
+        return CpuFp8Backend(layer_id, cfg.num_experts)
     raise NotImplementedError(f"no CPU backend mines {mode.value}")
 
 

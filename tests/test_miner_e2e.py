@@ -7,21 +7,25 @@ from node_client.devnet import start_devnet
 from test_miner_support import ServingThread, tiny_config, wait_until
 
 
-@pytest.mark.parametrize("network, mode", [("regtest", "int7-moe"), ("mainnet@100000", "int7-dense")])
-def test_worker_mines_accepted_devnet_blocks(tmp_path, network: str, mode: str) -> None:
+@pytest.mark.parametrize("network, mode, blocks", [
+    ("regtest", "int7-moe", 2),  # mainline regtest: cert V3, MoE allowed
+    ("mainnet@100000", "int7-dense", 2),  # mainnet rules: dense-only fallback
+    ("regtest-fp8", "fp8-moe", 1),  # the fp8-scheme build: cert V4
+])
+def test_worker_mines_accepted_devnet_blocks(tmp_path, network: str, mode: str, blocks: int) -> None:
     with start_devnet(network, datadir=tmp_path / "chain") as devnet:
         start = devnet.chain.height
         source = GatewaySource(devnet.gateway_address, devnet.pearld_client(retries=0, timeout=5))
-        worker = Worker(tiny_config(tmp_path / "data", network, max_blocks=2), source)
+        worker = Worker(tiny_config(tmp_path / "data", network, max_blocks=blocks), source)
         with ServingThread(worker):
-            wait_until(lambda: worker.stats.accepted >= 2, 120, "two accepted blocks")
+            wait_until(lambda: worker.stats.accepted >= blocks, 240, f"{blocks} accepted block(s)")
             status = worker.status()
         devnet.gateway.wait_idle()
         results = devnet.gateway.results()
     assert status["mode"] == mode
-    assert devnet.chain.height >= start + 2
+    assert devnet.chain.height >= start + blocks
     accepted = [r for r in results if r.status == "accepted"]
-    assert len(accepted) >= 2
+    assert len(accepted) >= blocks
     assert all(r.status in ("accepted", "stale") for r in results), results
     # one proof per job, never the same proof twice
     assert status["mining"]["submitted"] == len(results)
