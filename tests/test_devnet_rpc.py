@@ -168,6 +168,9 @@ def test_pearld_wrong_credentials(devnet, auth) -> None:
     (b'{"jsonrpc":"1.0","id":1,"method":"getblockheader","params":["00"]}', -5),
     (b'{"jsonrpc":"1.0","id":1,"method":"getblockheader","params":["zz"]}', -22),
     (b'{"jsonrpc":"1.0","id":1,"method":"getblocktemplate","params":[{"mode":"x"}]}', -8),
+    (b'{"jsonrpc":"1.0","id":1,"method":"getblocktemplate","params":[{"mode":"proposal"}]}', -3),
+    (b'{"jsonrpc":"1.0","id":1,"method":"getblocktemplate","params":[{"mode":"proposal","data":"zz"}]}', -22),
+    (b'{"jsonrpc":"1.0","id":1,"method":"getblocktemplate","params":[{"mode":"proposal","data":"0100"}]}', -22),
     (b'{"jsonrpc":"1.0","id":1,"method":"submitblock","params":[]}', -32602),
     (b'{"jsonrpc":"1.0","id":1,"method":"submitblock","params":[12]}', -32602),
     (b'{"jsonrpc":"1.0","id":1,"method":"submitblock","params":["xyz"]}', -22),
@@ -191,6 +194,8 @@ def test_pearld_truncated_blocks_fail_to_decode(devnet) -> None:
         assert info.value.code == -22 and info.value.message.startswith("Block decode failed: ")
     with pytest.raises(pearld.BlockRejected, match="already have block"):
         client.submitblock(block)
+    proposal = client.call("getblocktemplate", [{"mode": "proposal", "data": block.hex()}])
+    assert proposal == "bad-prevblk"
 
 
 def test_pearld_batches_versions_and_notifications(devnet) -> None:

@@ -13,7 +13,7 @@ from node_client.devnet.validate import block_subsidy, go_time
 from node_client.forks import get_params
 from node_client.pearld import BlockTemplate
 from proof import int7
-from proof.certificate import CertificateV1, CertificateV3, CertificateV4, proof_commitment
+from proof.certificate import CertificateV1, CertificateV3, CertificateV4, placeholder, proof_commitment
 from proof.chain import (
     Block,
     BlockHeader,
@@ -192,3 +192,29 @@ def test_simnet_skips_proof_verification() -> None:
                                      chain.proofs)
     assert unverifiable.proof == placeholder_proof(b"x", chain.proofs)
     assert chain.submit(dataclasses.replace(block, certificate=unverifiable).to_bytes()) is None
+
+
+def _template_block(chain: Chain, version: int = 3, bad_merkle: bool = False) -> Block:
+    """A block as a pool proposes it: the template's coinbase and the placeholder certificate."""
+    template = BlockTemplate.from_rpc(DevnetNode(chain).template())
+    coinbase = coinbase_transaction(template.height, template.coinbase_value, PAYOUT,
+                                    template.default_witness_commitment)
+    root = bytes(32) if bad_merkle else merkle_root([coinbase.txid()])
+    header = BlockHeader(template.version, from_display_hex(template.previous_block_hash), root,
+                         template.curtime, template.bits, proof_commitment(version, b""))
+    return Block(placeholder(version, header.block_hash()), header, (coinbase,))
+
+
+def test_proposal_mode_skips_the_proof_and_answers_bip22(chain: Chain) -> None:
+    assert chain.propose(_template_block(chain).to_bytes()) is None
+    assert chain.submit(_template_block(chain).to_bytes()).startswith(
+        "certificate verification failed: empty public data")
+    assert chain.propose(_template_block(chain, bad_merkle=True).to_bytes()) == "bad-txnmrklroot"
+    assert chain.propose(_template_block(chain, version=2).to_bytes()) == (
+        "rejected: certificate version 2 is not allowed at height 1 (require version 3)")
+    rank64 = int7.MiningConfig(1024, 64, [0, 8, 64, 72], [0, 1, 8, 9, 32, 33, 40, 41])
+    assert chain.propose(make_block(chain, Spec(config=rank64)).to_bytes()) is None  # no rank penalty here
+    stale = _template_block(chain)
+    assert chain.submit(make_block(chain, Spec()).to_bytes()) is None
+    assert chain.propose(stale.to_bytes()) == "bad-prevblk"
+    assert chain.propose(make_block(chain, Spec(timestamp=NOW + 3 * 3600)).to_bytes()) == "time-too-new"

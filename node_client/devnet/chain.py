@@ -21,6 +21,7 @@ from typing import Callable
 from node_client.devnet.validate import (
     BlockContext,
     BlockRuleError,
+    bip22_reason,
     check_block_context,
     check_block_sanity,
     check_connect_block,
@@ -183,6 +184,25 @@ class Chain:
         return int(self._clock())
 
     # --- extension ---------------------------------------------------------------------------------
+
+    def propose(self, raw: bytes) -> str | None:
+        """getblocktemplate proposal mode (CheckConnectBlockTemplate): every rule but the proof and
+        the rank penalty; None when the block would connect, else a BIP22 string."""
+        block = Block.from_bytes(raw)
+        template_params = dataclasses.replace(self.params, no_pow_check=True)
+        with self._lock:
+            tip = self._entries[-1]
+            if block.header.prev_block != tip.hash:
+                return "bad-prevblk"
+            ctx = BlockContext(params=template_params, height=tip.height + 1,
+                               parent_timestamp=tip.block.header.timestamp, expected_bits=self.bits, now=self.now())
+            try:
+                check_block_sanity(block, template_params, ctx.now, self.proofs)
+                check_block_context(block, ctx)
+                check_connect_block(block, ctx)
+            except BlockRuleError as exc:
+                return bip22_reason(str(exc))
+        return None
 
     def submit(self, raw: bytes) -> str | None:
         """Decode, validate and connect a serialized block: None when accepted, else the rejection text.

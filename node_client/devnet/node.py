@@ -16,6 +16,7 @@ from node_client.devnet.rpc_http import (
     ERR_INVALID_PARAMETER,
     ERR_INVALID_PARAMS,
     ERR_MISC,
+    ERR_TYPE,
     Method,
     RpcFault,
 )
@@ -46,6 +47,16 @@ def _typed(value: Any, kind: type, name: str) -> Any:
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         raise RpcFault(ERR_INVALID_PARAMS, f"parameter {name} must be type {kind.__name__} (got {type(value).__name__})")
     return value
+
+
+def _unhex(block_hex: str) -> bytes:
+    """Block hex as pearld reads it (an odd length gets a leading 0)."""
+    if len(block_hex) % 2:
+        block_hex = "0" + block_hex
+    try:
+        return binascii.unhexlify(block_hex)
+    except (binascii.Error, ValueError) as exc:
+        raise RpcFault(ERR_DESERIALIZATION, f"Argument must be hexadecimal string (not {block_hex[:64]!r})") from exc
 
 
 def _difficulty(bits: int, pow_limit_bits: int) -> float:
@@ -106,14 +117,22 @@ class DevnetNode:
             ]
         return result
 
-    def getblocktemplate(self, params: list[Any]) -> dict[str, Any]:
+    def getblocktemplate(self, params: list[Any]) -> dict[str, Any] | str | None:
         _params(params, 0, 1)
         request = params[0] if params else {}
         _typed(request, dict, "template_request")
         mode = request.get("mode", "template")
-        if mode != "template":
+        if mode == "template":
+            return self.template()
+        if mode != "proposal":
             raise RpcFault(ERR_INVALID_PARAMETER, "Invalid mode")
-        return self.template()
+        data = request.get("data")
+        if not isinstance(data, str) or not data:
+            raise RpcFault(ERR_TYPE, "Data must contain the hex-encoded serialized block that is being proposed")
+        try:
+            return self.chain.propose(_unhex(data))
+        except DecodeError as exc:
+            raise RpcFault(ERR_DESERIALIZATION, f"Block decode failed: {exc}") from exc
 
     def submit_block_bytes(self, raw: bytes) -> str | None:
         """submitblock on bytes: None or ``"rejected: <text>"``; RpcFault −22 when it does not decode."""
@@ -125,14 +144,7 @@ class DevnetNode:
 
     def submitblock(self, params: list[Any]) -> str | None:
         _params(params, 1, 2)
-        block_hex = _typed(params[0], str, "hexblock")
-        if len(block_hex) % 2:
-            block_hex = "0" + block_hex
-        try:
-            raw = binascii.unhexlify(block_hex)
-        except (binascii.Error, ValueError) as exc:
-            raise RpcFault(ERR_DESERIALIZATION, f"Argument must be hexadecimal string (not {block_hex[:64]!r})") from exc
-        return self.submit_block_bytes(raw)
+        return self.submit_block_bytes(_unhex(_typed(params[0], str, "hexblock")))
 
     # --- chain state -------------------------------------------------------------------------------
 

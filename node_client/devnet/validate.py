@@ -39,6 +39,46 @@ class BlockRuleError(Exception):
     """A block pearld would reject; the message is pearld's RuleError text."""
 
 
+# chainErrToGBTErrString: the BIP22 strings getblocktemplate's proposal mode answers with, keyed by a
+# fragment of the rule's text here. Certificate-rule failures have none (answered "rejected: <text>").
+_BIP22 = (
+    ("transaction has no inputs", "bad-txns-noinputs"),
+    ("transaction has no outputs", "bad-txns-nooutputs"),
+    ("unsupported script type", "bad-script-malformed"),
+    ("transaction output", "bad-txns-outputvalue"),
+    ("total value of all transaction outputs", "bad-txns-outputvalue"),
+    ("duplicate inputs", "bad-txns-dupinputs"),
+    ("coinbase transaction script length", "bad-cb-length"),
+    ("previous output that is null", "bad-txns-badinput"),
+    ("does not contain any transactions", "bad-txns-none"),
+    ("block vsize is too big", "bad-blk-length"),
+    ("is not a coinbase", "bad-txns-nocoinbase"),
+    ("second coinbase", "bad-txns-multicoinbase"),
+    ("merkle root is invalid", "bad-txnmrklroot"),
+    ("duplicate transaction", "bad-txns-duplicate"),
+    ("too far in the future", "time-too-new"),
+    ("block target difficulty", "bad-diffbits"),
+    ("certificate verification failed", "high-hash"),
+    ("coinbase signature script", "bad-cb-height"),
+    ("yet no witness commitment", "unexpected-witness"),
+    ("witness stack", "bad-witness-nonce-size"),
+    ("witness nonce", "bad-witness-nonce-size"),
+    ("witness commitment does not match", "bad-witness-merkle-match"),
+    ("block difficulty of", "bad-diffbits"),
+    ("seconds after previous block timestamp", "time-too-old"),
+    ("either does not exist or has already been spent", "bad-txns-missinginput"),
+    ("coinbase transaction for block pays", "bad-cb-value"),
+)
+
+
+def bip22_reason(text: str) -> str:
+    """The proposal-mode answer for a rule failure: a BIP22 string, or ``rejected: <text>``."""
+    for fragment, code in _BIP22:
+        if fragment in text:
+            return code
+    return f"rejected: {text}"
+
+
 @dataclasses.dataclass(frozen=True)
 class BlockContext:
     """What validation needs to know about the chain the block extends."""
