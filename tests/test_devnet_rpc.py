@@ -185,6 +185,17 @@ def test_pearld_error_codes(devnet, body: bytes, code: int) -> None:
     assert devnet.pearld_client(retries=0).getbestblockhash()
 
 
+def test_pearld_limited_user() -> None:
+    with start_devnet("regtest", rpc_limit_user="pool", rpc_limit_password="limited") as devnet:
+        limited = pearld.PearldClient(devnet.pearld_url, "pool", "limited", retries=0)
+        assert limited.getbestblockhash() == devnet.pearld_client().getbestblockhash()
+        with pytest.raises(pearld.PearldRpcError) as info:
+            limited.getblocktemplate()
+        assert (info.value.code, info.value.message) == (-32602, "limited user not authorized for this method")
+        with pytest.raises(pearld.BlockRejected, match="already have block"):
+            limited.submitblock(devnet.chain.tip.raw)
+
+
 def test_pearld_truncated_blocks_fail_to_decode(devnet) -> None:
     client = devnet.pearld_client(retries=0)
     block = devnet.chain.tip.raw

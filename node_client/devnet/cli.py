@@ -30,6 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rpc-port", type=int, default=None, help="pearld RPC port (default: the network's)")
     parser.add_argument("--rpc-user", default=DEFAULT_RPC_USER)
     parser.add_argument("--rpc-password", default=DEFAULT_RPC_PASSWORD)
+    parser.add_argument("--rpc-limit-user", default=None, help="limited RPC user (may submitblock, not getblocktemplate)")
+    parser.add_argument("--rpc-limit-password", default=None)
     parser.add_argument("--tls-cert", default=None, help="serve pearld RPC over TLS with this certificate (PEM)")
     parser.add_argument("--tls-key", default=None, help="the TLS certificate's key (PEM)")
     parser.add_argument("--gateway-port", type=int, default=DEFAULT_TCP_PORT,
@@ -55,7 +57,8 @@ def cli_main(args: argparse.Namespace) -> int:
         devnet = Devnet(
             params, datadir=datadir, bits=args.bits, host=args.host,
             rpc_port=params.rpc_port if args.rpc_port is None else args.rpc_port,
-            rpc_user=args.rpc_user, rpc_password=args.rpc_password, tls_cert=args.tls_cert, tls_key=args.tls_key,
+            rpc_user=args.rpc_user, rpc_password=args.rpc_password, rpc_limit_user=args.rpc_limit_user,
+            rpc_limit_password=args.rpc_limit_password, tls_cert=args.tls_cert, tls_key=args.tls_key,
             gateway_port=args.gateway_port, gateway_socket=args.gateway_socket, **extra,
         )
     except (OSError, ValueError) as exc:

@@ -32,6 +32,10 @@ ERR_DESERIALIZATION = -22
 
 MAX_BODY = 16 * 2**20
 REALM = 'Basic realm="pearld RPC"'
+# btcd's rpcLimited (HTTP methods) as far as the devnet serves them: no getblocktemplate, so a miner
+# configured with the limited credentials fails here as it would against pearld.
+LIMITED_METHODS = frozenset({"getbestblockhash", "getblock", "getblockcount", "getblockhash", "getblockheader",
+                             "submitblock"})
 
 
 class RpcFault(Exception):
@@ -64,6 +68,8 @@ class PearldRpcServer(http.server.ThreadingHTTPServer):
         *,
         user: str,
         password: str,
+        limit_user: str | None = None,
+        limit_password: str | None = None,
         tls_cert: str | None = None,
         tls_key: str | None = None,
     ) -> None:
@@ -71,6 +77,7 @@ class PearldRpcServer(http.server.ThreadingHTTPServer):
             raise ValueError("pearld's RPC server only starts with credentials: set a user and a password")
         self.methods = methods
         self._digest = _credential_digest(user, password)
+        self._limited_digest = _credential_digest(limit_user, limit_password or "") if limit_user else None
         super().__init__(address, _Handler)
         self.tls = tls_cert is not None
         if tls_cert is not None:
@@ -79,16 +86,22 @@ class PearldRpcServer(http.server.ThreadingHTTPServer):
             # The handshake runs in the request's thread, so a silent client cannot stall accept().
             self.socket = context.wrap_socket(self.socket, server_side=True, do_handshake_on_connect=False)
 
-    def authorized(self, header: str | None) -> bool:
+    def role(self, header: str | None) -> str | None:
+        """Who the Authorization header names: "admin", "limited", or None when refused."""
         if not header or not header.startswith("Basic "):
-            return False
+            return None
         try:
             user, _, password = base64.b64decode(header[6:], validate=True).decode().partition(":")
         except (ValueError, UnicodeDecodeError):
-            return False
-        return hmac.compare_digest(_credential_digest(user, password), self._digest)
+            return None
+        digest = _credential_digest(user, password)
+        if hmac.compare_digest(digest, self._digest):
+            return "admin"
+        if self._limited_digest is not None and hmac.compare_digest(digest, self._limited_digest):
+            return "limited"
+        return None
 
-    def handle_one(self, request: Any) -> dict[str, Any] | None:
+    def handle_one(self, request: Any, role: str = "admin") -> dict[str, Any] | None:
         """One JSON-RPC request object → its reply (None when it gets no reply)."""
         if not isinstance(request, dict):
             return _reply(None, None, RpcFault(ERR_INVALID_REQUEST, "Invalid request: must be an object"), "1.0")
@@ -107,6 +120,9 @@ class PearldRpcServer(http.server.ThreadingHTTPServer):
         handler = self.methods.get(method)
         if handler is None:
             return _reply(ident, None, RpcFault(ERR_METHOD_NOT_FOUND, "Method not found"), version)
+        if role != "admin" and method not in LIMITED_METHODS:
+            fault = RpcFault(ERR_INVALID_PARAMS, "limited user not authorized for this method")
+            return _reply(ident, None, fault, version)
         try:
             return _reply(ident, handler(params), None, version)
         except RpcFault as fault:
@@ -145,7 +161,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.close_connection = True
 
     def do_POST(self) -> None:
-        if not self.server.authorized(self.headers.get("Authorization")):
+        role = self.server.role(self.headers.get("Authorization"))
+        if role is None:
             self._send(401, b"401 Unauthorized.\n", {"WWW-Authenticate": REALM})
             return
         try:
@@ -168,10 +185,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 fault = RpcFault(ERR_INVALID_REQUEST, "Invalid request: empty batch")
                 self._send(200, json.dumps(_reply(None, None, fault, "2.0")).encode() + b"\n")
                 return
-            replies = [r for r in (self.server.handle_one(item) for item in request) if r is not None]
+            replies = [r for r in (self.server.handle_one(item, role) for item in request) if r is not None]
             self._send(200, json.dumps(replies).encode() + b"\n" if replies else b"")
             return
-        reply = self.server.handle_one(request)
+        reply = self.server.handle_one(request, role)
         self._send(200, json.dumps(reply).encode() + b"\n" if reply is not None else b"")
 
     def do_GET(self) -> None:

@@ -31,6 +31,8 @@ class Devnet:
         rpc_port: int = 0,
         rpc_user: str = DEFAULT_RPC_USER,
         rpc_password: str = DEFAULT_RPC_PASSWORD,
+        rpc_limit_user: str | None = None,
+        rpc_limit_password: str | None = None,
         tls_cert: str | None = None,
         tls_key: str | None = None,
         gateway_port: int = 0,
@@ -46,7 +48,7 @@ class Devnet:
         try:
             self._http = PearldRpcServer(
                 (host, rpc_port), self.node.methods(), user=rpc_user, password=rpc_password,
-                tls_cert=tls_cert, tls_key=tls_key,
+                limit_user=rpc_limit_user, limit_password=rpc_limit_password, tls_cert=tls_cert, tls_key=tls_key,
             )
             self._gateway_rpc = GatewayRpcServer(self.gateway, host=host, port=gateway_port, socket_path=gateway_socket)
         except Exception:
