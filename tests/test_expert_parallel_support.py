@@ -2,6 +2,7 @@
 gloo, a mining job, and a backend that plants known winners."""
 from __future__ import annotations
 
+import itertools
 import socket
 from collections.abc import Callable
 from pathlib import Path
@@ -46,9 +47,11 @@ def job(nonce: int = 0, cert_version: int = 3, height: int = 10) -> MiningJob:
 
 class PlantedBackend:
     """Computes FC1 with the reference op and plants one winner per local expert with rows in
-    every launch; ``emitted`` lists what it planted (expert ids local to the rank)."""
+    every launch, each with a ticket no other planted winner of the process has; ``emitted``
+    lists what it planted (expert ids local to the rank)."""
 
     name = "planted"
+    serials = itertools.count()
 
     def __init__(self, layer_id: int) -> None:
         self.layer_id = layer_id
@@ -64,7 +67,7 @@ class PlantedBackend:
         assert self.job is not None and self.weights is not None
         self.launches += 1
         winners = [WinnerRecord(self.job, "planted", self.layer_id, expert, self.launches, expert,
-                                bytes([self.layer_id, expert]) + self.launches.to_bytes(30, "little"), None)
+                                next(self.serials).to_bytes(32, "little"), None)
                    for expert in torch.unique(routing).tolist()]
         self.emitted.extend(winners)
         return LaunchResult(grouped_fc1(activations, routing, self.weights), winners, 1, len(winners))

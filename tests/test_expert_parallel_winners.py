@@ -1,0 +1,117 @@
+"""Winners from every rank reach the one submitter on rank 0 exactly once.
+
+Three gloo ranks run the expert-parallel worker with a backend that plants one winner per local
+expert per launch, while rank 0's job source moves to a new job every few polls (so winners turn
+stale and redundant as well as proved). Every planted winner must appear in rank 0's ledger once:
+none lost, none twice. A second run mines real INT7 proofs on two ranks against the devnet.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+from miner.expert_parallel.runtime import ExpertParallelWorker
+from miner.expert_parallel.winners import Outcome, RelayedWinner
+from miner.jobs import MiningJob
+from miner.model import preset
+from miner.sources import GatewaySource
+from miner.worker import WorkerConfig
+from node_client.devnet import start_devnet
+from node_client.pearld import PearldClient
+from test_expert_parallel_support import EPContext, PlantedBackend, job, load_all, run_ranks, save
+
+SMALL = dict(hidden_size=256, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=64, vocab_size=512,
+             num_experts=6, expert_intermediate=64, max_seq_len=64)
+TINY_INT7 = dict(SMALL, hidden_size=2048, num_layers=1, num_experts=4, expert_intermediate=128)
+
+
+class MovingSource:
+    """A job source whose job changes every ``every`` polls; submissions are not expected."""
+
+    def __init__(self, every: int) -> None:
+        self.every, self.polls = every, 0
+
+    def fetch_job(self) -> MiningJob:
+        self.polls += 1
+        return job(nonce=self.polls // self.every)
+
+    def submit(self, plain_proof_b64: str, mining_job: MiningJob) -> str:
+        raise AssertionError("the ledger sink submits nothing")
+
+
+class LedgerSink:
+    def __init__(self) -> None:
+        self.ledger: list[RelayedWinner] = []
+
+    def deliver(self, relayed: RelayedWinner) -> None:
+        self.ledger.append(relayed)
+
+
+def _planted_body(ctx: EPContext, out_dir: Path) -> None:
+    backends: list[PlantedBackend] = []
+
+    def factory(mode, layer_id, cfg) -> PlantedBackend:
+        backends.append(PlantedBackend(layer_id))
+        return backends[-1]
+
+    config = WorkerConfig(model=preset("qwen3_moe", **SMALL), network="regtest", data_dir=out_dir / "data",
+                          batch_size=2, prompt_len=8, max_new_tokens=4, min_mining_tokens=1,
+                          poll_interval=0.02)
+    sink = LedgerSink() if ctx.rank == 0 else None
+    worker = ExpertParallelWorker(config, ctx, MovingSource(every=3) if ctx.rank == 0 else None, factory,
+                                  sink=sink, max_batches=6)
+    worker.start()
+    worker.serve()
+    worker.shutdown()
+    offset = worker.plan.first(ctx.rank)
+    emitted = [(ctx.rank, r.layer_id, r.expert + offset, r.tile_row, r.tile_col, r.ticket)
+               for b in backends for r in b.emitted]
+    save(out_dir, ctx.rank, {"emitted": emitted, "ledger": sink.ledger if sink else None})
+
+
+def test_planted_winners_from_every_rank_reach_rank0_exactly_once(tmp_path: Path) -> None:
+    run_ranks(3, _planted_body, tmp_path)
+    ranks = load_all(tmp_path, 3)
+    emitted = [key for r in ranks for key in r["emitted"]]
+    ledger = ranks[0]["ledger"]
+    assert {key[0] for key in emitted} == {0, 1, 2}, "every rank planted winners"
+    received = Counter(w.key for w in ledger)
+    assert max(received.values()) == 1, "a winner reached the submitter twice"
+    assert sorted(received) == sorted(emitted), "planted and received winners differ"
+    assert len(emitted) == len(set(emitted))
+    outcomes = Counter((w.rank, w.outcome) for w in ledger)
+    for rank in range(3):
+        assert outcomes[rank, Outcome.PROOF] >= 1, f"rank {rank} relayed no proof"
+    assert sum(n for (_, o), n in outcomes.items() if o == Outcome.REDUNDANT) > 0
+    for w in ledger:
+        assert w.record.retained is None  # no operands cross the wire
+        if w.outcome == Outcome.PROOF:
+            assert w.built.proof_b64 == "proof-" + w.record.ticket.hex() and w.verdict == (True, "ok")
+
+
+def _devnet_body(ctx: EPContext, out_dir: Path, gateway: str, pearld: tuple[str, str, str]) -> None:
+    config = WorkerConfig(model=preset("qwen3_moe", **TINY_INT7), network="regtest",
+                          data_dir=out_dir / "data", batch_size=2, prompt_len=32, max_new_tokens=2,
+                          min_mining_tokens=4, poll_interval=0.1, duration_s=150, max_blocks=2)
+    source = GatewaySource(gateway, PearldClient(*pearld, retries=0, timeout=5.0)) if ctx.rank == 0 else None
+    worker = ExpertParallelWorker(config, ctx, source)
+    worker.start()
+    worker.serve()
+    summary = worker.shutdown()
+    save(out_dir, ctx.rank, summary)
+
+
+def test_two_ranks_mine_accepted_devnet_blocks(tmp_path: Path) -> None:
+    with start_devnet("regtest", datadir=tmp_path / "chain") as devnet:
+        start = devnet.chain.height
+        run_ranks(2, _devnet_body, tmp_path, devnet.gateway_address,
+                  (devnet.pearld_url, devnet.rpc_user, devnet.rpc_password))
+        devnet.gateway.wait_idle()
+        results = devnet.gateway.results()
+        height = devnet.chain.height
+    summary = load_all(tmp_path, 2)[0]
+    assert summary["accepted"] >= 2 and height >= start + 2
+    assert all(summary["relayed_by_rank"][str(rank)] > 0 for rank in range(2)), summary["relayed_by_rank"]
+    assert summary["submitted"] == len(results) and all(r.status in ("accepted", "stale") for r in results)
+    assert summary["verify_failed"] == 0 and summary["refused_by_rules"] == 0
+    assert all(r["credited_work"] > 0 for r in summary["ranks"])
