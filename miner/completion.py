@@ -207,8 +207,9 @@ class CompletionWorker:
                 leftovers.append(self._queue.get_nowait())
             except queue.Empty:
                 break
-        self._queue.put(_STOP)
-        self._thread.join(timeout)
+        if self._thread.ident is not None:  # started
+            self._queue.put(_STOP)
+            self._thread.join(timeout)
         with self._lock:
             kept, self._retry = self._retry, []  # already in the data directory
         fresh: list[Submission] = []
