@@ -83,12 +83,16 @@ class DevnetGateway:
             self._paused = paused
 
     def _current_work(self) -> _Work:
-        tip_hash = display_hex(self.node.chain.tip.hash)
+        """The job for the current tip, built once per tip (under the lock, so never a stale one)."""
         with self._lock:
             if self._paused:
                 raise MiningPausedError("mining_paused: no block template available")
-            if self._work is not None and self._work.tip_hash == tip_hash:
-                return self._work
+            tip_hash = display_hex(self.node.chain.tip.hash)
+            if self._work is None or self._work.tip_hash != tip_hash:
+                self._work = self._build_work()
+            return self._work
+
+    def _build_work(self) -> _Work:
         template = BlockTemplate.from_rpc(self.node.template())
         coinbase = coinbase_transaction(
             template.height, template.coinbase_value, self.payout_script,
@@ -98,11 +102,7 @@ class DevnetGateway:
             template.version, from_display_hex(template.previous_block_hash),
             merkle_root([coinbase.txid()]), template.curtime, template.bits,
         )
-        work = _Work(template, coinbase.to_bytes(), header.incomplete_bytes(), template.previous_block_hash)
-        with self._lock:
-            if self._work is None or self._work.tip_hash != work.tip_hash:
-                self._work = work
-            return self._work
+        return _Work(template, coinbase.to_bytes(), header.incomplete_bytes(), template.previous_block_hash)
 
     def mining_job(self) -> gw.MiningJob:
         work = self._current_work()
