@@ -8,6 +8,8 @@ reusing int7's round function; the one-block and tree paths are int7's own.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -104,13 +106,19 @@ def as_bytes(words: torch.Tensor) -> torch.Tensor:
     return words.contiguous().view(torch.uint8)
 
 
+@functools.lru_cache(maxsize=256)
 def constant_bytes(data: bytes, device: torch.device | str) -> torch.Tensor:
-    """A host constant (a label, pA) as a (1, len) uint8 device tensor."""
+    """A host constant (a label, pA) as a (1, len) uint8 device tensor.
+
+    Cached per (bytes, device): the first call uploads it, later calls (inside a CUDA-graph
+    capture too, where host-to-device copies are not allowed) reuse it. Never mutate the result.
+    """
     return torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device).view(1, -1)
 
 
+@functools.lru_cache(maxsize=256)
 def constant_words(digest: bytes, device: torch.device | str) -> torch.Tensor:
-    """A 32-byte host constant (a fixed subkey) as (1, 8) int32 key words."""
+    """A 32-byte host constant (a fixed subkey) as cached (1, 8) int32 key words."""
     if len(digest) != 32:
         raise HashError(f"a key is 32 bytes, got {len(digest)}")
     return words_from_bytes(digest, device).view(1, 8)

@@ -21,7 +21,7 @@ import triton.language as tl
 from kernels.int7._jit import jit
 from proof.fp8.mma import fp8_matmul as model_matmul
 
-from .routing import RoutingTable, row_tiles
+from .routing import RoutingTable, dense_table, row_tiles
 
 WINDOW_K = 128
 GROUP_K = 32
@@ -93,10 +93,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """Dense a (m, k) · b (n, k)ᵀ with Hopper promotion: the one-group case; (m, n) fp32."""
     if b.dim() != 2:
         raise MatmulError(f"b must be (n, k), got {tuple(b.shape)}")
-    rows = a.shape[0]
-    table = RoutingTable(torch.arange(rows, dtype=torch.int32, device=a.device),
-                         torch.tensor([rows], dtype=torch.int32, device=a.device))
-    return grouped_matmul(a, b.unsqueeze(0), table)
+    return grouped_matmul(a, b.unsqueeze(0), dense_table(a.shape[0], a.device))
 
 
 def _codes(x: torch.Tensor) -> np.ndarray:

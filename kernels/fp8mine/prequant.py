@@ -34,7 +34,7 @@ def prequantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
                             f"got {tuple(x.shape)}")
     blocks = x.float().reshape(x.shape[0], -1, BLOCK_SIZE)
     amax = blocks.abs().amax(dim=-1).clamp_min(_AMAX_FLOOR)
-    scales = (amax * torch.tensor(_RECIP_127, dtype=torch.float32, device=x.device)).to(torch.bfloat16)
+    scales = (amax * _RECIP_127).to(torch.bfloat16)  # the f32 constant converts exactly
     reciprocal = 1.0 / scales.float()
     codes = torch.round(blocks * reciprocal[..., None]).clamp(-CODE_MAX, CODE_MAX)
     return codes.to(torch.int8).reshape(x.shape), scales

@@ -37,7 +37,7 @@ class NoisySide:
 
 
 def _const(bits: int, like: torch.Tensor) -> torch.Tensor:
-    return from_bits16(torch.tensor(bits, device=like.device))
+    return from_bits16(torch.full((1,), bits, dtype=torch.int32, device=like.device))
 
 
 def row_scales(l2: torch.Tensor, linf: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -46,7 +46,7 @@ def row_scales(l2: torch.Tensor, linf: torch.Tensor) -> tuple[torch.Tensor, torc
     l2f = torch.maximum(l2, floor)
     linf_f = torch.maximum(linf, floor)
     bound = bf16_fma(_const(DELTA_R, l2).expand_as(l2f), l2f, linf_f)
-    alpha = bf16_div(_const(MAX_E4M3_BF16, l2).expand_as(bound), bound)
+    alpha = bf16_div(_const(MAX_E4M3_BF16, l2), bound)
     beta = bf16_mul(bf16_mul(alpha, l2f), _const(DELTA_OVER_STD, l2))
     return alpha, beta
 

@@ -51,7 +51,7 @@ def routing_table(topk_ids: torch.Tensor, experts: int) -> RoutingTable:
 def dense_table(m: int, device: torch.device | str) -> RoutingTable:
     """Dense V4 as one group: every row, in order."""
     return RoutingTable(torch.arange(m, dtype=torch.int32, device=device),
-                        torch.tensor([m], dtype=torch.int32, device=device))
+                        torch.full((1,), m, dtype=torch.int32, device=device))
 
 
 @dataclass

@@ -1,0 +1,210 @@
+"""The mined FP8 V4 layer GEMM on Hopper: B side per job, A side per launch, the mined pass.
+
+- `BSide` pre-quantizes the weights once (the planes depend on the weights only) and prepares a
+  `BState` per chosen ancestor σ_d: keyB, the plane trees and HB, seedB, F_A, F_B, E_B, B′ and the
+  B peel. On CUDA this runs on a side stream into one of two slots (double-buffered); a state is
+  reused while its σ_d is among the template's 4 most recent ancestors (the state window).
+- `prepare_a` is the per-launch A side: planes, norms, HA, (HR, HO), seedA, noise and jackpot
+  keys, E_A, A′ and the A peel — device tensors only, no host syncs.
+- `MinedGemm.forward` runs A side → grouped windowed FP8 GEMM → lottery (first winner into the
+  latch) → peel and unscale into the BF16 output, rows in expert order. Dense V4 is one group.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from proof.fp8.params import STATE_WINDOW_DEPTH, JobParams, make_job
+
+from . import noise, prequant, quant, transcript
+from .hashing import constant_bytes
+from .lottery import LotteryLatch, threshold_words
+from .matmul import grouped_matmul
+from .peel import a_peel, b_peel, peel_and_unscale
+from .routing import RoutingTable, dense_table, routing_table, row_tiles
+
+
+class PipelineError(ValueError):
+    """Bad arguments to the mined layer."""
+
+
+@dataclass
+class BState:
+    """One job's B side (fixed while σ_d is in the window)."""
+
+    ancestor_header: bytes
+    seed_b: torch.Tensor  # (1, 8) int32
+    f_a: torch.Tensor  # (k, 32) e4m3
+    f_b: torch.Tensor  # (k, 32) e4m3
+    side: quant.NoisySide  # B′ codes (n, k), α/β (n,), N_B, E_B
+    peel: torch.Tensor  # (n, 64) bf16
+    ready: torch.cuda.Event | None = None
+
+
+class BSide:
+    """The weights' committed planes and up to two prepared job states (double-buffered)."""
+
+    def __init__(self, weights: torch.Tensor):
+        if weights.dim() != 3 or weights.dtype != torch.bfloat16:
+            raise PipelineError(f"weights must be bf16 (e, n_e, k), got {weights.dtype} {tuple(weights.shape)}")
+        self.experts, self.n_e, self.k = weights.shape
+        self.device = weights.device
+        flat = weights.reshape(-1, self.k)
+        self.codes, self.scales = prequant.prequantize(flat)
+        self.values = prequant.open_values(self.codes, self.scales)
+        self.l2, self.linf = prequant.row_norms(self.codes, self.scales)
+        self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self.slots: list[BState | None] = [None, None]
+        self._next = 0
+
+    def p_b(self, ancestor_header: bytes) -> bytes:
+        return self.job(ancestor_header, m=1).p_b()
+
+    def job(self, ancestor_header: bytes, m: int) -> JobParams:
+        """The job tuple (MoE iff e > 1) for a launch of m rows against these weights."""
+        experts = self.experts if self.experts > 1 else 0
+        return make_job(ancestor_header, m=m, n=self.experts * self.n_e, k=self.k, experts=experts)
+
+    def select(self, ancestors: list[bytes]) -> tuple[BState, int]:
+        """A state whose σ_d is one of the 4 most recent ancestors (parent first), and its depth d.
+
+        Reuses a prepared slot when possible; otherwise prepares the parent into the other slot.
+        """
+        window = [bytes(h) for h in ancestors[:STATE_WINDOW_DEPTH]]
+        if not window:
+            raise PipelineError("need at least the parent header")
+        for state in self.slots:
+            if state is not None and state.ancestor_header in window:
+                return state, window.index(state.ancestor_header) + 1
+        return self.prepare(window[0]), 1
+
+    def prepare(self, ancestor_header: bytes) -> BState:
+        """Prepare σ_d's state into the next slot, on the side stream when on CUDA."""
+        if self.stream is None:
+            state = self._build(ancestor_header)
+        else:
+            self.stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(self.stream):
+                state = self._build(ancestor_header)
+                state.ready = torch.cuda.Event()
+                state.ready.record(self.stream)
+        self.slots[self._next] = state
+        self._next ^= 1
+        return state
+
+    def _build(self, ancestor_header: bytes) -> BState:
+        header = constant_bytes(bytes(ancestor_header), self.device)
+        key_b = transcript.key_b(header)
+        hash_b = transcript.operand_digest(key_b, self.codes, self.scales)
+        seed_b = transcript.seed_b(hash_b, key_b, self.p_b(ancestor_header))
+        line_key = transcript.noise_key(seed_b)
+        rows_k = torch.arange(self.k, device=self.device)
+        f_a = noise.noise_lines(line_key, "A", "F", rows_k)
+        f_b = noise.noise_lines(line_key, "B", "F", rows_k)
+        e_b = noise.noise_lines(line_key, "B", "E", torch.arange(self.codes.shape[0], device=self.device))
+        side = quant.noisy_quantize(self.values, self.l2, self.linf, e_b, f_b)
+        return BState(bytes(ancestor_header), seed_b, f_a, f_b, side, b_peel(side, f_a))
+
+
+@dataclass
+class ASide:
+    """One launch's A side (rows in token order)."""
+
+    codes: torch.Tensor  # int8 (m, k) plane
+    scales: torch.Tensor  # bf16 (m, k/8) plane
+    seed_a: torch.Tensor
+    pow_key: torch.Tensor
+    side: quant.NoisySide
+    peel: torch.Tensor  # (m, 64) bf16
+
+
+def prepare_a(x: torch.Tensor, key_a: torch.Tensor, state: BState, p_a: bytes,
+              table: RoutingTable | None) -> ASide:
+    """Planes, norms, HA (+ HR, HO), seedA, the keys, E_A, A′ and the A peel, on x's device."""
+    codes, scales = prequant.prequantize(x)
+    values = prequant.open_values(codes, scales)
+    l2, linf = prequant.row_norms(codes, scales)
+    hash_a = transcript.operand_digest(key_a, codes, scales)
+    routing = None
+    if table is not None:
+        routing = (transcript.tree_root(key_a, table.rflat), transcript.tree_root(key_a, table.offsets))
+    seed_a = transcript.seed_a(hash_a, state.seed_b, key_a, p_a, routing)
+    e_a = noise.noise_lines(transcript.noise_key(seed_a), "A", "E", torch.arange(x.shape[0], device=x.device))
+    side = quant.noisy_quantize(values, l2, linf, e_a, state.f_a)
+    return ASide(codes, scales, seed_a, transcript.jackpot_key(seed_a), side, a_peel(side, state.f_b))
+
+
+@dataclass
+class LaunchResult:
+    """What one mined pass produced (device tensors; `out` rows are in expert order)."""
+
+    out: torch.Tensor
+    acc: torch.Tensor
+    table: RoutingTable
+    a: ASide
+
+
+class MinedGemm:
+    """The mined first expert GEMM of one layer (or a dense layer with e = 1).
+
+    Per job: `set_job(header76, ancestors, target)` (host; picks/prepares the B state and writes
+    the launch constants into fixed buffers, so a captured graph replays with new jobs). Per launch:
+    `forward(x, topk_ids)`; winners appear in `latch` (poll after the launch's stream work).
+    """
+
+    def __init__(self, weights: torch.Tensor, *, m: int, top_k: int = 1, layer_id: int = 0):
+        self.b = BSide(weights)
+        self.m, self.top_k, self.layer_id = m, top_k, layer_id
+        self.moe = self.b.experts > 1
+        rows = m * top_k if self.moe else m
+        k = self.b.k
+        self.latch = LotteryLatch(self.b.device, {
+            "codes": ((m, k), torch.int8), "scales": ((m, k // 8), torch.bfloat16),
+            "rflat": ((rows,), torch.int32), "offsets": ((self.b.experts,), torch.int32)})
+        self.key_a = torch.zeros((1, 8), dtype=torch.int32, device=self.b.device)
+        self.threshold = torch.zeros(8, dtype=torch.int32, device=self.b.device)
+        self.state: BState | None = None
+        self.job: JobParams | None = None
+        self.header76 = b""
+        self.ancestor_chain: list[bytes] = []
+
+    def set_job(self, header76: bytes, ancestors: list[bytes], target: int) -> None:
+        """Adopt a new template: σ̂, its ancestors (parent first) and the target."""
+        if len(header76) != 76:
+            raise PipelineError(f"the proposed header must be 76 bytes, got {len(header76)}")
+        state, depth = self.b.select(ancestors)
+        if state.ready is not None:
+            torch.cuda.current_stream(self.b.device).wait_event(state.ready)
+        self.state, self.job = state, self.b.job(state.ancestor_header, self.m)
+        self.header76, self.ancestor_chain = bytes(header76), [bytes(h) for h in ancestors[:depth - 1]]
+        self.key_a.copy_(transcript.key_a(constant_bytes(self.header76, self.b.device)))
+        self.threshold.copy_(threshold_words(target, self.b.k, self.b.device))
+        self.latch.set_header(self.m, self.b.experts * self.b.n_e, self.b.k, self.layer_id,
+                              self.m * self.b.k, self.m * self.b.k // 4)
+
+    def forward(self, x: torch.Tensor, topk_ids: torch.Tensor | None = None) -> LaunchResult:
+        """One mined pass over x (m, k) bf16 (MoE: with topk_ids (m, top_k))."""
+        if self.state is None or self.job is None:
+            raise PipelineError("set_job must be called before forward")
+        if x.shape != (self.m, self.b.k) or x.dtype != torch.bfloat16:
+            raise PipelineError(f"x must be bf16 ({self.m}, {self.b.k}), got {x.dtype} {tuple(x.shape)}")
+        if self.moe:
+            if topk_ids is None or topk_ids.shape != (self.m, self.top_k):
+                raise PipelineError(f"MoE launches need topk_ids ({self.m}, {self.top_k})")
+            table = routing_table(topk_ids, self.b.experts)
+        else:
+            table = dense_table(self.m, x.device)
+        state = self.state
+        a = prepare_a(x, self.key_a, state, self.job.p_a(), table if self.moe else None)
+        order = table.rflat.to(torch.int64)
+        codes = a.side.codes.index_select(0, order) if self.moe else a.side.codes
+        b_codes = state.side.codes.view(self.b.experts, self.b.n_e, self.b.k)
+        acc = grouped_matmul(codes, b_codes, table)
+        self.latch.run(acc, row_tiles(table), a.pow_key, self.threshold, state.seed_b,
+                       {"codes": a.codes, "scales": a.scales, "rflat": table.rflat, "offsets": table.offsets})
+        out = peel_and_unscale(acc, a.peel.index_select(0, order), a.side.alpha.index_select(0, order),
+                               state.peel.view(self.b.experts, self.b.n_e, -1),
+                               state.side.alpha.view(self.b.experts, self.b.n_e), table)
+        self.latch.publish()
+        return LaunchResult(out, acc, table, a)
