@@ -25,10 +25,11 @@ from kernels.grouped_gemm_config import (
     candidates,
     regime_for,
     save_tuned,
+    schedule_variants,
     select_config,
 )
 from kernels.routing import Routing, group_sizes, offsets_from_sizes
-from kernels.timing import Timing, rotation_sets, time_calls
+from kernels.timing import Timing, rotation_sets, time_methods
 
 # (model, projection, experts per GPU, K, N) for one EP8 rank (anchors §6).
 PROJECTIONS = [
@@ -67,12 +68,17 @@ class BenchCase:
     def total_m(self) -> int:
         return self.num_experts * self.tokens_per_expert
 
+    def sizes(self) -> list[int]:
+        return group_sizes(self.routing, self.num_experts, self.tokens_per_expert, seed=0)
+
     def min_bytes(self) -> int:
-        """Each input read once, the output written once (scales included for fp8)."""
+        """Each input read once, the output written once (scales included for fp8); only the
+        experts that received tokens have their weights read."""
         ab = 1 if self.precision is not Precision.BF16 else 2
         out = output_dtype(self.precision).itemsize
-        scales = 4 * (self.total_m + self.num_experts * self.n) if self.precision is Precision.FP8 else 0
-        return (ab * (self.num_experts * self.n * self.k + self.total_m * self.k)
+        active = sum(1 for s in self.sizes() if s > 0)
+        scales = 4 * (self.total_m + active * self.n) if self.precision is Precision.FP8 else 0
+        return (ab * (active * self.n * self.k + self.total_m * self.k)
                 + out * self.total_m * self.n + scales)
 
     def flops(self) -> int:
@@ -102,8 +108,7 @@ class InputSet:
 
 def make_inputs(case: BenchCase, sets: int, seed: int = 0) -> list[InputSet]:
     gen = torch.Generator(device="cuda").manual_seed(seed)
-    sizes = group_sizes(case.routing, case.num_experts, case.tokens_per_expert, seed)
-    offs = offsets_from_sizes(sizes)
+    offs = offsets_from_sizes(case.sizes())
     result = []
     for _ in range(sets):
         xf = torch.randn(case.total_m, case.k, device="cuda", generator=gen)
@@ -173,25 +178,34 @@ def _rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
     return float((got64 - ref64).norm() / ref64.norm().clamp_min(1e-30))
 
 
+def _sweep(case: BenchCase, sets: list[InputSet], configs: list[GroupedGemmConfig],
+           record: dict) -> dict[str, float]:
+    """Time configs round-robin; a config that fails to build or run drops out (noted)."""
+    timings = time_methods({c.key: [_ours(s, c) for s in sets] for c in configs})
+    sweep = {}
+    for key, t in timings.items():
+        if isinstance(t, Exception):
+            record["errors"][f"sweep {key}"] = f"{type(t).__name__}: {t}"[:300]
+        else:
+            sweep[key] = t.median_us
+    return sweep
+
+
 def run_case(case: BenchCase, autotune: bool, tuned: list[TunedEntry]) -> dict:
     sets = make_inputs(case, rotation_sets(case.min_bytes()))
     record: dict = {**{k: (v.value if hasattr(v, "value") else v) for k, v in asdict(case).items()},
-                    "name": case.name,
-                    "min_bytes": case.min_bytes(), "flops": case.flops(), "sets": len(sets),
-                    "times_us": {}, "errors": {}}
+                    "name": case.name, "min_bytes": case.min_bytes(), "flops": case.flops(),
+                    "sets": len(sets), "times_us": {}, "errors": {}}
     regime = regime_for(case.total_m, case.num_experts)
-    if autotune and case.routing is Routing.UNIFORM and case.precision is not Precision.INT8:
-        sweep = {}
-        for cfg in candidates(case.precision, regime):
-            try:
-                sweep[cfg.key] = time_calls([_ours(s, cfg) for s in sets]).median_us
-            except Exception as exc:  # a candidate that fails to build or run drops out
-                record["errors"][f"sweep {cfg.key}"] = f"{type(exc).__name__}: {exc}"[:300]
-        record["sweep_us"] = sweep
+    if autotune and case.routing is Routing.UNIFORM:
+        sweep = _sweep(case, sets, candidates(case.precision, regime), record)
         if sweep:
-            best = min(sweep, key=sweep.get)
+            best = GroupedGemmConfig.from_key(min(sweep, key=sweep.get))
+            sweep.update(_sweep(case, sets, [best] + schedule_variants(best), record))
+            record["sweep_us"] = {k: round(v, 2) for k, v in sweep.items()}
+            winner = min(sweep, key=sweep.get)
             tuned.append(TunedEntry(case.precision, regime, case.tokens_per_expert, case.n, case.k,
-                                    GroupedGemmConfig.from_key(best), sweep[best]))
+                                    GroupedGemmConfig.from_key(winner), sweep[winner]))
     config = select_config(case.precision, case.total_m, case.num_experts, case.n, case.k,
                            tuned=tuned or None)
     record["config"] = config.key
@@ -202,14 +216,12 @@ def run_case(case: BenchCase, autotune: bool, tuned: list[TunedEntry]) -> dict:
         methods["cublas_loop"] = [_cublas_loop(s) for s in sets]
     copy_calls, copy_bytes = _copies(case)
     methods.update(copy_calls)
-    for name, calls in methods.items():
-        try:
-            t: Timing = time_calls(calls)
+    for name, t in time_methods(methods).items():
+        if isinstance(t, Exception):
+            record["errors"][name] = f"{type(t).__name__}: {t}"[:300]
+        else:
             record["times_us"][name] = round(t.median_us, 2)
             record.setdefault("graph", {})[name] = t.graph
-        except Exception as exc:
-            record["errors"][name] = f"{type(exc).__name__}: {exc}"[:300]
-        torch.cuda.synchronize()
     times = record["times_us"]
     copy_us = min((times[c] for c in copy_calls if c in times), default=None)
     if copy_us:

@@ -17,7 +17,6 @@ from kernels.grouped_gemm_config import GroupedGemmConfig, Precision, select_con
 
 # TMA needs 16-byte aligned row strides: K and N elements per row.
 _ALIGN_BYTES = 16
-_MAX_SWIZZLE = 8
 
 
 class GroupedGemmError(ValueError):
@@ -104,7 +103,7 @@ def launch(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, out: torch.T
     epi_args = GemmDefaultEpiMixin.EpilogueArguments(
         alpha=None, beta=None, mRowVecBroadcast=w_scale, mColVecBroadcast=x_scale,
         add_to_output=None, rounding_mode=None, sr_seed=None)
-    fn(x, w, out, None, epi_args, make_scheduler_args(clusters, _MAX_SWIZZLE, None),
+    fn(x, w, out, None, epi_args, make_scheduler_args(clusters, config.swizzle, None),
        make_varlen_args(offsets, None, None), None, None)
 
 

@@ -11,6 +11,7 @@ clusters so B tiles are multicast to both M tiles of a cluster.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass
@@ -41,11 +42,13 @@ class Regime(str, Enum):
 
 @dataclass(frozen=True)
 class GroupedGemmConfig:
-    """One compiled variant: CTA tile, cluster shape and warpgroup schedule.
+    """One compiled variant: CTA tile, cluster shape, warpgroup schedule and tile order.
 
     tile_k is the k extent of one pipeline stage; for fp8 and int8 it must be 128 so that a
     stage is exactly one promotion window (the mining transcript replays that accumulation).
-    overlap_promotion (fp8 only): fold window w into the total while window w+1 computes.
+    The persistent scheduler walks tiles in groups of `swizzle` clusters along N (along M with
+    raster_along_m) in a serpentine, for L2 reuse; swizzle is a launch argument, the raster
+    direction a compile-time one.
     """
 
     tile_m: int
@@ -54,7 +57,8 @@ class GroupedGemmConfig:
     cluster_m: int = 1
     cluster_n: int = 1
     pingpong: bool = False
-    overlap_promotion: bool = False
+    swizzle: int = 8
+    raster_along_m: bool = False
 
     def __post_init__(self) -> None:
         if self.tile_m not in (64, 128, 192, 256):
@@ -67,25 +71,29 @@ class GroupedGemmConfig:
             raise ValueError(f"cluster {self.cluster_m}x{self.cluster_n} must hold 1, 2 or 4 CTAs")
         if self.pingpong and self.tile_m not in (64, 128):
             raise ValueError("pingpong needs tile_m 64 or 128 (one warpgroup per tile)")
+        if self.swizzle not in (1, 2, 4, 8, 16):
+            raise ValueError(f"swizzle must be 1, 2, 4, 8 or 16, got {self.swizzle}")
 
     @property
     def key(self) -> str:
         """A stable text name, used in the tuned-configs JSON and in benchmark tables."""
-        sched = ("pp" if self.pingpong else "coop") + ("ov" if self.overlap_promotion else "")
+        sched = "pp" if self.pingpong else "coop"
+        extra = (f"_s{self.swizzle}" if self.swizzle != 8 else "") + ("_rm" if self.raster_along_m else "")
         return (f"{self.tile_m}x{self.tile_n}x{self.tile_k}"
-                f"_c{self.cluster_m}x{self.cluster_n}_{sched}")
+                f"_c{self.cluster_m}x{self.cluster_n}_{sched}{extra}")
 
     @classmethod
     def from_key(cls, key: str) -> "GroupedGemmConfig":
         try:
-            tile, cluster, sched = key.split("_")
+            tile, cluster, sched, *extra = key.split("_")
             tm, tn, tk = (int(v) for v in tile.split("x"))
             cm, cn = (int(v) for v in cluster[1:].split("x"))
+            swizzle = int(extra.pop(0)[1:]) if extra and extra[0].startswith("s") else 8
         except ValueError as exc:
             raise ValueError(f"malformed grouped GEMM config key {key!r}") from exc
-        if sched not in ("pp", "coop", "ppov", "coopov") or not cluster.startswith("c"):
+        if sched not in ("pp", "coop") or not cluster.startswith("c") or extra not in ([], ["rm"]):
             raise ValueError(f"malformed grouped GEMM config key {key!r}")
-        return cls(tm, tn, tk, cm, cn, sched.startswith("pp"), sched.endswith("ov"))
+        return cls(tm, tn, tk, cm, cn, sched == "pp", swizzle, extra == ["rm"])
 
 
 def default_tile_k(precision: Precision) -> int:
@@ -100,8 +108,8 @@ _SHAPES = {
         (64, 192, 1, 1, False), (64, 128, 1, 1, True), (64, 256, 1, 1, True)],
     (Precision.BF16, Regime.PREFILL): [
         (128, 256, 2, 1, False), (128, 256, 1, 1, False), (128, 256, 1, 2, False),
-        (128, 224, 2, 1, False), (256, 192, 1, 1, False), (128, 128, 2, 1, True),
-        (128, 192, 2, 1, True), (128, 208, 2, 1, True)],
+        (128, 224, 2, 1, False), (256, 192, 1, 1, False), (128, 192, 2, 1, True),
+        (128, 208, 2, 1, True)],
     # 8-bit promotion keeps two fp32 accumulators (window + total) per warpgroup: a warpgroup
     # tile above 64x192 spills them to local memory (seen in SASS, 4x slower on the H200), so
     # the 8-bit tiles are cooperative 64/128-row tiles or 64-row pingpong tiles.
@@ -116,10 +124,19 @@ _SHAPES[(Precision.INT8, Regime.DECODE)] = _SHAPES[(Precision.FP8, Regime.DECODE
 _SHAPES[(Precision.INT8, Regime.PREFILL)] = _SHAPES[(Precision.FP8, Regime.PREFILL)]
 
 
+# Tile orders tried on the best tile: (swizzle, raster_along_m); the default is (8, False).
+_SCHEDULES = [(1, False), (4, False), (16, False), (8, True)]
+
+
 def candidates(precision: Precision, regime: Regime) -> list[GroupedGemmConfig]:
-    """The autotune sweep's search space for one precision and regime; the first is the default."""
+    """The autotune sweep's tile shapes for one precision and regime; the first is the default."""
     tk = default_tile_k(precision)
     return [GroupedGemmConfig(m, n, tk, cm, cn, pp) for m, n, cm, cn, pp in _SHAPES[(precision, regime)]]
+
+
+def schedule_variants(config: GroupedGemmConfig) -> list[GroupedGemmConfig]:
+    """The sweep's second stage: other tile orders for the best tile shape."""
+    return [dataclasses.replace(config, swizzle=sw, raster_along_m=rm) for sw, rm in _SCHEDULES]
 
 
 def default_config(precision: Precision, regime: Regime) -> GroupedGemmConfig:

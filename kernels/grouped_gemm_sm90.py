@@ -16,6 +16,7 @@ it lazily.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Callable
 
@@ -29,9 +30,9 @@ from quack.gemm_sm90 import GemmSm90
 from quack.gemm_tvm_ffi_utils import (
     compile_gemm_kernel,
     make_fake_gemm_tensors,
-    make_fake_scheduler_args,
     make_fake_varlen_args,
 )
+from quack.tile_scheduler import RasterOrderOption, TileSchedulerOptions
 
 from kernels.grouped_gemm_config import GroupedGemmConfig, Precision
 
@@ -106,8 +107,18 @@ def kernel_class(precision: Precision) -> type:
     return GroupedGemmInt8Sm90 if precision is Precision.INT8 else GroupedGemmSm90
 
 
-@functools.lru_cache(maxsize=None)
+def compile_key(config: GroupedGemmConfig) -> GroupedGemmConfig:
+    """The config with launch-only fields (swizzle) normalised: variants share one compile."""
+    return dataclasses.replace(config, swizzle=8)
+
+
 def compile_grouped_gemm(precision: Precision, config: GroupedGemmConfig) -> Callable:
+    """`_compile` for the config's compile-time fields (swizzle is passed at launch)."""
+    return _compile(precision, compile_key(config))
+
+
+@functools.lru_cache(maxsize=None)
+def _compile(precision: Precision, config: GroupedGemmConfig) -> Callable:
     """Trace, lower and assemble one variant for sm_90a; shapes stay symbolic.
 
     The returned TVM-FFI function takes (A, B, D, C, epilogue args, scheduler args, varlen args,
@@ -123,7 +134,9 @@ def compile_grouped_gemm(precision: Precision, config: GroupedGemmConfig) -> Cal
         mColVecBroadcast=(make_fake_tensor(Float32, (m,), leading_dim=0, divisibility=4)
                           if scaled else None),
     )
-    scheduler_args = make_fake_scheduler_args(False, False, num_experts)
+    scheduler_args = TileSchedulerOptions(
+        max_active_clusters=Int32(1), max_swizzle_size=Int32(8),
+        raster_order=RasterOrderOption.AlongM if config.raster_along_m else RasterOrderOption.Heuristic)
     varlen_args = make_fake_varlen_args(True, False, False, None)
     return compile_gemm_kernel(
         cls, ab_dtype, (config.tile_m, config.tile_n, config.tile_k),

@@ -1,9 +1,11 @@
 """GPU timing for the benchmark and the autotune sweep: CUDA-graph replay, L2-cold input
-rotation, medians (grouped-gemm-anchors.md §6 protocol).
+rotation, interleaved replays, medians (grouped-gemm-anchors.md §6 protocol).
 
 A method is a list of zero-argument callables, one per rotated input set; each call launches
-one operation on the current stream. The graph holds `calls` launches cycling over the sets, so
-consecutive launches never find their inputs in L2 when the sets together exceed it.
+one operation on the current stream. A method's graph holds `calls` launches cycling over the
+sets, so consecutive launches never find their inputs in L2 when the sets together exceed it.
+Methods compared with each other are replayed round-robin (A B C A B C ...), so clock drift under
+sustained load (seen: +-10 % within one run on the H200) hits all of them alike.
 """
 from __future__ import annotations
 
@@ -41,9 +43,15 @@ def _event_time_ms(run: Callable[[], None]) -> float:
     return start.elapsed_time(end)
 
 
-def time_calls(calls: list[Callable[[], None]], target_ms: float = 4.0,
-               replays: int = 9) -> Timing:
-    """Median time of one call, replaying a CUDA graph of many calls (eager if capture fails)."""
+@dataclass
+class _Prepared:
+    run: Callable[[], None]
+    n_calls: int
+    graph: torch.cuda.CUDAGraph | None
+
+
+def _prepare(calls: list[Callable[[], None]], target_ms: float) -> _Prepared:
+    """Warm up, size the batch to ~target_ms, and capture it in a graph (eager if that fails)."""
     for fn in calls:  # warm-up: compilation, handles, allocator
         fn()
     torch.cuda.synchronize()
@@ -55,7 +63,7 @@ def time_calls(calls: list[Callable[[], None]], target_ms: float = 4.0,
         for i in range(n_calls):
             calls[i % len(calls)]()
 
-    graph: torch.cuda.CUDAGraph | None = torch.cuda.CUDAGraph()
+    graph = torch.cuda.CUDAGraph()
     try:
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
@@ -64,10 +72,32 @@ def time_calls(calls: list[Callable[[], None]], target_ms: float = 4.0,
         torch.cuda.current_stream().wait_stream(stream)
         with torch.cuda.graph(graph):
             body()
-        run = graph.replay
-        run()
+        graph.replay()
+        return _Prepared(graph.replay, n_calls, graph)
     except RuntimeError:
         torch.cuda.synchronize()
-        graph, run = None, body
-    samples = [_event_time_ms(run) * 1e3 / n_calls for _ in range(replays)]
-    return Timing(statistics.median(samples), min(samples), replays, n_calls, graph is not None)
+        return _Prepared(body, n_calls, None)
+
+
+def time_methods(methods: dict[str, list[Callable[[], None]]], target_ms: float = 4.0,
+                 replays: int = 9) -> dict[str, Timing | Exception]:
+    """Median time of one call per method, replaying the methods' graphs round-robin.
+
+    A method that fails to run gets its exception instead of a Timing; the others still run.
+    """
+    prepared: dict[str, _Prepared] = {}
+    result: dict[str, Timing | Exception] = {}
+    for name, calls in methods.items():
+        try:
+            prepared[name] = _prepare(calls, target_ms)
+        except Exception as exc:  # a baseline that cannot run on this shape drops out
+            torch.cuda.synchronize()
+            result[name] = exc
+    samples: dict[str, list[float]] = {name: [] for name in prepared}
+    for _ in range(replays):
+        for name, p in prepared.items():
+            samples[name].append(_event_time_ms(p.run) * 1e3 / p.n_calls)
+    for name, p in prepared.items():
+        s = samples[name]
+        result[name] = Timing(statistics.median(s), min(s), replays, p.n_calls, p.graph is not None)
+    return result

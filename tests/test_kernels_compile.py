@@ -22,6 +22,8 @@ from kernels.grouped_gemm_config import (  # noqa: E402
     Precision,
     Regime,
     candidates,
+    default_config,
+    schedule_variants,
     selectable_configs,
 )
 
@@ -29,10 +31,13 @@ MMA_SASS = {Precision.BF16: r"HGMMA\.64x(\d+)x16\.F32\.BF16",
             Precision.FP8: r"QGMMA\.64x(\d+)x32\.F32\.E4M3\.E4M3",
             Precision.INT8: r"IGMMA\.64x(\d+)x32\.S8\.S8"}
 
-# Every config the selector can return, and every autotune candidate (a future winner).
+# Every config the selector can return, every autotune tile (a future winner), and the
+# along-M raster of each default (the one compile-time schedule variant; swizzle is launch-only).
 CASES = list(dict.fromkeys(
     [(p, c) for p, cfgs in selectable_configs().items() for c in cfgs]
-    + [(p, c) for p in Precision for r in Regime for c in candidates(p, r)]))
+    + [(p, c) for p in Precision for r in Regime for c in candidates(p, r)]
+    + [(p, v) for p in Precision for r in Regime for v in schedule_variants(default_config(p, r))
+       if v.raster_along_m]))
 
 
 @pytest.mark.parametrize("precision,config", CASES, ids=[f"{p.value}-{c.key}" for p, c in CASES])

@@ -15,27 +15,40 @@ from kernels.grouped_gemm_config import (
     load_tuned,
     regime_for,
     save_tuned,
+    schedule_variants,
     select_config,
 )
 from kernels.reference import grouped_gemm_reference
 from kernels.routing import Routing, group_sizes, offsets_from_sizes
 
 
-def test_config_key_round_trips_for_every_candidate() -> None:
+def test_config_key_round_trips_for_every_candidate_and_schedule() -> None:
     for p in Precision:
         for r in Regime:
             for c in candidates(p, r):
-                assert GroupedGemmConfig.from_key(c.key) == c
+                for v in [c] + schedule_variants(c):
+                    assert GroupedGemmConfig.from_key(v.key) == v
+    assert GroupedGemmConfig(64, 128, 64, swizzle=4, raster_along_m=True).key == "64x128x64_c1x1_coop_s4_rm"
 
 
-@pytest.mark.parametrize("bad", ["64x128_c1x1_coop", "64x128x64_1x1_coop", "64x128x64_c1x1_x"])
+def test_schedule_variants_keep_the_tile() -> None:
+    base = GroupedGemmConfig(128, 256, 64, 2, 1)
+    variants = schedule_variants(base)
+    assert {(v.tile_m, v.tile_n, v.cluster_m) for v in variants} == {(128, 256, 2)}
+    assert len({(v.swizzle, v.raster_along_m) for v in variants}) == len(variants)
+    assert base not in variants
+
+
+@pytest.mark.parametrize("bad", ["64x128_c1x1_coop", "64x128x64_1x1_coop", "64x128x64_c1x1_x",
+                                 "64x128x64_c1x1_pp_rm_s4", "64x128x64_c1x1_pp_q"])
 def test_malformed_key_is_rejected(bad: str) -> None:
     with pytest.raises(ValueError, match="malformed"):
         GroupedGemmConfig.from_key(bad)
 
 
 @pytest.mark.parametrize("kwargs", [dict(tile_m=96), dict(tile_n=40), dict(tile_k=32),
-                                    dict(cluster_m=3), dict(tile_m=256, pingpong=True)])
+                                    dict(cluster_m=3), dict(tile_m=256, pingpong=True),
+                                    dict(swizzle=3)])
 def test_invalid_config_is_rejected(kwargs) -> None:
     base = dict(tile_m=64, tile_n=128, tile_k=64)
     with pytest.raises(ValueError):

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from kernels.grouped_gemm import grouped_gemm
-from kernels.grouped_gemm_config import Precision, Regime, candidates
+from kernels.grouped_gemm_config import Precision, Regime, candidates, schedule_variants
 from kernels.reference import grouped_gemm_reference
 from kernels.routing import Routing, group_sizes, offsets_from_sizes
 
@@ -55,13 +55,14 @@ def poisoned_out(x, w) -> torch.Tensor:
     return torch.full((x.shape[0], w.shape[1]), float("nan"), dtype=torch.bfloat16, device="cuda")
 
 
-CONFIGS = [(p, c) for p in Precision for r in Regime for c in candidates(p, r)]
+CONFIGS = [(p, c) for p in Precision for r in Regime
+           for c in candidates(p, r) + schedule_variants(candidates(p, r)[0])]
 
 
 @pytest.mark.parametrize("precision,config", CONFIGS, ids=[f"{p.value}-{c.key}" for p, c in CONFIGS])
 @pytest.mark.parametrize("routing", list(Routing), ids=[r.value for r in Routing])
 def test_every_candidate_matches_reference(precision, config, routing) -> None:
-    x, w, offsets, xs, ws = make_problem(precision, routing, experts=8, m=72, k=640, n=384,
+    x, w, offsets, xs, ws = make_problem(precision, routing, experts=8, m=72, k=656, n=384,
                                          seed=zlib.crc32(f"{config.key}{routing.value}".encode()) % 1000)
     out = poisoned_out(x, w)
     grouped_gemm(x, w, offsets, x_scale=xs, w_scale=ws, out=out, config=config)

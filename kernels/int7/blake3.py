@@ -28,7 +28,6 @@ PARENT = 4
 ROOT = 8
 KEYED_HASH = 16
 SINGLE_BLOCK = CHUNK_START | CHUNK_END | ROOT
-CHUNK_WORDS = 256  # 1024-byte leaves = BLAKE3 chunks
 IV = (0x6A09E667, 0xBB67AE85, 0x3C6EF372, 0xA54FF53A, 0x510E527F, 0x9B05688C, 0x1F83D9AB, 0x5BE0CD19)
 _LANES = 64  # chunks (or blocks) per program
 
@@ -158,7 +157,7 @@ def _chunk_kernel(data_ptr, key_ptr, key_stride, out_ptr, words_per_instance, ch
         if block == 0:
             flags = tl.full(counter.shape, 16 | 1, tl.uint32)
         elif block == 15:
-            flags = tl.full(counter.shape, 16 | 2, tl.uint32) | last_flags.to(tl.uint32)
+            flags = tl.full(counter.shape, 16 | 2, tl.uint32) | last_flags
         else:
             flags = tl.full(counter.shape, 16, tl.uint32)
         c0, c1, c2, c3, c4, c5, c6, c7 = compress(
@@ -180,7 +179,7 @@ def _parent_kernel(level_ptr, key_ptr, key_stride, out_ptr, count, parents, tota
     l0, l1, l2, l3, l4, l5, l6, l7 = load_words8(left, live)
     r0, r1, r2, r3, r4, r5, r6, r7 = load_words8(left + 8, paired)
     k0, k1, k2, k3, k4, k5, k6, k7 = load_words8(key_ptr + inst * key_stride, live)
-    f = tl.full(l0.shape, 0, tl.uint32) + flags.to(tl.uint32)
+    f = tl.full(l0.shape, 0, tl.uint32) + flags
     c0, c1, c2, c3, c4, c5, c6, c7 = compress(
         k0, k1, k2, k3, k4, k5, k6, k7,
         l0, l1, l2, l3, l4, l5, l6, l7, r0, r1, r2, r3, r4, r5, r6, r7,
@@ -205,7 +204,7 @@ def _block_kernel(key_ptr, key_stride, msg_ptr, out_ptr, total, flags, LANES: tl
     k0, k1, k2, k3, k4, k5, k6, k7 = load_words8(key_ptr + row * key_stride, live)
     m0, m1, m2, m3, m4, m5, m6, m7 = load_words8(msg_ptr + row * 16, live)
     m8, m9, m10, m11, m12, m13, m14, m15 = load_words8(msg_ptr + row * 16 + 8, live)
-    f = tl.full(k0.shape, 0, tl.uint32) + flags.to(tl.uint32)
+    f = tl.full(k0.shape, 0, tl.uint32) + flags
     c0, c1, c2, c3, c4, c5, c6, c7 = compress(
         k0, k1, k2, k3, k4, k5, k6, k7,
         m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15,

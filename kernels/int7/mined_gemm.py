@@ -29,7 +29,7 @@ from .blake3 import compress
 
 RECORD_WORDS = 16  # [0] claim, [1] instance, [2] tile row, [3] tile column, [4:12] ticket words
 DUMP_WORDS = 24  # per tile: 16 transcript words, 8 ticket words
-_NO_TILE = 2**31 - 1
+_NO_TILE = tl.constexpr(2**31 - 1)  # a global read inside a kernel must be constexpr
 
 
 class MinedGemmError(ValueError):

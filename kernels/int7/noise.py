@@ -19,7 +19,7 @@ from ._jit import jit
 from .blake3 import compress, constant_words, load_words8
 
 _LANES = 64
-_SINGLE_BLOCK_KEYED = 1 | 2 | 8 | 16
+_SINGLE_BLOCK_KEYED = tl.constexpr(1 | 2 | 8 | 16)  # a global read inside a kernel must be constexpr
 LIMB_BITS = 8
 
 
@@ -51,11 +51,11 @@ def _prng_kernel(key_ptr, label_ptr, out_ptr, second_ptr, blocks, total, limit, 
         zero, zero + _SINGLE_BLOCK_KEYED)
     words = (w0, w1, w2, w3, w4, w5, w6, w7)
     if SPARSE:
-        mask = (rank - 1).to(tl.uint32)
+        mask = zero + (rank - 1)
         for j in tl.static_range(8):
             u = words[j]
             first = u & mask
-            spread = ((rank - 1).to(tl.uint64) * u.to(tl.uint64)) >> 32
+            spread = ((tl.full(lane.shape, 0, tl.uint64) + (rank - 1)) * u.to(tl.uint64)) >> 32
             second = first ^ (1 + spread.to(tl.uint32))
             pos = block * 8 + j
             ok = live & (pos < limit)
