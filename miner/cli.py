@@ -5,15 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import signal
 import sys
 import tempfile
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-DEFAULT_CONTROL = "127.0.0.1:50551"
-ADDRESS_FILE = "control.addr"
+from miner.service import ADDRESS_FILE, DEFAULT_CONTROL
 
 
 def _add_run(sub: argparse._SubParsersAction) -> None:
@@ -192,7 +190,7 @@ def cmd_control(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from miner.runner import run_worker
+    from miner.runner import run_worker  # torch and the model load only for `run`
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     with ExitStack() as stack:
@@ -212,5 +210,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    signal.signal(signal.SIGINT, signal.default_int_handler)
     sys.exit(main())

@@ -2,7 +2,8 @@
 
 It serves every launch; a launch mines when a backend is prepared for the current job, mining
 is not paused or cooling down after an OOM, and the launch has enough tokens to fill tiles.
-Anything else (or a MemoryError inside mining) serves the same GEMM unmined.
+Anything else (or running out of host or device memory inside mining) serves the same GEMM
+unmined; an OOM also starts the worker's cooldown.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ log = logging.getLogger(__name__)
 class MinedLayer:
     def __init__(self, layer_id: int, stats: MiningStats, may_mine: Callable[[], bool],
                  on_winner: Callable[[MiningBackend, WinnerRecord], object],
-                 on_oom: Callable[[MemoryError], None], min_tokens: int) -> None:
+                 on_oom: Callable[[Exception], None], min_tokens: int) -> None:
         self.layer_id, self.stats = layer_id, stats
         self.may_mine, self.on_winner, self.on_oom = may_mine, on_winner, on_oom
         self.min_tokens = min_tokens
@@ -34,7 +35,7 @@ class MinedLayer:
             return grouped_fc1(x, topk_ids, w13)
         try:
             result = backend.mine_launch(x, topk_ids)
-        except MemoryError as exc:
+        except (MemoryError, torch.OutOfMemoryError) as exc:
             self.on_oom(exc)
             self.stats.add("launches_unmined")
             return grouped_fc1(x, topk_ids, w13)

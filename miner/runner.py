@@ -14,11 +14,10 @@ from node_client.pearld import PearldClient
 from miner.metrics import start_metrics
 from miner.model import load_config
 from miner.progress import ProgressDisplay, status_line
-from miner.service import serve
+from miner.service import ADDRESS_FILE, DEFAULT_CONTROL, serve
 from miner.sources import GatewaySource
 from miner.worker import Worker, WorkerConfig
 
-ADDRESS_FILE = "control.addr"
 
 
 def _embedded_devnet(args: argparse.Namespace, stack: ExitStack) -> tuple[str, PearldClient, str]:
@@ -50,7 +49,13 @@ def run_worker(args: argparse.Namespace, stack: ExitStack) -> int:
         duration_s=args.duration, max_blocks=max_blocks,
     )
     worker = Worker(config, source)
-    server, port = serve(worker, args.control)
+    try:
+        server, port = serve(worker, args.control)
+    except (OSError, RuntimeError) as exc:
+        if args.control != DEFAULT_CONTROL:
+            raise ValueError(f"cannot serve the control service on {args.control}: {exc}") from exc
+        print(f"pearl-moe: {DEFAULT_CONTROL} is taken; control service on an ephemeral port", flush=True)
+        server, port = serve(worker, "127.0.0.1:0")
     stack.callback(server.stop, 2)
     host = args.control.rpartition(":")[0] or "127.0.0.1"
     (config.data_dir / ADDRESS_FILE).write_text(f"{host}:{port}\n")

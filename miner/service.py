@@ -12,6 +12,9 @@ from miner.events import EventBus
 from miner.proto import control_pb2 as pb
 from miner.proto import control_pb2_grpc as pb_grpc
 
+DEFAULT_CONTROL = "127.0.0.1:50551"
+ADDRESS_FILE = "control.addr"  # written into the data directory by `pearl-moe run`
+
 
 class Controllable(Protocol):
     """What the service needs from a worker."""

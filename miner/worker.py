@@ -106,7 +106,7 @@ class Worker:
             return "cooldown"
         return "mining" if c.mode != Mode.OFF and self.poller.current is not None else "waiting"
 
-    def _oom(self, exc: MemoryError) -> None:
+    def _oom(self, exc: Exception) -> None:
         self.control.cooldown_until = time.monotonic() + self.config.oom_cooldown_s
         self.stats.add("oom_events")
         self.events.publish("oom", f"out of memory while mining ({exc}); serving unmined for "
