@@ -1,13 +1,14 @@
-"""CPU-mined V4 proofs verify (dense, MoE, both devices); single corruptions are rejected with reasons."""
+"""CPU-mined V4 proofs verify (dense, MoE, both devices, every tile); corruptions are rejected with reasons."""
 import dataclasses
 import random
 
 import numpy as np
 import pytest
 
+from proof.blake3tree import keyed_tree_root
 from proof.chain import BlockHeader, sha256d
 from proof.fp8 import transcript
-from proof.fp8.miner import build_plain_proof, commit_operand, mine_cpu
+from proof.fp8.miner import build_plain_proof, commit_operand, commit_routing, mine_cpu, routing_from_topk
 from proof.fp8.params import Device, ParamsError, TileShape, make_job
 from proof.fp8.plain_proof import MatrixOpening
 from proof.fp8.prequant import prequantize
@@ -268,3 +269,33 @@ def test_decode_failures_are_reasons(dense):
     _reject(header, b"\x00" * 5, "malformed plain proof")
     _reject(header, "%%%", "malformed plain proof")
     _reject(header[:75], result.proof, "76 bytes")
+
+
+def test_routing_table_and_commitment():
+    topk = np.array([[2, 0], [1, 2], [0, 1], [2, 3]])
+    tokens, offsets = routing_from_topk(topk, 4)
+    assert tokens == [0, 2, 1, 2, 0, 1, 3, 3] and offsets == [2, 4, 7, 8]
+    key = bytes(range(32))
+    moe = make_job(bytes(108), m=8, n=4 * 64, k=K, experts=4).moe
+    routing = commit_routing(key, tokens, offsets, moe)
+    assert routing.roots == (keyed_tree_root(key, np.asarray(tokens, "<u4").tobytes(), 1024),
+                             keyed_tree_root(key, np.asarray(offsets, "<u4").tobytes(), 1024))
+    assert routing.expert_tokens(2) == [0, 1, 3]
+    with pytest.raises(ValueError, match="more than once"):
+        routing_from_topk(np.array([[1, 1]]), 4)
+    with pytest.raises(ValueError, match=r"\[0, 4\)"):
+        routing_from_topk(np.array([[0, 4]]), 4)
+
+
+def test_build_plain_proof_rejects_bad_moe_requests(moe):
+    header, result = moe
+    job = result.proof.job
+    rng = np.random.default_rng(1)
+    a = commit_operand(transcript.key_a(header), *prequantize(rng.standard_normal((16, K))), job.a.hash_id)
+    b = commit_operand(transcript.key_b(job.ancestor_header), *prequantize(rng.standard_normal((256, K))),
+                       job.b.hash_id)
+    with pytest.raises(ValueError, match="routing commitment"):
+        build_plain_proof(job, a, b, 0, 0)
+    routing = commit_routing(transcript.key_a(header), [0, 1, 2, 3, 4], [5, 5, 5, 5], job.moe)
+    with pytest.raises(ValueError, match="runs past expert"):
+        build_plain_proof(job, a, b, 4, 0, routing=routing, expert=0)
