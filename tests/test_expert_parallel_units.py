@@ -3,6 +3,7 @@ the per-rank proof builder, rank 0's sink, the run summary and the entry point's
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 import torch
@@ -10,6 +11,7 @@ import torch
 from miner.accounting import MiningStats
 from miner.backend import BuiltProof, WinnerRecord
 from miner.events import EventBus
+from miner.expert_parallel import scaling
 from miner.expert_parallel.moe import pack_meta, unpack_meta
 from miner.expert_parallel.plan import ExpertPlan
 from miner.expert_parallel.run import load_factory, main
@@ -157,6 +159,24 @@ def test_entry_point_refuses_bad_arguments_before_joining(capsys: pytest.Capture
         load_factory("miner.worker:no_such")
     assert main(["--model", "no-such-model"]) == 2
     assert "no-such-model" in capsys.readouterr().err
-    assert main(["--max-batches", "0"]) == 2
+    assert main(["--max-batches", "2", "--warmup-batches", "2"]) == 2
     assert main([]) == 2  # not under torchrun
     assert "RANK and WORLD_SIZE" in capsys.readouterr().err
+
+
+def test_scaling_commands_and_table() -> None:
+    args = scaling.parser().parse_args(["--procs", "1", "2", "4", "--global-batch", "8", "--batches", "5",
+                                        "--warmup-batches", "1", "--", "--min-mining-tokens", "8"])
+    assert [scaling.batch_per_rank(args, n) for n in (1, 2, 4)] == [8, 4, 2]
+    cmd = scaling.run_command(args, 4, "auto", Path("s.json"), Path("d"))
+    joined = " ".join(cmd)
+    for part in ("torch.distributed.run --standalone --nproc-per-node=4 -m miner.expert_parallel.run",
+                 "--batch-size 2", "--max-batches 6", "--warmup-batches 1", "--summary s.json",
+                 "--mode auto", "--min-mining-tokens 8"):
+        assert part in joined, part
+    runs = [{"world_size": n, "mode": "auto", "tokens_per_s": rate, "decode_tokens_per_s": rate / 2,
+             "ranks": [{"busy_s": 2.0}], "credited_work": 10, "tickets": 1, "winners": 1, "submitted": 1,
+             "accepted": 1} for n, rate in ((2, 180.0), (1, 100.0), (4, 300.0))]
+    rows = scaling.table(runs).splitlines()[2:]
+    assert [row.split(" | ")[4:6] for row in rows] == [["1.00x", "100%"], ["1.80x", "90%"], ["3.00x", "75%"]]
+    assert scaling.main(["--procs", "3", "--global-batch", "8"]) == 2

@@ -19,10 +19,15 @@ class EPContext:
     control_group: dist.ProcessGroup | None  # jobs and winners (gloo)
 
 
+def on_cuda(device: str) -> bool:
+    """Whether ``device`` (auto, cpu, cuda) means the GPUs here."""
+    return device == "cuda" or (device == "auto" and torch.cuda.is_available())
+
+
 def pick_device(device: str, local_rank: int) -> torch.device:
     """``cpu``, ``cuda`` (this process's local GPU) or ``auto`` (cuda when one is visible)."""
     if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+        device = "cuda" if on_cuda(device) else "cpu"
     if device == "cpu":
         return torch.device("cpu")
     if device != "cuda":

@@ -20,12 +20,12 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from miner.expert_parallel.distributed import EPContext, connect_from_env, disconnect
+from miner.expert_parallel.distributed import EPContext, connect_from_env, disconnect, on_cuda
 from miner.expert_parallel.runtime import ExpertParallelWorker
 from miner.jobs import JobSource
 from miner.model import load_config
 from miner.sources import GatewaySource
-from miner.worker import BackendFactory, WorkerConfig
+from miner.worker import BackendFactory, WorkerConfig, cpu_backend
 
 
 def parser() -> argparse.ArgumentParser:
@@ -53,6 +53,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--duration", type=float, help="stop after this many seconds")
     p.add_argument("--max-blocks", type=int, help="stop after this many accepted blocks")
     p.add_argument("--max-batches", type=int, help="stop after this many batches (every rank)")
+    p.add_argument("--warmup-batches", type=int, default=0, help="batches left out of the tokens/s figures")
     p.add_argument("--summary", type=Path, help="rank 0 writes the summary JSON here")
     p.add_argument("--log-level", default="WARNING")
     return p
@@ -97,7 +98,8 @@ def run(args: argparse.Namespace, config: WorkerConfig, factory: BackendFactory,
         ctx: EPContext) -> dict[str, Any] | None:
     with ExitStack() as stack:
         source = job_source(args, stack) if ctx.rank == 0 else None
-        worker = ExpertParallelWorker(config, ctx, source, factory, max_batches=args.max_batches)
+        worker = ExpertParallelWorker(config, ctx, source, factory, max_batches=args.max_batches,
+                                      warmup_batches=args.warmup_batches)
         host = worker.host
 
         def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -127,8 +129,11 @@ def main(argv: list[str] | None = None) -> int:
             prompt_len=args.prompt_len, max_new_tokens=args.max_new_tokens,
             min_mining_tokens=args.min_mining_tokens, mode=args.mode, duration_s=args.duration,
             max_blocks=args.max_blocks)
-        if args.max_batches is not None and args.max_batches <= 0:
-            raise ValueError(f"--max-batches must be positive, got {args.max_batches}")
+        if args.warmup_batches < 0 or (args.max_batches is not None and args.max_batches <= args.warmup_batches):
+            raise ValueError(f"--max-batches must exceed --warmup-batches ({args.warmup_batches})")
+        if factory is cpu_backend and args.mode != "off" and on_cuda(args.device):
+            raise ValueError("the CPU reference backend cannot mine CUDA tensors: give --backend-factory "
+                             "of a GPU backend, or --device cpu, or --mode off")
         ctx = connect_from_env(args.device)
     except ValueError as exc:
         print(f"miner.expert_parallel.run: {exc}", file=sys.stderr)

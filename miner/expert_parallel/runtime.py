@@ -26,7 +26,7 @@ from miner.expert_parallel.moe import shard_model
 from miner.expert_parallel.plan import ExpertPlan
 from miner.expert_parallel.sync import Control, StepSync
 from miner.expert_parallel.winners import ProofBuilder, WinnerSink
-from miner.generation import Generator, file_prompts, generated_prompts
+from miner.generation import Generator, ServeStats, file_prompts, generated_prompts
 from miner.jobs import JobSource, MiningJob
 from miner.layer import MinedLayer
 from miner.model import ModelConfig, build_model
@@ -96,13 +96,15 @@ class ExpertParallelWorker:
 
     def __init__(self, config: WorkerConfig, ctx: EPContext, source: JobSource | None = None,
                  backend_factory: BackendFactory = cpu_backend, sink: WinnerSink | None = None,
-                 max_batches: int | None = None) -> None:
+                 max_batches: int | None = None, warmup_batches: int = 0) -> None:
         if (source is None) != (ctx.rank != 0):
             raise ValueError("rank 0, and only rank 0, holds the job source")
-        if max_batches is not None and max_batches <= 0:
-            raise ValueError(f"max_batches must be positive, got {max_batches}")
+        if max_batches is not None and max_batches <= warmup_batches:
+            raise ValueError(f"max_batches ({max_batches}) must exceed warmup_batches ({warmup_batches})")
+        if warmup_batches < 0:
+            raise ValueError(f"warmup_batches must not be negative, got {warmup_batches}")
         self.config, self.ctx, self.backend_factory = config, ctx, backend_factory
-        self.max_batches = max_batches
+        self.max_batches, self.warmup_batches = max_batches, warmup_batches
         self.plan = ExpertPlan(config.model.num_experts, ctx.world_size)
         self.local_cfg = local_config(config.model, self.plan.local_count(ctx.rank))
         model = build_model(config.model, config.weights, config.seed)
@@ -192,10 +194,13 @@ class ExpertParallelWorker:
             self.host.start()
 
     def serve(self) -> None:
-        """Serve batches in lockstep until rank 0 says stop (or ``max_batches`` on every rank)."""
+        """Serve batches in lockstep until rank 0 says stop (or ``max_batches`` on every rank);
+        the serving figures restart after ``warmup_batches``."""
         batches = 0
         for _ in self.generator.serve(self.prompts()):
             batches += 1
+            if batches == self.warmup_batches:
+                self.generator.stats = ServeStats()
             if self.host is not None:
                 self.host.check_blocks()
             if self.control.stop or (self.max_batches is not None and batches >= self.max_batches):
