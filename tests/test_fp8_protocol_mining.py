@@ -9,7 +9,7 @@ from proof.blake3tree import keyed_tree_root
 from proof.chain import BlockHeader, sha256d
 from proof.fp8 import transcript
 from proof.fp8.miner import build_plain_proof, commit_operand, commit_routing, mine_cpu, routing_from_topk
-from proof.fp8.params import Device, ParamsError, TileShape, make_job
+from proof.fp8.params import Device, HashId, ParamsError, TileShape, make_job
 from proof.fp8.plain_proof import MatrixOpening
 from proof.fp8.prequant import prequantize
 from proof.fp8.public_data import PublicData
@@ -299,3 +299,29 @@ def test_build_plain_proof_rejects_bad_moe_requests(moe):
     routing = commit_routing(transcript.key_a(header), [0, 1, 2, 3, 4], [5, 5, 5, 5], job.moe)
     with pytest.raises(ValueError, match="runs past expert"):
         build_plain_proof(job, a, b, 4, 0, routing=routing, expert=0)
+
+
+@pytest.mark.parametrize("hash_id", [HashId.CHUNK_128, HashId.CHUNK_512])
+def test_small_leaves_mine_and_verify(hash_id):
+    rng = np.random.default_rng(int(hash_id))
+    _, parent, header = _headers(0x207FFFFF)
+    result = mine_cpu(header, rng.standard_normal((8, K)), rng.standard_normal((64, K)), ancestor_header=parent,
+                      hash_id=hash_id)
+    assert result.proof.values_b.proof.leaf_size == hash_id.leaf_size
+    assert verify_plain_proof(header, result.proof.to_bytes()) == (True, "ok")
+
+
+def test_state_window_depth():
+    """σ_d may be the 4th ancestor (three carried headers) but not the 5th."""
+    chain = [BlockHeader(1, bytes(32), bytes(32), 1, 0x207FFFFF, b"\x01" * 32).to_bytes()]
+    for depth in range(4):
+        chain.append(BlockHeader(1, sha256d(chain[-1]), bytes(32), depth + 2, 0x207FFFFF, b"\x02" * 32).to_bytes())
+    header = BlockHeader(1, sha256d(chain[-1]), bytes(32), 9, 0x207FFFFF).incomplete_bytes()
+    rng = np.random.default_rng(2)
+    a, b = rng.standard_normal((8, K)), rng.standard_normal((64, K))
+    result = mine_cpu(header, a, b, ancestor_header=chain[1], ancestor_chain=chain[:1:-1])
+    assert len(result.proof.ancestor_chain) == 3
+    assert verify_plain_proof(header, result.proof) == (True, "ok")
+    too_deep = dataclasses.replace(result.proof, ancestor_chain=chain[:0:-1],
+                                   job=dataclasses.replace(result.proof.job, ancestor_header=chain[0]))
+    _reject(header, too_deep, "the ancestor chain holds 4 headers; at most 3 fit")
