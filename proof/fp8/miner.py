@@ -10,6 +10,7 @@ planes (committed with commit_operand), the tile bases, and for MoE the routing 
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,7 +25,8 @@ from proof.fp8.params import (INCOMPLETE_HEADER_SIZE, PREQUANT_BLOCK, Device, Ha
 from proof.fp8.plain_proof import MatrixOpening, MoeWitness, PlainProofV4
 from proof.fp8.prequant import prequantize
 from proof.fp8.public_data import PublicData
-from proof.fp8.verify import NOT_ADMISSIBLE, Rejected, derive_seeds, evaluate_plain_proof, noised_operand
+from proof.fp8.verify import (NOT_ADMISSIBLE, NoisedOperand, Rejected, derive_seeds, evaluate_plain_proof,
+                              noised_operand)
 
 
 @dataclass(frozen=True)
@@ -187,39 +189,51 @@ def mine_cpu(header76: bytes, a_values: np.ndarray, b_values: np.ndarray, *, anc
     rows_p, cols_p = job.a.pattern, job.b.pattern
     bound = lottery.threshold(target, rows_p.tile_size, cols_p.tile_size, k)
     pow_key = transcript.jackpot_key(seeds.seed_a)
-    eta = job.expert_rows
-    groups = [(None, list(range(m)), 0)] if routing is None else \
-        [(w, routing.expert_tokens(w), w * eta) for w in range(experts)]
     tiles = winners = not_admissible = 0
+    for expert, t_a, t_b, cell in _tiles(job, noised_a, noised_b, routing):
+        tiles += 1
+        if not np.isfinite(cell).all():
+            continue
+        ticket = lottery.ticket_with_key(pow_key, lottery.fold_message(cell, rows_p, cols_p))
+        if not lottery.is_winner(ticket, bound):
+            continue
+        winners += 1
+        proof = build_plain_proof(job, a, b, t_a, t_b, ancestor_chain=ancestor_chain, routing=routing,
+                                  expert=expert)
+        try:
+            statement = evaluate_plain_proof(header76, proof)
+        except Rejected as rejection:
+            if not str(rejection).startswith(NOT_ADMISSIBLE):
+                raise RuntimeError(f"the CPU miner built a proof its verifier rejects: {rejection}") from None
+            not_admissible += 1
+            continue
+        if statement.jackpot != ticket:
+            raise RuntimeError("the verifier's replay of the winning tile disagrees with the miner's")
+        return MiningResult(proof, statement, tiles, winners, not_admissible, _work(job, routing))
+    return MiningResult(None, None, tiles, winners, not_admissible, _work(job, routing))
+
+
+def _tiles(job: JobParams, a: NoisedOperand, b: NoisedOperand, routing: RoutingCommitment | None
+           ) -> Iterator[tuple[int | None, int, int, np.ndarray]]:
+    """Every lottery tile of the launch in order: (expert, tA, tB, the h×w pre-peel accumulator).
+
+    Dense: one lattice over A × B. MoE: per expert w, the routed tokens R[w] against B's rows
+    [w·η, (w+1)·η), with an expert-local lattice (a trailing partial tile is never mined).
+    """
+    eta = job.expert_rows
+    if routing is None:
+        groups = [(None, list(range(job.a.num_rows)), 0)]
+    else:
+        groups = [(w, routing.expert_tokens(w), w * eta) for w in range(job.experts)]
+    rows_p, cols_p = job.a.pattern, job.b.pattern
     for expert, a_rows, b_start in groups:
         if not a_rows:
             continue
-        b_rows = list(range(b_start, b_start + eta))
-        acc = fp8_matmul(job.common.device.model, noised_a.noisy.codes[a_rows], noised_b.noisy.codes[b_rows])
+        acc = fp8_matmul(job.common.device.model, a.noisy.codes[a_rows], b.noisy.codes[b_start:b_start + eta])
         for t_a in lottery.tile_bases(rows_p, len(a_rows)):
             for t_b in lottery.tile_bases(cols_p, eta):
-                tiles += 1
                 ia, ib = lottery.tile_indices(rows_p, t_a), lottery.tile_indices(cols_p, t_b)
-                cell = acc[np.ix_(ia, ib)]
-                if not np.isfinite(cell).all():
-                    continue
-                ticket = lottery.ticket_with_key(pow_key, lottery.fold_message(cell, rows_p, cols_p))
-                if not lottery.is_winner(ticket, bound):
-                    continue
-                winners += 1
-                proof = build_plain_proof(job, a, b, t_a, t_b, ancestor_chain=ancestor_chain,
-                                          routing=routing, expert=expert)
-                try:
-                    statement = evaluate_plain_proof(header76, proof)
-                except Rejected as rejection:
-                    if not str(rejection).startswith(NOT_ADMISSIBLE):
-                        raise RuntimeError(f"the CPU miner built a proof its verifier rejects: {rejection}") from None
-                    not_admissible += 1
-                    continue
-                if statement.jackpot != ticket:
-                    raise RuntimeError("the verifier's replay of the winning tile disagrees with the miner's")
-                return MiningResult(proof, statement, tiles, winners, not_admissible, _work(job, routing))
-    return MiningResult(None, None, tiles, winners, not_admissible, _work(job, routing))
+                yield expert, t_a, t_b, acc[np.ix_(ia, ib)]
 
 
 def _work(job: JobParams, routing: RoutingCommitment | None) -> int:
