@@ -1,0 +1,324 @@
+"""kernels.fp8mine stages on the CPU backend, bit-exact against proof.fp8 (small shapes)."""
+import numpy as np
+import pytest
+import torch
+
+from kernels.fp8mine import lottery as dev_lottery
+from kernels.fp8mine import noise as dev_noise
+from kernels.fp8mine import prequant as dev_prequant
+from kernels.fp8mine import quant as dev_quant
+from kernels.fp8mine import routing as dev_routing
+from kernels.fp8mine import transcript as dev_transcript
+from kernels.fp8mine.hashing import as_bytes, constant_bytes, hash_short
+from kernels.fp8mine.matmul import MatmulError, grouped_matmul
+from kernels.fp8mine.numerics import bf16_fma, from_bits16
+from proof.fp8 import bf16 as ref_bf16
+from proof.fp8 import lottery as ref_lottery
+from proof.fp8 import noise as ref_noise
+from proof.fp8 import prequant as ref_prequant
+from proof.fp8 import quantization as ref_quant
+from proof.fp8 import transcript as ref_transcript
+from proof.fp8.miner import routing_from_topk
+from proof.fp8.mma import fp8_matmul
+from proof.fp8.params import TILE_4X64
+from test_fp8_numerics_prequant import xorshift_row
+
+PARENT = bytes(range(32))
+
+
+def words(data: bytes) -> torch.Tensor:
+    return torch.frombuffer(bytearray(data), dtype=torch.int32).view(1, -1).clone()
+
+
+def digest(t: torch.Tensor) -> bytes:
+    return bytes(as_bytes(t)[0].tolist())
+
+
+def u16(t: torch.Tensor) -> np.ndarray:
+    return t.contiguous().view(torch.int16).numpy().view(np.uint16)
+
+
+def bf16_tensor(bits: np.ndarray) -> torch.Tensor:
+    return from_bits16(torch.from_numpy(np.asarray(bits, dtype=np.int64)))
+
+
+def same_bf16(got: np.ndarray, want: np.ndarray) -> bool:
+    """Equal bit patterns, with any NaN equal to any NaN (torch does not keep NaN payloads)."""
+    nan_got, nan_want = ref_bf16.bf16_is_nan(got), ref_bf16.bf16_is_nan(want)
+    return bool(np.array_equal(nan_got, nan_want) and np.array_equal(got[~nan_got], want[~nan_want]))
+
+
+def same_e4m3(got: np.ndarray, want: np.ndarray) -> bool:
+    nan_got, nan_want = (got & 0x7F) == 0x7F, (want & 0x7F) == 0x7F
+    return bool(np.array_equal(nan_got, nan_want) and np.array_equal(got[~nan_got], want[~nan_want]))
+
+
+# ----------------------------------------------------------------------------------------- numerics
+
+EDGE_BF16 = np.array([0x0000, 0x8000, 0x0001, 0x8001, 0x007F, 0x0080, 0x3F80, 0xBF80, 0x7F7F, 0xFF7F,
+                      0x7F80, 0xFF80, 0x7FC0, 0x40B5, 0x38B5, 0x2F80, 0x43E0, 0x3F81, 0x0100, 0x4B00],
+                     dtype=np.uint16)
+
+
+def test_bf16_fma_matches_reference_on_edges_and_random():
+    rng = np.random.default_rng(0)
+    grid = np.array(np.meshgrid(EDGE_BF16, EDGE_BF16, EDGE_BF16)).reshape(3, -1)
+    random = rng.integers(0, 0x10000, (3, 200_000)).astype(np.uint16)
+    near = (0x3F00 + rng.integers(0, 0x200, (3, 50_000))).astype(np.uint16)  # heavy cancellation
+    near[2] ^= 0x8000
+    for a, b, c in (grid, random, near):
+        got = u16(bf16_fma(bf16_tensor(a), bf16_tensor(b), bf16_tensor(c)))
+        assert same_bf16(got, ref_bf16.bf16_fma(a, b, c))
+
+
+# ----------------------------------------------------------------------------------------- prequant
+
+def test_prequantize_and_norms_match_reference():
+    rng = np.random.default_rng(1)
+    x = (rng.standard_normal((16, 256)) * np.exp2(rng.integers(-40, 40, (16, 1)))).astype(np.float32)
+    x[0, :8] = 0
+    codes, scales = dev_prequant.prequantize(torch.from_numpy(x))
+    want_codes, want_scales = ref_prequant.prequantize(x)
+    assert np.array_equal(codes.numpy(), want_codes) and np.array_equal(u16(scales), want_scales)
+    assert np.array_equal(u16(dev_prequant.open_values(codes, scales)),
+                          ref_prequant.open_values(want_codes, want_scales))
+
+
+@pytest.mark.parametrize("k", [16, 64, 1024])
+def test_row_norms_match_reference_on_random_planes(k):
+    rng = np.random.default_rng(k)
+    q = rng.integers(-127, 128, (96, k)).astype(np.int8)
+    q[rng.random(q.shape) < 0.4] = 0
+    q[5] = 0
+    scales = (rng.integers(0, 0x7000, (96, 1)) + rng.integers(0, 0x800, (96, k // 8))).clip(0, 0x7700)
+    scales[:8] = rng.integers(0, 0x200, (8, k // 8))  # subnormal and tiny scales
+    scales = scales.astype(np.uint16)
+    l2, linf = dev_prequant.row_norms(torch.from_numpy(q), bf16_tensor(scales))
+    want_l2, want_linf = ref_prequant.row_norms(q, scales)
+    assert np.array_equal(u16(l2), want_l2) and np.array_equal(u16(linf), want_linf)
+
+
+@pytest.mark.parametrize("seed,k,expected", [(877130, 1024, 0x4224), (110113, 2048, 0x422C)])
+def test_l2_pins(seed, k, expected):
+    ints, scales = xorshift_row(seed, k)
+    l2, _ = dev_prequant.row_norms(torch.from_numpy(np.asarray(ints, dtype=np.int8).reshape(1, -1)),
+                                   bf16_tensor(np.asarray(scales, dtype=np.uint16).reshape(1, -1)))
+    assert int(u16(l2)[0]) == expected
+
+
+def test_prequant_rejects_bad_shapes():
+    with pytest.raises(dev_prequant.PrequantError, match="multiple of 8"):
+        dev_prequant.prequantize(torch.zeros(2, 12))
+    with pytest.raises(dev_prequant.PrequantError, match="scales"):
+        dev_prequant.row_norms(torch.zeros(2, 16, dtype=torch.int8), torch.zeros(2, 3, dtype=torch.bfloat16))
+
+
+# --------------------------------------------------------------------------------------- transcript
+
+def test_label_subkeys_match_spec_pins():
+    assert digest(dev_transcript.jackpot_key(words(PARENT))).hex() == \
+        "1abccbdca824c1fa9707f6456144fcd48a2567a143ac8dc85c7b6ff11f3dc28f"
+    assert digest(dev_transcript.noise_key(words(PARENT))).hex() == \
+        "3f5176a01068c0b9e3c364a8670767a1b909dc5e2762ff99110edbcfe424c198"
+    seed_a_key = words(ref_transcript.subkey("seed-A"))
+    assert digest(hash_short(seed_a_key, constant_bytes(bytes(range(64)), "cpu"))).hex() == \
+        "8cd0fb004b120832471a26ce8958f469c55cb19684b6dee0687bbc6dbf890bbb"
+
+
+def test_short_hash_lengths_match_blake3():
+    import blake3
+    rng = np.random.default_rng(2)
+    for n in (1, 23, 64, 65, 107, 128, 173):
+        msg = rng.integers(0, 256, (3, n)).astype(np.uint8)
+        got = as_bytes(hash_short(words(PARENT), torch.from_numpy(msg)))
+        for row in range(3):
+            assert bytes(got[row].tolist()) == blake3.blake3(msg[row].tobytes(), key=PARENT).digest()
+
+
+def test_keys_and_seeds_match_reference():
+    rng = np.random.default_rng(3)
+    header76, header108 = rng.bytes(76), rng.bytes(108)
+    ha, hr, ho, sb, p_a, p_b = rng.bytes(32), rng.bytes(32), rng.bytes(32), rng.bytes(32), rng.bytes(13), rng.bytes(21)
+    key_a = dev_transcript.key_a(constant_bytes(header76, "cpu"))
+    key_b = dev_transcript.key_b(constant_bytes(header108, "cpu"))
+    assert digest(key_a) == ref_transcript.key_a(header76)
+    assert digest(key_b) == ref_transcript.key_b(header108)
+    assert digest(dev_transcript.seed_b(words(ha), key_b, p_b)) == \
+        ref_transcript.seed_b(ha, ref_transcript.key_b(header108), p_b)
+    for routing in (None, (hr, ho)):
+        got = dev_transcript.seed_a(words(ha), words(sb), key_a, p_a[:11] if routing is None else p_a,
+                                    tuple(map(words, routing)) if routing else None)
+        want = ref_transcript.seed_a(ha, sb, ref_transcript.key_a(header76),
+                                     p_a[:11] if routing is None else p_a, routing)
+        assert digest(got) == want
+
+
+def test_offsets_root_pin():
+    """One tree (the interpreter runs a tree program in seconds); operand digests of real planes
+    are covered by the end-to-end tests, whose proofs only verify if HA and HB are right."""
+    offsets = torch.tensor([3, 7, 9], dtype=torch.int32)
+    assert digest(dev_transcript.tree_root(words(PARENT), offsets)).hex() == \
+        "53aa5cb0b531c648f26f806b927438ad8790b843cbb07a4f367f73d91d0129dd"
+    with pytest.raises(ValueError, match="1024-byte leaves"):
+        dev_transcript.check_hash_id(0)
+
+
+# -------------------------------------------------------------------------------------------- noise
+
+def test_noise_line_pins():
+    e_a = dev_noise.noise_lines(dev_transcript.noise_key(words(b"\x22" * 32)), "A", "E", torch.arange(8))
+    f_a = dev_noise.noise_lines(dev_transcript.noise_key(words(b"\x11" * 32)), "A", "F", torch.arange(1))
+    assert bytes(e_a[7].view(torch.uint8).tolist()).hex() == \
+        "be3adfead867e55be469dd50e9e85c50dfdc64e2dfe4eae2e8d6596a6746dd65"
+    assert bytes(f_a[0].view(torch.uint8).tolist()).hex() == \
+        "c65268603369d96362e16a5f6ae6615fe6db43eae463e2d3eae55ae3bb5f54e3"
+
+
+@pytest.mark.parametrize("side,factor", [("A", "E"), ("A", "F"), ("B", "E"), ("B", "F")])
+def test_noise_lines_match_reference(side, factor):
+    seed = bytes(range(7, 39))
+    lines = np.array([0, 1, 65535, 65536, 1 << 31, (1 << 32) - 1] + list(range(100, 140)))
+    got = dev_noise.noise_lines(dev_transcript.noise_key(words(seed)), side, factor, torch.from_numpy(lines))
+    assert np.array_equal(got.view(torch.uint8).numpy(), ref_noise.noise_lines(seed, side, factor, lines))
+
+
+def test_noise_rejects_bad_side():
+    with pytest.raises(dev_noise.NoiseError, match="side"):
+        dev_noise.line_messages("C", "E", torch.arange(2))
+
+
+# ----------------------------------------------------------------------------------------- quantize
+
+def test_row_scales_match_reference():
+    rng = np.random.default_rng(5)
+    l2 = np.concatenate([EDGE_BF16, rng.integers(0, 0x7F00, 2000)]).astype(np.uint16)
+    linf = np.concatenate([EDGE_BF16[::-1], rng.integers(0, 0x7F00, 2000)]).astype(np.uint16)
+    alpha, beta = dev_quant.row_scales(bf16_tensor(l2), bf16_tensor(linf))
+    want = [ref_quant.row_scales("hopper", int(a), int(b)) for a, b in zip(l2, linf)]
+    assert same_bf16(u16(alpha), np.array([w[0] for w in want], dtype=np.uint16))
+    assert same_bf16(u16(beta), np.array([w[1] for w in want], dtype=np.uint16))
+
+
+def test_noisy_codes_cover_every_e4m3_code_and_match_reference():
+    """The elementwise rule on every BF16 input X: with α = 1, β = 0 every e4m3 code (and NaN)
+    comes out; with drawn α, β and noise the codes still match the reference."""
+    rng = np.random.default_rng(6)
+    x = np.arange(0x10000, dtype=np.uint16).reshape(64, 1024)
+    noise = ref_bf16.f32_to_bf16(rng.standard_normal((64, 1024)).astype(np.float32) * 3000)
+    unit = (np.full(64, 0x3F80, dtype=np.uint16), np.zeros(64, dtype=np.uint16))
+    drawn = (rng.choice([0x3F80, 0x4000, 0x3E00, 0x4315], 64).astype(np.uint16),
+             rng.choice([0x0000, 0x3B95, 0x3000], 64).astype(np.uint16))
+    for alpha, beta in (unit, drawn):
+        got = dev_quant.noisy_codes(bf16_tensor(alpha), bf16_tensor(beta), bf16_tensor(x), bf16_tensor(noise))
+        got = got.view(torch.uint8).numpy()
+        assert same_e4m3(got, ref_quant._noisy_codes(alpha[:, None], beta[:, None], x, noise))
+        if alpha is unit[0]:
+            assert set(np.unique(got).tolist()) >= set(range(256)) - {0xFF}
+
+
+def test_noisy_quantize_matches_reference():
+    rng = np.random.default_rng(7)
+    x = (rng.standard_normal((8, 256)) * np.exp2(rng.integers(-8, 8, (8, 1)))).astype(np.float32)
+    codes, scales = ref_prequant.prequantize(x)
+    values = ref_prequant.open_values(codes, scales)
+    l2, linf = ref_prequant.row_norms(codes, scales)
+    e = ref_noise.noise_lines(b"\x05" * 32, "A", "E", np.arange(8))
+    f = ref_noise.noise_lines(b"\x06" * 32, "A", "F", np.arange(256))
+    got = dev_quant.noisy_quantize(bf16_tensor(values), bf16_tensor(l2), bf16_tensor(linf),
+                                   torch.from_numpy(e).view(torch.float8_e4m3fn),
+                                   torch.from_numpy(f).view(torch.float8_e4m3fn))
+    want = ref_quant.noisy_quantize("hopper", values, l2, linf, e, f)
+    assert np.array_equal(got.codes.view(torch.uint8).numpy(), want.codes)
+    assert np.array_equal(u16(got.alpha), want.alpha) and np.array_equal(u16(got.beta), want.beta)
+    with pytest.raises(dev_quant.QuantError):
+        dev_quant.noisy_quantize(bf16_tensor(values), bf16_tensor(l2), bf16_tensor(linf),
+                                 torch.from_numpy(e[:4]).view(torch.float8_e4m3fn),
+                                 torch.from_numpy(f).view(torch.float8_e4m3fn))
+
+
+# ---------------------------------------------------------------------------------- routing, matmul
+
+def test_routing_table_matches_reference_and_tiles():
+    rng = np.random.default_rng(8)
+    topk = np.stack([rng.permutation(5)[:2] for _ in range(23)])
+    table = dev_routing.routing_table(torch.from_numpy(topk), 5)
+    tokens, offsets = routing_from_topk(topk, 5)
+    assert table.rflat.tolist() == tokens and table.offsets.tolist() == offsets
+    tiles = dev_routing.row_tiles(table)
+    starts = [0] + offsets[:-1]
+    want = [(starts[w] + 4 * t, w, t) for w in range(5) for t in range((offsets[w] - starts[w]) // 4)]
+    live = tiles.row_start >= 0
+    got = list(zip(tiles.row_start[live].tolist(), tiles.expert[live].tolist(), tiles.local[live].tolist()))
+    assert got == want
+
+
+def test_grouped_matmul_is_the_model_per_expert():
+    rng = np.random.default_rng(9)
+    a = rng.integers(0, 256, (10, 64)).astype(np.uint8)
+    a[(a & 0x7F) == 0x7F] = 0
+    b = rng.integers(0, 256, (2, 16, 64)).astype(np.uint8)
+    b[(b & 0x7F) == 0x7F] = 0
+    table = dev_routing.RoutingTable(torch.arange(10, dtype=torch.int32), torch.tensor([4, 10], dtype=torch.int32))
+    got = grouped_matmul(torch.from_numpy(a).view(torch.float8_e4m3fn),
+                         torch.from_numpy(b).view(torch.float8_e4m3fn), table).numpy()
+    assert np.array_equal(got[:4].view(np.uint32), fp8_matmul("hopper", a[:4], b[0]).view(np.uint32))
+    assert np.array_equal(got[4:].view(np.uint32), fp8_matmul("hopper", a[4:], b[1]).view(np.uint32))
+    with pytest.raises(MatmulError, match="multiple of 32"):
+        grouped_matmul(torch.zeros(2, 48, dtype=torch.float8_e4m3fn), torch.zeros(1, 2, 48, dtype=torch.float8_e4m3fn), table)
+
+
+# ---------------------------------------------------------------------------------------- lottery
+
+def _reference_tickets(acc: np.ndarray, tiles: dev_routing.RowTiles, key: bytes) -> dict:
+    out = {}
+    for start, expert, local in zip(tiles.row_start.tolist(), tiles.expert.tolist(), tiles.local.tolist()):
+        if start < 0:
+            continue
+        for col in range(acc.shape[1] // 64):
+            cell = acc[start:start + 4, 64 * col:64 * col + 64]
+            message = ref_lottery.fold_message(cell, TILE_4X64.row_pattern, TILE_4X64.col_pattern)
+            out[(expert, local, col)] = ref_lottery.ticket_with_key(key, message)
+    return out
+
+
+def test_lottery_latches_the_planted_winner_and_matches_reference_tickets():
+    rng = np.random.default_rng(10)
+    topk = np.stack([rng.permutation(3)[:2] for _ in range(22)])
+    table = dev_routing.routing_table(torch.from_numpy(topk), 3)
+    tiles = dev_routing.row_tiles(table)
+    acc = rng.standard_normal((44, 128)).astype(np.float32)
+    acc[0, 0], acc[5, 9] = -0.0, np.nan
+    key = rng.bytes(32)
+    tickets = _reference_tickets(acc, tiles, key)
+    (expert, local, col), ticket = min(tickets.items(), key=lambda kv: int.from_bytes(kv[1], "little"))
+    latch = dev_lottery.LotteryLatch("cpu", {"codes": ((6,), torch.int32)})
+    latch.set_header(22, 192, 1024, 5, 24, 6)
+    seed_b = words(rng.bytes(32))
+    source = {"codes": torch.arange(6, dtype=torch.int32)}
+    thr = int.from_bytes(ticket, "little")
+    latch.run(torch.from_numpy(acc), tiles, words(key), words(thr.to_bytes(32, "little")), seed_b, source)
+    assert latch.poll() is None  # not published yet
+    latch.publish()
+    record = latch.poll()
+    assert (record.group_id, record.tile_row, record.tile_column) == (expert, local, col)
+    assert record.ticket == ticket and record.threshold == thr and record.pow_key == key
+    assert (record.m, record.n, record.k, record.layer_id, record.payload_bytes) == (22, 192, 1024, 5, (24, 6))
+    assert latch.payload["codes"].tolist() == list(range(6))
+    # the latch holds: a later launch neither overwrites the record nor copies its payload
+    latch.run(torch.from_numpy(acc), tiles, words(key), words(bytes([0xFF] * 32)), seed_b,
+              {"codes": torch.full((6,), 9, dtype=torch.int32)})
+    latch.publish()
+    assert latch.poll() == record and latch.payload["codes"].tolist() == list(range(6))
+    latch.reset()
+    assert latch.poll() is None
+
+
+def test_lottery_threshold_below_every_ticket_publishes_nothing():
+    acc = torch.randn(8, 64)
+    tiles = dev_routing.row_tiles(dev_routing.dense_table(8, "cpu"))
+    latch = dev_lottery.LotteryLatch("cpu", {})
+    latch.run(acc, tiles, words(PARENT), torch.zeros(8, dtype=torch.int32), words(PARENT), {})
+    latch.publish()
+    assert latch.poll() is None
+    with pytest.raises(dev_lottery.LotteryError, match="n_e % 64"):
+        latch.run(torch.zeros(8, 32), tiles, words(PARENT), torch.zeros(8, dtype=torch.int32), words(PARENT), {})
