@@ -3,19 +3,23 @@ the per-rank proof builder, rank 0's sink, the run summary and the entry point's
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from miner.accounting import MiningStats
 from miner.backend import BuiltProof, WinnerRecord
 from miner.events import EventBus
 from miner.expert_parallel import scaling
+from miner.expert_parallel.distributed import connect, disconnect
 from miner.expert_parallel.moe import pack_meta, unpack_meta
 from miner.expert_parallel.plan import ExpertPlan
 from miner.expert_parallel.run import load_factory, main
 from miner.expert_parallel.runtime import local_config, summarize
+from miner.expert_parallel.sync import Control, StepSync
 from miner.expert_parallel.winners import CompletionSink, Outcome, ProofBuilder, RelayedBackend, RelayedWinner
 from miner.model import preset
 from test_expert_parallel_support import job
@@ -180,3 +184,27 @@ def test_scaling_commands_and_table() -> None:
     rows = scaling.table(runs).splitlines()[2:]
     assert [row.split(" | ")[4:6] for row in rows] == [["1.00x", "100%"], ["1.80x", "90%"], ["3.00x", "75%"]]
     assert scaling.main(["--procs", "3", "--global-batch", "8"]) == 2
+
+
+def test_step_sync_broadcasts_control_only_when_it_changes(tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = Counter()
+    for name in ("broadcast_object_list", "gather_object"):
+        real = getattr(dist, name)
+        monkeypatch.setattr(dist, name, lambda *a, _real=real, _name=name, **k: (calls.update([_name]),
+                                                                              _real(*a, **k))[1])
+    ctx = connect(0, 1, "cpu", f"file://{tmp_path / 'store'}")
+    try:
+        sync = StepSync(0, 1, ctx.control_group)
+        first = Control(job(1), "auto", True, False)
+        assert sync.exchange(first, []) == (first, [])
+        assert sync.exchange(first, []) == (first, [])
+        assert calls == {"broadcast_object_list": 1}
+        second = dataclasses.replace(first, stop=True)
+        winner = relayed(Outcome.REDUNDANT)
+        assert sync.exchange(second, [winner]) == (second, [winner])
+        assert calls == {"broadcast_object_list": 2, "gather_object": 1}
+        with pytest.raises(ValueError, match="only rank 0"):
+            sync.exchange(None, [])
+    finally:
+        disconnect()

@@ -162,7 +162,10 @@ class ExpertParallelWorker:
 
     # -- the per-step exchange (serving thread, every rank) -----------------------------------
     def step(self) -> None:
-        control = self.sync.broadcast_control(self.host.control() if self.host is not None else None)
+        control, relayed = self.sync.exchange(self.host.control() if self.host is not None else None,
+                                              self.builder.take())
+        if self.host is not None:
+            self.host.deliver(relayed)
         if (control.job, control.preference) != (self.control.job, self.control.preference):
             with self._lock:
                 for layer in self.layers:
@@ -171,13 +174,7 @@ class ExpertParallelWorker:
             self.preparer.request(control.job, control.preference)
         else:
             self.control = control
-        self._relay()
         self.steps += 1
-
-    def _relay(self) -> None:
-        relayed = self.sync.gather_winners(self.builder.take())
-        if self.host is not None:
-            self.host.deliver(relayed)
 
     # -- serving ------------------------------------------------------------------------------
     def prompts(self) -> Iterator[list[int]]:
@@ -212,7 +209,7 @@ class ExpertParallelWorker:
         if not self.builder.flush(build_timeout_s):
             log.error("rank %d: proofs still building after %.0f s are not relayed", self.ctx.rank,
                       build_timeout_s)
-        self._relay()
+        self.step()  # the last winners; every rank makes this call once more, so all match
         persisted = self.host.shutdown() if self.host is not None else 0
         return self._summary(persisted)
 
