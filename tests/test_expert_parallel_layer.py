@@ -28,7 +28,7 @@ from miner.model import preset
 from miner.model.moe import MoEBlock
 from miner.modes import Mode
 from miner.worker import cpu_backend
-from test_expert_parallel_support import EPContext, job, load_all, run_ranks, save
+from test_expert_parallel_support import EPContext, fp8_job, job, load_all, run_ranks, save
 
 # (name, style, hidden size, experts, mining mode or None)
 CASES = [
@@ -115,3 +115,22 @@ def test_mined_path_differs_from_unmined() -> None:
         quantised = block(tokens)
     assert not torch.equal(plain, quantised)
     assert torch.allclose(plain, quantised, rtol=0.1, atol=0.05)
+
+
+def test_rank_local_fp8_backend_serves_the_rows_the_whole_layer_serves() -> None:
+    """V4 mining on one rank's experts (top-k 1 rows) gives the whole-layer backend's output for
+    those rows, and its winner's proof passes proof.fp8's verifier (mine_cpu checks it)."""
+    cfg = preset("qwen3_moe", hidden_size=1024, num_experts=4, expert_intermediate=32)
+    w13 = torch.randn(4, 64, 1024, generator=torch.Generator().manual_seed(2))
+    tokens = torch.randn(9, 1024, generator=torch.Generator().manual_seed(3))
+    ids = torch.randn(9, 4, generator=torch.Generator().manual_seed(4)).topk(2).indices
+    v4 = fp8_job()
+    whole = cpu_backend(Mode.FP8_MOE, 0, cfg)
+    whole.prepare_job(v4, w13)
+    plan = ExpertPlan(4, 2)
+    local = cpu_backend(Mode.FP8_MOE, 0, local_config(cfg, plan.local_count(1)))
+    local.prepare_job(v4, w13[plan.local_slice(1)])
+    tok, slot = torch.nonzero(ids >= plan.first(1), as_tuple=True)
+    result = local.mine_launch(tokens[tok], (ids[tok, slot] - plan.first(1))[:, None])
+    assert torch.equal(result.output[:, 0], whole.mine_launch(tokens, ids).output[tok, slot])
+    assert result.winners and result.tickets > 0

@@ -15,7 +15,7 @@ from miner.backend import BuiltProof, LaunchResult, WinnerRecord
 from miner.expert_parallel.distributed import EPContext, connect, disconnect
 from miner.jobs import MiningJob
 from miner.model.moe import grouped_fc1
-from proof.chain import target_from_bits
+from proof.chain import sha256d, target_from_bits
 
 REGTEST_BITS = 0x207FFFFF  # every ticket wins: planted-difficulty winners on the CPU
 
@@ -43,6 +43,13 @@ def run_ranks(world: int, body: Callable[..., Any], *args: Any) -> None:
 def job(nonce: int = 0, cert_version: int = 3, height: int = 10) -> MiningJob:
     header = bytes([nonce]) * 72 + REGTEST_BITS.to_bytes(4, "little")
     return MiningJob.of(header, target_from_bits(REGTEST_BITS), cert_version, height=height)
+
+
+def fp8_job(height: int = 10) -> MiningJob:
+    """A cert V4 job whose header builds on its (all-zero) parent header."""
+    parent = bytes(108)
+    header = bytes(4) + sha256d(parent) + bytes(36) + REGTEST_BITS.to_bytes(4, "little")
+    return MiningJob.of(header, target_from_bits(REGTEST_BITS), 4, (parent,), height=height)
 
 
 class PlantedBackend:
@@ -87,4 +94,4 @@ def load_all(path: Path, world: int) -> list[Any]:
     return [torch.load(path / f"rank{r}.pt", weights_only=False) for r in range(world)]
 
 
-__all__ = ["EPContext", "PlantedBackend", "free_port", "job", "load_all", "run_ranks", "save"]
+__all__ = ["EPContext", "PlantedBackend", "fp8_job", "free_port", "job", "load_all", "run_ranks", "save"]
