@@ -33,7 +33,7 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
     n.add_argument("--pearld-user", default="user")
     n.add_argument("--pearld-password", default="pass")
     n.add_argument("--network", default=None,
-                   help="network whose fork rules apply (default: regtest, or the devnet's profile)")
+                   help="network whose fork rules apply (required with --gateway; default: the devnet's profile)")
     n.add_argument("--devnet-profile", default="regtest", help="network profile of the embedded devnet")
     w = p.add_argument_group("worker")
     w.add_argument("--mode", default="auto", help="auto, off, fp8-moe, int7-moe or int7-dense")

@@ -36,7 +36,9 @@ def run_worker(args: argparse.Namespace, stack: ExitStack) -> int:
         gateway_address, pearld, network = _embedded_devnet(args, stack)
         max_blocks = 1 if args.max_blocks is None else args.max_blocks
     else:
-        gateway_address, network, max_blocks = args.gateway, args.network or "regtest", args.max_blocks
+        if args.network is None:
+            raise ValueError("--network is required with --gateway: the fork rules decide what may be mined")
+        gateway_address, network, max_blocks = args.gateway, args.network, args.max_blocks
         pearld = PearldClient(args.pearld, args.pearld_user, args.pearld_password, retries=0, timeout=5.0) \
             if args.pearld else None
     network = args.network or network

@@ -21,7 +21,7 @@ from miner.cpu_fp8 import CpuFp8Backend
 from miner.cpu_int7 import CpuInt7Backend
 from miner.events import EventBus
 from miner.generation import Generator, file_prompts, generated_prompts
-from miner.jobs import JobPoller, JobSource, MiningJob
+from miner.jobs import Backoff, JobPoller, JobSource, MiningJob
 from miner.layer import MinedLayer
 from miner.model import ModelConfig, build_model
 from miner.modes import AUTO, CHOICES, Mode, choose_mode, job_height
@@ -44,6 +44,8 @@ class WorkerConfig:
     min_mining_tokens: int = 16
     mode: str = AUTO
     poll_interval: float = 1.0
+    backoff_initial_s: float = 0.5
+    backoff_max_s: float = 30.0
     oom_cooldown_s: float = 30.0
     duration_s: float | None = None
     max_blocks: int | None = None
@@ -81,7 +83,8 @@ class Worker:
         self.store = SubmissionStore(config.data_dir)
         self.model = build_model(config.model, config.weights, config.seed)
         self.generator = Generator(self.model, config.batch_size, config.max_new_tokens)
-        self.poller = JobPoller(source, interval=config.poll_interval)
+        self.poller = JobPoller(source, interval=config.poll_interval,
+                                backoff=Backoff(config.backoff_initial_s, config.backoff_max_s))
         self.completion = CompletionWorker(source, self.store, self.stats, self.events, config.network,
                                            lambda: self.poller.current)
         self.control = _Control(preference=config.mode)

@@ -24,7 +24,8 @@ TINY = dict(hidden_size=2048, num_layers=1, num_heads=4, num_kv_heads=2, head_di
 
 def tiny_config(data_dir: Path, network: str = "regtest", **overrides) -> WorkerConfig:
     values = dict(model=preset("qwen3_moe", **TINY), network=network, data_dir=data_dir, batch_size=2,
-                  prompt_len=32, max_new_tokens=2, poll_interval=0.1)
+                  prompt_len=32, max_new_tokens=2, poll_interval=0.1, backoff_initial_s=0.05,
+                  backoff_max_s=0.5)
     values.update(overrides)
     return WorkerConfig(**values)
 
