@@ -132,6 +132,12 @@ def test_sigterm_persists_an_unsent_winner_and_the_restart_sends_it_once(tmp_pat
         first = _run_worker(proxy.address, devnet.pearld_url, data_dir)
         try:
             wait_until(lambda: any((data_dir / "pending").glob("*.json")), 120, "a persisted winner")
+            status = subprocess.run([sys.executable, "-m", "miner.cli", "status", "--json", "--data-dir",
+                                     str(data_dir)], env={**os.environ, "PYTHONPATH": str(ROOT)},
+                                    capture_output=True, text=True, timeout=60)
+            live = json.loads(status.stdout)  # `pearl-moe status` against the running worker
+            assert live["mode"] == "int7-moe" and int(live["mining"]["persisted"]) == 1
+            assert int(live["serving"]["requests"]) > 0
             first.send_signal(signal.SIGTERM)
             out, _ = first.communicate(timeout=60)
         finally:

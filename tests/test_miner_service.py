@@ -52,6 +52,9 @@ def test_pause_resume_and_set_mode(running) -> None:
         wait_until(lambda: worker.generator.stats.requests > served + 1, 30, "serving while paused")
         assert worker.stats.launches_mined == mined
         assert client.resume().state == "mining"
+        worker._oom(MemoryError("test"))  # what the mined layer reports on an OOM
+        assert client.status().state == "cooldown" and client.status().mining.oom_events == 1
+        assert client.resume().state == "mining"  # an operator may end the cooldown
         assert client.set_mode("int7-dense").mode == "int7-dense"
         refused = client.set_mode("fp8-moe")  # cert V3: the rules refuse FP8; auto's choice stays
         assert refused.mode == "int7-moe" and "refused" in refused.mode_reason
