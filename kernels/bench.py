@@ -29,7 +29,7 @@ from kernels.grouped_gemm_config import (
     select_config,
 )
 from kernels.routing import Routing, group_sizes, offsets_from_sizes
-from kernels.timing import Timing, rotation_sets, time_methods
+from kernels.timing import rotation_sets, time_methods
 
 # (model, projection, experts per GPU, K, N) for one EP8 rank (anchors §6).
 PROJECTIONS = [

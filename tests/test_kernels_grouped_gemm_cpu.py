@@ -162,3 +162,18 @@ def test_fp8_needs_its_scales_and_bf16_refuses_them() -> None:
         grouped_gemm(**_args(x=x8, w=w8), x_scale=torch.ones(4), w_scale=torch.ones(32))
     with pytest.raises(GroupedGemmError, match="fp8 only"):
         grouped_gemm(**_args(), x_scale=torch.ones(4))
+
+
+def test_host_modules_import_without_cutlass_or_cuda() -> None:
+    """`import kernels...` must work on a CPU-only machine: the device module (cutlass, quack)
+    loads on the first launch, and nothing initialises CUDA at import."""
+    import subprocess
+    import sys
+
+    code = ("import sys, torch\n"
+            "import kernels, kernels.grouped_gemm, kernels.grouped_gemm_config, kernels.routing, "
+            "kernels.reference, kernels.timing, kernels.bench\n"
+            "print(sorted(m for m in ('cutlass', 'quack', 'triton') if m in sys.modules), "
+            "torch.cuda.is_initialized())\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[] False"
