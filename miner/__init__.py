@@ -1,0 +1,1 @@
+"""The worker: serves a MoE model and mines Pearl inside its expert GEMMs (see docs/miner.md)."""

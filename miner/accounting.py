@@ -32,8 +32,8 @@ class MiningStats:
     dropped_stale: int = 0
     oom_events: int = 0
     rejected_reasons: Counter = field(default_factory=Counter)
-    _recent: deque = field(default_factory=deque)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _recent: deque = field(default_factory=deque, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def credit(self, work: int, tickets: int) -> None:
         now = time.monotonic()

@@ -47,7 +47,7 @@ class EventBus:
     def subscribe(self, replay: bool = True) -> queue.Queue[Event]:
         sub: queue.Queue[Event] = queue.Queue(self._queue_size)
         with self._lock:
-            for event in self._history if replay else []:
+            for event in self._history[-self._queue_size:] if replay else []:
                 sub.put_nowait(event)
             self._subs.append(sub)
         return sub

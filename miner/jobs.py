@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -164,9 +163,3 @@ class JobPoller:
     def _run(self) -> None:
         while not self._stop.is_set():
             self._stop.wait(self.poll_once())
-
-    def wait_for_job(self, timeout: float) -> MiningJob | None:
-        deadline = time.monotonic() + timeout
-        while self.current is None and time.monotonic() < deadline and not self._stop.is_set():
-            time.sleep(0.05)
-        return self.current

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from miner.accounting import MiningStats
-from miner.backend import MiningBackend, WinnerRecord
+from miner.backend import MiningBackend
 from miner.completion import CompletionWorker
 from miner.cpu_fp8 import CpuFp8Backend
 from miner.cpu_int7 import CpuInt7Backend
