@@ -1,0 +1,37 @@
+"""`pearl-moe run` as users start it: the embedded devnet, a prompts file, clean exit and errors."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from miner import cli
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = {"model_type": "mixtral", "hidden_size": 2048, "num_hidden_layers": 1, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 64, "vocab_size": 512, "num_local_experts": 8,
+        "intermediate_size": 128, "max_position_embeddings": 256}
+
+
+def test_run_with_the_embedded_devnet_mines_a_block_and_exits(tmp_path) -> None:
+    (tmp_path / "tiny.json").write_text(json.dumps(TINY))
+    (tmp_path / "prompts.txt").write_text("The quick brown fox jumps over the lazy dog, " * 2 + "\n"
+                                          "Pearl mines inside the expert GEMMs.\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "miner.cli", "run", "--model", str(tmp_path / "tiny.json"),
+         "--prompts", str(tmp_path / "prompts.txt"), "--batch-size", "8", "--max-new-tokens", "2",
+         "--control", "127.0.0.1:0", "--metrics-port", "0", "--progress-interval", "1"],
+        env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    out = proc.stdout
+    assert proc.returncode == 0, out + proc.stderr
+    assert "embedded devnet (regtest)" in out and "mixtral model" in out and "metrics on http://127.0.0.1:" in out
+    assert "mode: int7-moe" in out and "accepted: block for job" in out
+    assert "done after" in out and "accepted=1" in out
+    assert not (tmp_path / "pearl-moe-data").exists()  # the embedded run keeps its data in a temp dir
+
+
+def test_run_argument_errors_are_named(tmp_path, capsys) -> None:
+    assert cli.main(["run", "--gateway", "tcp://127.0.0.1:1", "--data-dir", str(tmp_path)]) == 2
+    assert "--network is required" in capsys.readouterr().err
+    assert cli.main(["run", "--model", "no-such-model", "--data-dir", str(tmp_path)]) == 2
+    assert "neither a preset" in capsys.readouterr().err
