@@ -297,7 +297,12 @@ def test_lottery_latches_the_planted_winner_and_matches_reference_tickets():
     seed_b = words(rng.bytes(32))
     source = {"codes": torch.arange(6, dtype=torch.int32)}
     thr = int.from_bytes(ticket, "little")
-    latch.run(torch.from_numpy(acc), tiles, words(key), words(thr.to_bytes(32, "little")), seed_b, source)
+    all_tickets = torch.zeros((tiles.row_start.shape[0], 2, 8), dtype=torch.int32)
+    latch.run(torch.from_numpy(acc), tiles, words(key), words(thr.to_bytes(32, "little")), seed_b, source,
+              tickets=all_tickets)
+    for (w, t, c), want in tickets.items():
+        slot = next(i for i, (e, l) in enumerate(zip(tiles.expert.tolist(), tiles.local.tolist())) if (e, l) == (w, t))
+        assert bytes(all_tickets[slot, c].view(torch.uint8).tolist()) == want
     assert latch.poll() is None  # not published yet
     latch.publish()
     record = latch.poll()

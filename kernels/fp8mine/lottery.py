@@ -94,7 +94,7 @@ def _pick(values, slot_ids, slot):
 @jit
 def _lottery_kernel(acc_ptr, n, tile_row_ptr, tile_expert_ptr, tile_local_ptr, num_tiles,
                     key_ptr, thr_ptr, seed_b_ptr, lock_ptr, record_ptr, fresh_ptr, header_ptr,
-                    BT: tl.constexpr):
+                    tickets_ptr, BT: tl.constexpr, STORE_TICKETS: tl.constexpr):
     slot_ids = tl.arange(0, BT)
     slots = tl.program_id(0) * BT + slot_ids
     in_range = slots < num_tiles
@@ -130,6 +130,16 @@ def _lottery_kernel(acc_ptr, n, tile_row_ptr, tile_expert_ptr, tile_local_ptr, n
     h0, h1, h2, h3, h4, h5, h6, h7 = compress(
         k0, k1, k2, k3, k4, k5, k6, k7,
         m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15, zero, zero + 27)
+    if STORE_TICKETS:  # checks only: every tile's ticket at [slot, column tile, word]
+        base = tickets_ptr + (slots.to(tl.int64) * tl.num_programs(1) + tl.program_id(1)) * 8
+        tl.store(base + 0, h0.to(tl.int32, bitcast=True), mask=live)
+        tl.store(base + 1, h1.to(tl.int32, bitcast=True), mask=live)
+        tl.store(base + 2, h2.to(tl.int32, bitcast=True), mask=live)
+        tl.store(base + 3, h3.to(tl.int32, bitcast=True), mask=live)
+        tl.store(base + 4, h4.to(tl.int32, bitcast=True), mask=live)
+        tl.store(base + 5, h5.to(tl.int32, bitcast=True), mask=live)
+        tl.store(base + 6, h6.to(tl.int32, bitcast=True), mask=live)
+        tl.store(base + 7, h7.to(tl.int32, bitcast=True), mask=live)
     wins = _le256(h0, h1, h2, h3, h4, h5, h6, h7, thr_ptr) & live
     slot = tl.reduce(tl.where(wins, slot_ids, BT), 0, _minimum)
     if slot < BT:
@@ -216,8 +226,12 @@ class LotteryLatch:
         self.header.copy_(torch.from_numpy(words.astype(np.int32)))
 
     def run(self, acc: torch.Tensor, tiles: RowTiles, pow_key: torch.Tensor, threshold_: torch.Tensor,
-            seed_b: torch.Tensor, sources: dict[str, torch.Tensor]) -> None:
-        """Fold, hash and compare every tile of `acc` (rows, n_e) fp32; latch the first winner."""
+            seed_b: torch.Tensor, sources: dict[str, torch.Tensor],
+            tickets: torch.Tensor | None = None) -> None:
+        """Fold, hash and compare every tile of `acc` (rows, n_e) fp32; latch the first winner.
+
+        `tickets`, for checks: an int32 (row tiles, n_e/64, 8) tensor that receives every ticket.
+        """
         if acc.dtype != torch.float32 or acc.dim() != 2 or acc.shape[1] % TILE_COLS:
             raise LotteryError(f"acc must be fp32 (rows, n_e) with n_e % 64 == 0, got {acc.dtype} {tuple(acc.shape)}")
         num_tiles = tiles.row_start.shape[0]
@@ -225,7 +239,8 @@ class LotteryLatch:
         _lottery_kernel[grid](acc.contiguous().view(torch.int32), acc.shape[1], tiles.row_start,
                               tiles.expert, tiles.local, num_tiles, pow_key.contiguous(),
                               threshold_.contiguous(), seed_b.contiguous(), self.lock, self.record,
-                              self.fresh, self.header, BT=_TILES_PER_PROGRAM)
+                              self.fresh, self.header, self.record if tickets is None else tickets,
+                              BT=_TILES_PER_PROGRAM, STORE_TICKETS=tickets is not None)
         for name, src in sources.items():
             dst = self.payload[name]
             words = src.contiguous().view(torch.int32).view(-1)
