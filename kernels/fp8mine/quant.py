@@ -51,10 +51,17 @@ def row_scales(l2: torch.Tensor, linf: torch.Tensor) -> tuple[torch.Tensor, torc
     return alpha, beta
 
 
+ROW_CHUNK = 2048  # rows per elementwise pass: bounds the f64 temporaries of the FMA emulation
+
+
 def noisy_codes(alpha: torch.Tensor, beta: torch.Tensor, x: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
     """e4m3(clamp(fma(α, X, bf16(β · N)), ±448)) elementwise; α, β per row."""
-    alpha_rows = alpha[:, None].expand_as(x)
-    return clamp_e4m3(bf16_fma(alpha_rows, x, bf16_mul(beta[:, None], noise)))
+    out = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
+    for r0 in range(0, x.shape[0], ROW_CHUNK):
+        rows = slice(r0, r0 + ROW_CHUNK)
+        alpha_rows = alpha[rows, None].expand_as(x[rows])
+        out[rows] = clamp_e4m3(bf16_fma(alpha_rows, x[rows], bf16_mul(beta[rows, None], noise[rows])))
+    return out
 
 
 def noisy_quantize(x: torch.Tensor, l2: torch.Tensor, linf: torch.Tensor, e_lines: torch.Tensor,

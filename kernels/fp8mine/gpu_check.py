@@ -1,0 +1,338 @@
+"""`python -m kernels.fp8mine.gpu_check --out DIR`: the H200 checks of the FP8 mining path.
+
+Sections (each runs on its own; a failure is recorded and the next section still runs):
+- gemm: the windowed GEMM vs proof.fp8.fp8_matmul("hopper") on operands covering every finite
+  e4m3 code, plus the K = 32 noise dot; the same comparison for torch._scaled_mm per 128-k window
+  with promotion (use_fast_accum True and False) and for one unwindowed _scaled_mm;
+- stages: a dense and an MoE launch on the GPU against the CPU reference (planes, norms, E_A
+  lines, α/β, A′ codes, the accumulator per expert, every tile's ticket);
+- planted: planted winners (dense, MoE) → record → PlainProofV4 → CPU verifier (policy included);
+- graph: the decode mined pass captured in a CUDA graph, replayed on new inputs, vs eager;
+- timing: mined pass vs unmined fp8 grouped GEMM (CUDA graphs, medians) on decode and prefill
+  shapes, and the layer output's error against a bf16 reference.
+JSON (results.json) and markdown (results.md) go to DIR.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from proof.fp8 import lottery as ref_lottery
+from proof.fp8 import noise as ref_noise
+from proof.fp8 import prequant as ref_prequant
+from proof.fp8 import quantization as ref_quant
+from proof.fp8.mma import fp8_matmul
+from proof.fp8.params import TILE_4X64
+from proof.fp8.verify import evaluate_plain_proof, verify_plain_proof
+
+from .matmul import WINDOW_K, grouped_matmul, matmul
+from .pipeline import MinedGemm
+from .proofs import take_winner
+from .routing import row_tiles
+
+FINITE_CODES = np.array([c for c in range(256) if c & 0x7F != 0x7F], dtype=np.uint8)
+
+
+def _codes(x: torch.Tensor) -> np.ndarray:
+    return x.view(torch.uint8).cpu().numpy()
+
+
+def _u16(x: torch.Tensor) -> np.ndarray:
+    return x.cpu().contiguous().view(torch.int16).numpy().view(np.uint16)
+
+
+def _compare(got: np.ndarray, want: np.ndarray) -> dict:
+    """Bitwise comparison of two fp32 arrays: mismatch count, worst ulp distance, a sample."""
+    g, w = got.view(np.int32).astype(np.int64), want.view(np.int32).astype(np.int64)
+    bad = np.argwhere(g != w)
+    out = {"cells": int(g.size), "mismatches": int(len(bad))}
+    if len(bad):
+        out["max_ulp"] = int(np.abs(g - w).max())
+        out["examples"] = [{"at": [int(i) for i in idx], "got": float(got[tuple(idx)]),
+                            "model": float(want[tuple(idx)])} for idx in bad[:5]]
+    return out
+
+
+def _operand_sets(rng: np.random.Generator) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    m, n, k = 64, 128, 1024
+    sets = {"all codes": (rng.choice(FINITE_CODES, (m, k)), rng.choice(FINITE_CODES, (n, k)))}
+    small = FINITE_CODES[(FINITE_CODES & 0x78) <= 0x30]
+    sets["small + subnormal"] = (rng.choice(small, (m, k)), rng.choice(FINITE_CODES, (n, k)))
+    vec_a = np.zeros((64, 1024), dtype=np.uint8)
+    vec_a[:, :128], vec_a[:, 128:256] = 0x78, 0x38
+    sets["spec promotion vector"] = (vec_a, np.full((128, 1024), 0x38, dtype=np.uint8))
+    cancel = rng.choice(FINITE_CODES, (m, k))
+    cancel[:, 1::2] = cancel[:, ::2] ^ 0x80
+    sets["cancelling pairs"] = (cancel, np.repeat(rng.choice(FINITE_CODES, (n, k // 2)), 2, axis=1))
+    return {name: (a.astype(np.uint8), b.astype(np.uint8)) for name, (a, b) in sets.items()}
+
+
+def _scaled_mm_windows(a: torch.Tensor, b: torch.Tensor, fast: bool, window: int = WINDOW_K) -> torch.Tensor:
+    one = torch.ones((), device=a.device)
+    total = torch.zeros((a.shape[0], b.shape[0]), dtype=torch.float32, device=a.device)
+    for k0 in range(0, a.shape[1], window):
+        part = torch._scaled_mm(a[:, k0:k0 + window].contiguous(), b[:, k0:k0 + window].contiguous().T,
+                                scale_a=one, scale_b=one, out_dtype=torch.float32, use_fast_accum=fast)
+        total = total + part
+    return total
+
+
+def check_gemm() -> dict:
+    rng = np.random.default_rng(0)
+    out: dict = {}
+    for name, (a_np, b_np) in _operand_sets(rng).items():
+        a = torch.from_numpy(a_np).cuda().view(torch.float8_e4m3fn)
+        b = torch.from_numpy(b_np).cuda().view(torch.float8_e4m3fn)
+        model = fp8_matmul("hopper", a_np, b_np)
+        row = {"triton windowed": _compare(matmul(a, b).cpu().numpy(), model)}
+        for label, fn in (("scaled_mm per window, fast_accum", lambda: _scaled_mm_windows(a, b, True)),
+                          ("scaled_mm per window, no fast_accum", lambda: _scaled_mm_windows(a, b, False)),
+                          ("scaled_mm whole k, fast_accum", lambda: _scaled_mm_windows(a, b, True, a.shape[1]))):
+            try:
+                row[label] = _compare(fn().cpu().numpy(), model)
+            except Exception as exc:  # a formulation torch does not support here
+                row[label] = {"error": repr(exc)}
+        out[name] = row
+    e = rng.choice(FINITE_CODES, (256, 32)).astype(np.uint8)
+    f = rng.choice(FINITE_CODES, (512, 32)).astype(np.uint8)
+    got = matmul(torch.from_numpy(e).cuda().view(torch.float8_e4m3fn), torch.from_numpy(f).cuda().view(torch.float8_e4m3fn))
+    out["noise dot K=32"] = {"triton windowed": _compare(got.cpu().numpy(), fp8_matmul("hopper", e, f))}
+    return out
+
+
+def _chain():
+    from proof.chain import BlockHeader, sha256d
+    headers, prev = [], bytes(32)
+    for i in range(4):
+        header = BlockHeader(1, prev, bytes([i]) * 32, 1_700_000_000 + i, 0x1D00FFFF, bytes([i + 1]) * 32).to_bytes()
+        headers.append(header)
+        prev = sha256d(header)
+    return BlockHeader(1, prev, b"\x99" * 32, 1_700_000_100, 0x1D00FFFF).incomplete_bytes(), headers[::-1]
+
+
+def _uniform_topk(tokens: int, top_k: int, experts: int) -> torch.Tensor:
+    """Every expert gets tokens·top_k/e rows; a token's experts are distinct."""
+    ids = (torch.arange(tokens)[:, None] * top_k + torch.arange(top_k)[None, :]) % experts
+    return ids.cuda()
+
+
+def _setup(experts: int, n_e: int, k: int, tokens: int, top_k: int, seed: int, target: int = 0):
+    torch.manual_seed(seed)
+    weights = (torch.randn(experts, n_e, k, device="cuda") * 0.05).to(torch.bfloat16)
+    gemm = MinedGemm(weights, m=tokens, top_k=top_k if experts > 1 else 1, layer_id=1)
+    header, ancestors = _chain()
+    gemm.set_job(header, ancestors, target)
+    x = torch.randn(tokens, k, device="cuda").to(torch.bfloat16)
+    topk = _uniform_topk(tokens, top_k, experts) if experts > 1 else None
+    return gemm, weights, x, topk, header
+
+
+def _stage_report(gemm: MinedGemm, x: torch.Tensor, result) -> dict:
+    a = result.a
+    report = {}
+    x_np = x.float().cpu().numpy()
+    codes, scales = ref_prequant.prequantize(x_np)
+    report["planes"] = bool(np.array_equal(a.codes.cpu().numpy(), codes) and np.array_equal(_u16(a.scales), scales))
+    values = ref_prequant.open_values(codes, scales)
+    l2, linf = ref_prequant.row_norms(codes, scales)
+    seed_a = bytes(a.seed_a.view(torch.uint8).view(-1).cpu().tolist())
+    seed_b = bytes(gemm.state.seed_b.view(torch.uint8).view(-1).cpu().tolist())
+    e_lines = ref_noise.noise_lines(seed_a, "A", "E", np.arange(x.shape[0]))
+    f_lines = ref_noise.noise_lines(seed_b, "A", "F", np.arange(x.shape[1]))
+    report["E_A lines"] = bool(np.array_equal(_codes(a.side.e_lines), e_lines))
+    report["F_A lines"] = bool(np.array_equal(_codes(gemm.state.f_a), f_lines))
+    ref = ref_quant.noisy_quantize("hopper", values, l2, linf, e_lines, f_lines)
+    report["alpha"] = bool(np.array_equal(_u16(a.side.alpha), ref.alpha))
+    report["beta"] = bool(np.array_equal(_u16(a.side.beta), ref.beta))
+    report["A' codes"] = _compare(_codes(a.side.codes).view(np.int8).astype(np.float32),
+                                  ref.codes.view(np.int8).astype(np.float32))
+    table = result.table
+    b_codes = _codes(gemm.state.side.codes).reshape(gemm.b.experts, gemm.b.n_e, -1)
+    a_rows = ref.codes[table.rflat.cpu().numpy()] if gemm.moe else ref.codes
+    acc = result.acc.cpu().numpy()
+    start, acc_report = 0, {"cells": 0, "mismatches": 0}
+    for expert, end in enumerate(table.offsets.cpu().tolist()):
+        if end > start:
+            part = _compare(acc[start:end], fp8_matmul("hopper", a_rows[start:end], b_codes[expert]))
+            acc_report["cells"] += part["cells"]
+            acc_report["mismatches"] += part["mismatches"]
+        start = end
+    report["accumulator"] = acc_report
+    tiles = row_tiles(table)
+    tickets = torch.zeros((tiles.row_start.shape[0], acc.shape[1] // 64, 8), dtype=torch.int32, device="cuda")
+    gemm.latch.run(result.acc, tiles, a.pow_key, gemm.threshold, gemm.state.seed_b, {}, tickets=tickets)
+    pow_key = bytes(a.pow_key.view(torch.uint8).view(-1).cpu().tolist())
+    tickets_np = tickets.cpu().numpy()
+    bad = total = 0
+    for slot, row0 in enumerate(tiles.row_start.cpu().tolist()):
+        if row0 < 0:
+            continue
+        for col in range(acc.shape[1] // 64):
+            message = ref_lottery.fold_message(acc[row0:row0 + 4, 64 * col:64 * col + 64],
+                                               TILE_4X64.row_pattern, TILE_4X64.col_pattern)
+            total += 1
+            bad += tickets_np[slot, col].astype("<i4").tobytes() != ref_lottery.ticket_with_key(pow_key, message)
+    report["tickets"] = {"tiles": total, "mismatches": int(bad)}
+    return report
+
+
+def check_stages() -> dict:
+    out = {}
+    for name, args in (("dense", (1, 256, 1024, 32, 1)), ("moe", (4, 128, 1024, 32, 2))):
+        gemm, _, x, topk, _ = _setup(*args, seed=3)
+        result = gemm.forward(x, topk)
+        torch.cuda.synchronize()
+        out[name] = _stage_report(gemm, x, result)
+    return out
+
+
+def check_planted() -> dict:
+    out = {}
+    for name, args in (("dense", (1, 128, 1024, 16, 1)), ("moe", (4, 128, 1024, 32, 2))):
+        gemm, _, x, topk, header = _setup(*args, seed=5)
+        first = gemm.forward(x, topk)
+        tiles = row_tiles(first.table)
+        tickets = torch.zeros((tiles.row_start.shape[0], first.acc.shape[1] // 64, 8), dtype=torch.int32, device="cuda")
+        gemm.latch.run(first.acc, tiles, first.a.pow_key, gemm.threshold, gemm.state.seed_b, {}, tickets=tickets)
+        values = {}
+        for slot, (row0, expert, local) in enumerate(zip(tiles.row_start.tolist(), tiles.expert.tolist(), tiles.local.tolist())):
+            if row0 >= 0:
+                for col in range(tickets.shape[1]):
+                    values[(expert, local, col)] = tickets[slot, col].cpu().numpy().astype("<i4").tobytes()
+        planted, ticket = min(values.items(), key=lambda kv: int.from_bytes(kv[1], "little"))
+        target = -(-int.from_bytes(ticket, "little") // (4 * 64 * gemm.b.k))
+        _, ancestors = _chain()
+        gemm.set_job(header, ancestors, target)
+        gemm.forward(x, topk)
+        torch.cuda.synchronize()
+        winner = take_winner(gemm)
+        record = winner.record
+        out[name] = {
+            "planted": list(planted), "record": [record.group_id, record.tile_row, record.tile_column],
+            "ticket matches": record.ticket == ticket,
+            "verify": list(verify_plain_proof(header, winner.proof, target=target)),
+            "verifier jackpot matches": evaluate_plain_proof(header, winner.proof).jackpot == ticket,
+        }
+    return out
+
+
+def check_graph() -> dict:
+    gemm, _, x, topk, _ = _setup(32, 512, 2048, 64, 8, seed=7)
+    static_x, static_topk = x.clone(), topk.clone()
+    for _ in range(2):
+        gemm.forward(static_x, static_topk)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = gemm.forward(static_x, static_topk)
+    new_x = torch.randn_like(x.float()).to(torch.bfloat16)
+    new_topk = _uniform_topk(x.shape[0], 8, 32).roll(1, 0)
+    static_x.copy_(new_x)
+    static_topk.copy_(new_topk)
+    graph.replay()
+    torch.cuda.synchronize()
+    eager = gemm.forward(new_x, new_topk)
+    torch.cuda.synchronize()
+    return {"captured": True,
+            "acc bitwise equal": bool(torch.equal(captured.acc.view(torch.int32), eager.acc.view(torch.int32))),
+            "out bitwise equal": bool(torch.equal(captured.out.view(torch.int16), eager.out.view(torch.int16)))}
+
+
+TIMED = [  # (name, experts, n_e, k, tokens, top_k): rows per expert = tokens·top_k / experts
+    ("GLM-5 FC1 decode 32x16", 32, 4096, 6144, 64, 8),
+    ("DeepSeek-V3 FC1 decode 32x16", 32, 4096, 7168, 64, 8),
+    ("GLM-5 FC1 prefill 32x2048", 32, 4096, 6144, 8192, 8),
+]
+
+
+def _unmined(xq, wq, offsets, xs, ws):
+    try:
+        from kernels.grouped_gemm import grouped_gemm
+        grouped_gemm(xq, wq, offsets, x_scale=xs, w_scale=ws)
+        return "kernels.grouped_gemm", lambda: grouped_gemm(xq, wq, offsets, x_scale=xs, w_scale=ws)
+    except Exception:
+        offs = offsets[1:].contiguous()
+        wt = wq.transpose(-2, -1)
+        return "torch._scaled_grouped_mm", lambda: torch._scaled_grouped_mm(
+            xq, wt, xs, ws, offs=offs, out_dtype=torch.bfloat16)
+
+
+def check_timing() -> dict:
+    from kernels.timing import time_calls
+    out = {}
+    for name, experts, n_e, k, tokens, top_k in TIMED:
+        entry: dict = {}
+        try:
+            gemm, weights, x, topk, _ = _setup(experts, n_e, k, tokens, top_k, seed=11)
+            result = gemm.forward(x, topk)
+            rows = result.table.rflat.long()
+            expert_of_row = torch.searchsorted(result.table.offsets.long(), torch.arange(rows.numel(), device="cuda"), right=True)
+            ref = torch.empty_like(result.out, dtype=torch.float32)
+            start = 0
+            for w, end in enumerate(result.table.offsets.tolist()):
+                ref[start:end] = (x[rows[start:end]] @ weights[w].T).float()
+                start = end
+            entry["output rel err vs bf16"] = float((result.out.float() - ref).norm() / ref.norm())
+            del expert_of_row
+            xq = x[rows].to(torch.float8_e4m3fn)
+            wq = weights.to(torch.float8_e4m3fn)
+            offsets = torch.cat([torch.zeros(1, dtype=torch.int32, device="cuda"), result.table.offsets])
+            xs = torch.ones(xq.shape[0], device="cuda")
+            ws = torch.ones(experts, n_e, device="cuda")
+            label, unmined = _unmined(xq, wq, offsets, xs, ws)
+            mined_t = time_calls([lambda: gemm.forward(x, topk)], target_ms=20.0, replays=5)
+            base_t = time_calls([unmined], target_ms=20.0, replays=5)
+            entry.update({"unmined": label, "unmined median us": base_t.median_us,
+                          "mined median us": mined_t.median_us, "mined graph": mined_t.graph,
+                          "slowdown": mined_t.median_us / base_t.median_us})
+            gemm.b.slots = [None, None]
+        except Exception as exc:
+            entry["error"] = repr(exc)
+            entry["traceback"] = traceback.format_exc(limit=4)
+        out[name] = entry
+        torch.cuda.empty_cache()
+    return out
+
+
+SECTIONS = {"gemm": check_gemm, "stages": check_stages, "planted": check_planted,
+            "graph": check_graph, "timing": check_timing}
+
+
+def _markdown(results: dict) -> str:
+    lines = ["# fp8mine GPU check", ""]
+    for name, value in results.items():
+        lines += [f"## {name}", "", "```json", json.dumps(value, indent=1, default=str), "```", ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True, type=Path, help="directory for results.json / results.md")
+    parser.add_argument("--sections", default=",".join(SECTIONS), help="comma-separated subset")
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    if not torch.cuda.is_available():
+        print("no CUDA device: nothing to check")
+        return 2
+    results: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
+    for name in args.sections.split(","):
+        started = time.time()
+        try:
+            results[name] = SECTIONS[name]()
+        except Exception as exc:
+            results[name] = {"error": repr(exc), "traceback": traceback.format_exc(limit=6)}
+        results[name + " seconds"] = round(time.time() - started, 1)
+        print(name, json.dumps(results[name], default=str)[:2000], flush=True)
+        (args.out / "results.json").write_text(json.dumps(results, indent=1, default=str))
+        (args.out / "results.md").write_text(_markdown(results))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
