@@ -86,7 +86,7 @@ def compress(k0, k1, k2, k3, k4, k5, k6, k7,
     v13 = tl.full(m0.shape, 0, tl.uint32)
     v14 = tl.full(m0.shape, 64, tl.uint32)
     v15 = flags
-    for _ in tl.static_range(7):
+    for _ in range(7):  # a runtime loop: the permutation is register renaming, the code stays small
         v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11, v12, v13, v14, v15 = _round(
             v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11, v12, v13, v14, v15,
             m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15)
@@ -150,16 +150,13 @@ def _chunk_kernel(data_ptr, key_ptr, key_stride, out_ptr, words_per_instance, ch
     counter = chunk.to(tl.uint32)
     base = data_ptr + inst * words_per_instance
     first_word = chunk.to(tl.int64) * 256
-    for block in tl.static_range(16):
+    for block in range(16):
         w = first_word + block * 16
         m0, m1, m2, m3, m4, m5, m6, m7 = load_words8_bounded(base, w, words_per_instance, live)
         m8, m9, m10, m11, m12, m13, m14, m15 = load_words8_bounded(base, w + 8, words_per_instance, live)
-        if block == 0:
-            flags = tl.full(counter.shape, 16 | 1, tl.uint32)
-        elif block == 15:
-            flags = tl.full(counter.shape, 16 | 2, tl.uint32) | last_flags
-        else:
-            flags = tl.full(counter.shape, 16, tl.uint32)
+        start = tl.where(block == 0, 1, 0)  # CHUNK_START
+        end = tl.where(block == 15, 2 | last_flags, 0)  # CHUNK_END (| ROOT for a one-chunk tree)
+        flags = tl.full(counter.shape, 16, tl.uint32) | (start | end)
         c0, c1, c2, c3, c4, c5, c6, c7 = compress(
             c0, c1, c2, c3, c4, c5, c6, c7,
             m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15, counter, flags)

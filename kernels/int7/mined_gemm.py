@@ -241,7 +241,8 @@ def mined_gemm(a_noised: torch.Tensor, a_clean: torch.Tensor, bt_noised: torch.T
                bound_words: torch.Tensor, rows_valid: torch.Tensor, record: torch.Tensor,
                scale_a: torch.Tensor, scale_b: torch.Tensor, *, rank: int, tile_h: int,
                tile_w: int, out: torch.Tensor, out_i32: torch.Tensor | None = None,
-               dump: torch.Tensor | None = None, tiling: Tiling | None = None) -> None:
+               dump: torch.Tensor | None = None, tiling: Tiling | None = None,
+               peel: bool = True) -> None:
     """Mined GEMM of E instances: out[e] = dequant(A_e·B_e) from the noised operands.
 
     a_noised/a_clean: (E, M, K) int8 (A' and A); bt_noised: (E, N, K) int8 (B'ᵀ); apb_limbs:
@@ -249,7 +250,8 @@ def mined_gemm(a_noised: torch.Tensor, a_clean: torch.Tensor, bt_noised: torch.T
     bound_words: (8,) int32 LE words of the bound; rows_valid: (E,) int32 rows that may hold
     lottery tiles (a multiple of tile_h); record: (16,) int32, [0] = 0 arms it; scale_a (E, M)
     and scale_b (E, N) float32; out (E, M, N) bf16; out_i32 optional exact A·B; dump optional
-    (E, M/h, N/w, 24) int32 per-tile transcript words and tickets (for checks).
+    (E, M/h, N/w, 24) int32 per-tile transcript words and tickets (for checks). peel=False
+    skips the peel (the output is then A'·B'): only for measuring what the peel costs.
     """
     e, m, k = a_noised.shape
     n = bt_noised.shape[1]
@@ -277,7 +279,7 @@ def mined_gemm(a_noised: torch.Tensor, a_clean: torch.Tensor, bt_noised: torch.T
         scale_a, scale_b, out, out if out_i32 is None else out_i32, out if dump is None else dump,
         e, m, n, k, k // rank,
         R=rank, BM=tiling.block_m, BN=tiling.block_n, BK=tiling.block_k, H=tile_h, W=tile_w,
-        MINE=1, PEEL=1, WRITE_I32=int(out_i32 is not None), DUMP=int(dump is not None),
+        MINE=1, PEEL=int(peel), WRITE_I32=int(out_i32 is not None), DUMP=int(dump is not None),
         num_warps=tiling.num_warps, num_stages=tiling.num_stages)
 
 

@@ -149,6 +149,8 @@ class MinedPass:
 
     def __init__(self, job: MiningJob, rows: int, *, tokens: int | None = None,
                  tiling: Tiling | None = None, write_i32: bool = False) -> None:
+        if job.ready is not None:  # the job's B side ran on a side stream: order it before us
+            torch.cuda.current_stream(job.bt.device).wait_event(job.ready)
         self.job = job
         self.rows = rows
         self.tiling = tiling
