@@ -196,7 +196,7 @@ def test_step_sync_broadcasts_control_only_when_it_changes(tmp_path: Path,
     ctx = connect(0, 1, "cpu", f"file://{tmp_path / 'store'}")
     try:
         sync = StepSync(0, 1, ctx.control_group)
-        first = Control(job(1), "auto", True, False)
+        first = Control(job(1), "auto", False)
         assert sync.exchange(first, []) == (first, [])
         assert sync.exchange(first, []) == (first, [])
         assert calls == {"broadcast_object_list": 1}

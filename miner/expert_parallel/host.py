@@ -1,6 +1,6 @@
 """Rank 0's share of the host: the one job poller, the one submitter, and the control state.
 
-The other ranks learn the job, the mode preference, pause and stop from the ``Control`` rank 0
+The other ranks learn the job, the mode preference and when to stop from the ``Control`` rank 0
 broadcasts at every step (``sync``); their winners arrive through the relay (``winners``) and go
 to the same completion thread a single-process worker uses (checks, rules, one proof per job,
 persistence of unsent proofs).
@@ -17,7 +17,6 @@ from miner.events import EventBus
 from miner.expert_parallel.sync import Control
 from miner.expert_parallel.winners import CompletionSink, RelayedWinner, WinnerSink
 from miner.jobs import JobPoller, JobSource, MiningJob
-from miner.modes import CHOICES
 from miner.persistence import SubmissionStore
 from miner.worker import WorkerConfig
 
@@ -33,8 +32,6 @@ class HostSide:
                                            lambda: self.poller.current)
         self.sink: WinnerSink = sink or CompletionSink(self.completion, stats, self.events)
         self.relayed_by_rank: Counter[int] = Counter()
-        self.paused = ""
-        self.preference = config.mode
         self.stop_requested = threading.Event()
         self.started = time.monotonic()
         self.poller.subscribe(self._on_job)
@@ -48,7 +45,7 @@ class HostSide:
 
     def control(self) -> Control:
         """What every rank applies at this step."""
-        return Control(self.poller.current, self.preference, not self.paused, self.finished())
+        return Control(self.poller.current, self.config.mode, self.finished())
 
     def finished(self) -> bool:
         c = self.config
@@ -62,20 +59,6 @@ class HostSide:
         for winner in relayed:
             self.relayed_by_rank[winner.rank] += 1
             self.sink.deliver(winner)
-
-    def pause(self, reason: str) -> None:
-        self.paused = reason or "paused"
-        self.events.publish("paused", self.paused)
-
-    def resume(self) -> None:
-        self.paused = ""
-        self.events.publish("resumed", "mining resumed")
-
-    def set_mode(self, mode: str) -> None:
-        if mode not in CHOICES:
-            raise ValueError(f"mode {mode!r} is not one of {CHOICES}")
-        self.preference = mode
-        self.events.publish("mode_preference", f"mode preference set to {mode}")
 
     def check_blocks(self) -> None:
         """Account the blocks of submitted jobs the chain has moved past (accepted or not)."""

@@ -15,8 +15,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from miner.expert_parallel.exchange import Route, combine, dispatch, exchange_counts
-from miner.expert_parallel.plan import ExpertPlan
+from miner.expert_parallel.exchange import combine, dispatch, exchange_counts
+from miner.expert_parallel.plan import ExpertPlan, owners
 from miner.model.moe import Fc1Launcher, MoEBlock, grouped_fc1
 from miner.model.transformer import MoETransformer
 
@@ -41,6 +41,7 @@ class ExpertParallelMoE(nn.Module):
             raise ValueError(f"plan covers {plan.num_experts} experts, the block has {block.cfg.num_experts}")
         self.cfg, self.layer_id = block.cfg, block.layer_id
         self.plan, self.rank, self.group = plan, rank, group
+        self.register_buffer("bounds", plan.boundaries(), persistent=False)  # moves with the model
         local = plan.local_slice(rank)
         self.router = block.router
         self.w13 = nn.Parameter(block.w13.detach()[local].clone())
@@ -70,11 +71,11 @@ class ExpertParallelMoE(nn.Module):
     def _routed(self, flat: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         tokens, top_k = ids.shape
         experts = ids.reshape(-1).to(torch.int64)  # (token, slot) order
-        dest = self.plan.owners(experts)
+        dest = owners(experts, self.bounds)
         order = torch.sort(dest, stable=True).indices
         send_counts = torch.bincount(dest, minlength=self.plan.world_size)
         route = exchange_counts(send_counts, self.group)
-        local_ids = experts[order] - self.plan.boundaries(experts.device)[dest[order]]
+        local_ids = experts[order] - self.bounds[dest[order]]
         rows = dispatch(flat[order // top_k], route, self.group)
         recv_ids, recv_weights = unpack_meta(dispatch(pack_meta(local_ids, weights.reshape(-1)[order]),
                                                       route, self.group))

@@ -41,5 +41,9 @@ class ExpertPlan:
 
     def owners(self, experts: torch.Tensor) -> torch.Tensor:
         """The owning rank of each global expert id (same shape, int64)."""
-        bounds = self.boundaries(experts.device)
-        return torch.bucketize(experts.to(torch.int64), bounds[1:], right=True)
+        return owners(experts, self.boundaries(experts.device))
+
+
+def owners(experts: torch.Tensor, bounds: torch.Tensor) -> torch.Tensor:
+    """The owning rank of each expert id, given a plan's ``boundaries()`` on the same device."""
+    return torch.bucketize(experts.to(torch.int64), bounds[1:], right=True)

@@ -76,7 +76,10 @@ class JobPreparer:
                 if self._stop:
                     return
                 wanted, self._wanted = self._wanted, None
-            self.worker.prepare(*wanted)
+            try:
+                self.worker.prepare(*wanted)
+            except Exception:  # a backend's bug must not end job handling; launches stay unmined
+                log.exception("rank %d: preparing the job failed", self.worker.ctx.rank)
 
 
 class _SteppedModel:
@@ -111,7 +114,7 @@ class ExpertParallelWorker:
         self.shards = shard_model(model, self.plan, ctx.rank, ctx.group)
         self.model = model.to(ctx.device)
         self.stats = MiningStats()
-        self.control = Control(None, config.mode, True, False)  # the last one applied
+        self.control = Control(None, config.mode, False)  # the last one applied
         self.mode, self.mode_reason = Mode.OFF, "no current job"
         self.cooldown_until = 0.0
         self.steps = 0
@@ -128,8 +131,7 @@ class ExpertParallelWorker:
 
     # -- mining state -------------------------------------------------------------------------
     def may_mine(self) -> bool:
-        return (self.control.mining_allowed and self.mode != Mode.OFF
-                and time.monotonic() >= self.cooldown_until)
+        return self.mode != Mode.OFF and time.monotonic() >= self.cooldown_until
 
     def _oom(self, exc: MemoryError) -> None:
         self.cooldown_until = time.monotonic() + self.config.oom_cooldown_s
@@ -205,11 +207,11 @@ class ExpertParallelWorker:
 
     def shutdown(self, build_timeout_s: float = 60.0) -> dict[str, Any] | None:
         """Finish every rank's proofs, relay them, drain the submitter; rank 0 returns the summary."""
-        self.preparer.stop()
         if not self.builder.flush(build_timeout_s):
             log.error("rank %d: proofs still building after %.0f s are not relayed", self.ctx.rank,
                       build_timeout_s)
         self.step()  # the last winners; every rank makes this call once more, so all match
+        self.preparer.stop()
         persisted = self.host.shutdown() if self.host is not None else 0
         return self._summary(persisted)
 

@@ -1,7 +1,7 @@
 """The per-step exchange between ranks, on a gloo group (host memory, never a GPU stream).
 
 Before every forward pass rank 0 hands every rank its ``Control`` (the current job, the mode
-preference, whether mining is allowed, whether to stop) and every rank hands rank 0 its finished
+preference, whether to stop) and every rank hands rank 0 its finished
 winners. Steps are lockstep points all ranks pass anyway (each forward holds all-to-alls), so one
 poller serves the host: the other ranks never talk to the job source, and every rank mines the
 same job from the same step on.
@@ -25,8 +25,7 @@ from miner.jobs import MiningJob
 @dataclass(frozen=True)
 class Control:
     job: MiningJob | None
-    preference: str
-    mining_allowed: bool
+    preference: str  # the mode preference (auto, off or a mode)
     stop: bool
 
 
