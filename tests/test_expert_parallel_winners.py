@@ -3,10 +3,14 @@
 Three gloo ranks run the expert-parallel worker with a backend that plants one winner per local
 expert per launch, while rank 0's job source moves to a new job every few polls (so winners turn
 stale and redundant as well as proved). Every planted winner must appear in rank 0's ledger once:
-none lost, none twice. A second run mines real INT7 proofs on two ranks against the devnet.
+none lost, none twice. A second run, through torchrun and the entry point, mines real INT7 proofs
+on two ranks against the devnet.
 """
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -14,10 +18,8 @@ from miner.expert_parallel.runtime import ExpertParallelWorker
 from miner.expert_parallel.winners import Outcome, RelayedWinner
 from miner.jobs import MiningJob
 from miner.model import preset
-from miner.sources import GatewaySource
 from miner.worker import WorkerConfig
 from node_client.devnet import start_devnet
-from node_client.pearld import PearldClient
 from test_expert_parallel_support import EPContext, PlantedBackend, job, load_all, run_ranks, save
 
 SMALL = dict(hidden_size=256, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=64, vocab_size=512,
@@ -89,29 +91,28 @@ def test_planted_winners_from_every_rank_reach_rank0_exactly_once(tmp_path: Path
             assert w.built.proof_b64 == "proof-" + w.record.ticket.hex() and w.verdict == (True, "ok")
 
 
-def _devnet_body(ctx: EPContext, out_dir: Path, gateway: str, pearld: tuple[str, str, str]) -> None:
-    config = WorkerConfig(model=preset("qwen3_moe", **TINY_INT7), network="regtest",
-                          data_dir=out_dir / "data", batch_size=2, prompt_len=32, max_new_tokens=2,
-                          min_mining_tokens=4, poll_interval=0.1, duration_s=150, max_blocks=2)
-    source = GatewaySource(gateway, PearldClient(*pearld, retries=0, timeout=5.0)) if ctx.rank == 0 else None
-    worker = ExpertParallelWorker(config, ctx, source)
-    worker.start()
-    worker.serve()
-    summary = worker.shutdown()
-    save(out_dir, ctx.rank, summary)
-
-
-def test_two_ranks_mine_accepted_devnet_blocks(tmp_path: Path) -> None:
+def test_torchrun_two_ranks_mine_accepted_devnet_blocks(tmp_path: Path) -> None:
+    """The entry point under torchrun: 2 gloo ranks mine real INT7 proofs for a devnet."""
+    model = tmp_path / "model.json"
+    model.write_text(json.dumps({"model_type": "qwen3_moe", **TINY_INT7}))
     with start_devnet("regtest", datadir=tmp_path / "chain") as devnet:
         start = devnet.chain.height
-        run_ranks(2, _devnet_body, tmp_path, devnet.gateway_address,
-                  (devnet.pearld_url, devnet.rpc_user, devnet.rpc_password))
+        done = subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+             "-m", "miner.expert_parallel.run", "--device", "cpu", "--model", str(model),
+             "--batch-size", "2", "--prompt-len", "32", "--max-new-tokens", "2", "--min-mining-tokens", "4",
+             "--gateway", devnet.gateway_address, "--pearld", devnet.pearld_url,
+             "--pearld-user", devnet.rpc_user, "--pearld-password", devnet.rpc_password,
+             "--max-blocks", "2", "--duration", "150", "--data-dir", str(tmp_path / "data"),
+             "--summary", str(tmp_path / "summary.json")],
+            capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
         devnet.gateway.wait_idle()
         results = devnet.gateway.results()
         height = devnet.chain.height
-    summary = load_all(tmp_path, 2)[0]
-    assert summary["accepted"] >= 2 and height >= start + 2
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["accepted"] >= 2 and height >= start + 2
     assert all(summary["relayed_by_rank"][str(rank)] > 0 for rank in range(2)), summary["relayed_by_rank"]
     assert summary["submitted"] == len(results) and all(r.status in ("accepted", "stale") for r in results)
     assert summary["verify_failed"] == 0 and summary["refused_by_rules"] == 0
-    assert all(r["credited_work"] > 0 for r in summary["ranks"])
+    assert all(r["credited_work"] > 0 and r["local_experts"] == 2 for r in summary["ranks"])
