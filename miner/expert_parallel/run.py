@@ -24,6 +24,7 @@ from miner.expert_parallel.distributed import EPContext, connect_from_env, disco
 from miner.expert_parallel.runtime import ExpertParallelWorker
 from miner.jobs import JobSource
 from miner.model import load_config
+from miner.progress import ProgressDisplay
 from miner.sources import GatewaySource
 from miner.worker import BackendFactory, WorkerConfig, cpu_backend
 
@@ -108,11 +109,14 @@ def run(args: argparse.Namespace, config: WorkerConfig, factory: BackendFactory,
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
+        display = ProgressDisplay(host.events) if host is not None else None  # rank 0 prints events
         worker.start()
         try:
-            worker.serve()
+            worker.serve(on_batch=display.flush_events if display is not None else lambda: None)
         finally:
             summary = worker.shutdown()
+        if display is not None:
+            display.flush_events()
     return summary
 
 

@@ -13,7 +13,7 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -192,7 +192,7 @@ class ExpertParallelWorker:
         if self.host is not None:
             self.host.start()
 
-    def serve(self) -> None:
+    def serve(self, on_batch: Callable[[], None] = lambda: None) -> None:
         """Serve batches in lockstep until rank 0 says stop (or ``max_batches`` on every rank);
         the serving figures restart after ``warmup_batches``."""
         batches = 0
@@ -202,6 +202,7 @@ class ExpertParallelWorker:
                 self.generator.stats = ServeStats()
             if self.host is not None:
                 self.host.check_blocks()
+            on_batch()
             if self.control.stop or (self.max_batches is not None and batches >= self.max_batches):
                 return
 
