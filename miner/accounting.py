@@ -31,6 +31,7 @@ class MiningStats:
     resubmitted: int = 0
     dropped_stale: int = 0
     oom_events: int = 0
+    mining_errors: int = 0
     rejected_reasons: Counter = field(default_factory=Counter)
     _recent: deque = field(default_factory=deque, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -69,7 +70,7 @@ class MiningStats:
             out = {name: getattr(self, name) for name in (
                 "credited_work", "tickets", "launches_mined", "launches_unmined", "winners",
                 "proofs_built", "verify_failed", "refused_by_rules", "submitted", "accepted",
-                "rejected", "persisted", "resubmitted", "dropped_stale", "oom_events")}
+                "rejected", "persisted", "resubmitted", "dropped_stale", "oom_events", "mining_errors")}
             out["rejected_reasons"] = dict(self.rejected_reasons)
         out["hashrate"] = self.hashrate
         return out

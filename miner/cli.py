@@ -121,7 +121,7 @@ def _print_status(status: dict[str, Any], status_line: Any) -> None:
     mining, serving = status["mining"], status["serving"]
     for key in ("credited_work", "tickets", "launches_mined", "launches_unmined", "winners", "proofs_built",
                 "verify_failed", "refused_by_rules", "submitted", "accepted", "rejected", "persisted",
-                "resubmitted", "dropped_stale", "oom_events", "pending_winners"):
+                "resubmitted", "dropped_stale", "oom_events", "mining_errors", "pending_winners"):
         mining[key] = int(mining.get(key, 0))
     for key in ("requests", "prefill_tokens", "decode_tokens"):
         serving[key] = int(serving.get(key, 0))
@@ -135,7 +135,8 @@ def _print_status(status: dict[str, Any], status_line: Any) -> None:
     print(f"  mining: hashrate {mining['hashrate']:.3g} work/s, launches mined {mining['launches_mined']} "
           f"unmined {mining['launches_unmined']}, proofs {mining['proofs_built']}, "
           f"verify failed {mining['verify_failed']}, refused by rules {mining['refused_by_rules']}, "
-          f"persisted {mining['persisted']}, pending {mining['pending_winners']}")
+          f"persisted {mining['persisted']}, pending {mining['pending_winners']}, "
+          f"OOM {mining['oom_events']}, errors {mining['mining_errors']}")
     for reason, count in sorted(mining.get("rejected_reasons", {}).items()):
         print(f"  rejected {int(count)}x: {reason}")
 

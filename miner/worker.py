@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from miner.accounting import MiningStats
 from miner.backend import MiningBackend
 from miner.completion import CompletionWorker
@@ -46,7 +48,7 @@ class WorkerConfig:
     poll_interval: float = 1.0
     backoff_initial_s: float = 0.5
     backoff_max_s: float = 30.0
-    oom_cooldown_s: float = 30.0
+    oom_cooldown_s: float = 30.0  # after any mining fault, OOM or not (name kept for callers)
     duration_s: float | None = None
     max_blocks: int | None = None
 
@@ -91,7 +93,7 @@ class Worker:
         self._lock = threading.Lock()
         self.stop_requested = threading.Event()
         self.layers = [MinedLayer(block.layer_id, self.stats, self.may_mine, self.completion.offer,
-                                  self._oom, config.min_mining_tokens) for block in self.model.moe_blocks]
+                                  self._mining_fault, config.min_mining_tokens) for block in self.model.moe_blocks]
         for block, layer in zip(self.model.moe_blocks, self.layers):
             block.launcher = layer
         self.poller.subscribe(self._on_job)
@@ -109,11 +111,14 @@ class Worker:
             return "cooldown"
         return "mining" if c.mode != Mode.OFF and self.poller.current is not None else "waiting"
 
-    def _oom(self, exc: Exception) -> None:
+    def _mining_fault(self, exc: Exception) -> None:
+        """A launch's mining failed (it was served unmined): cool down, count, tell."""
         self.control.cooldown_until = time.monotonic() + self.config.oom_cooldown_s
-        self.stats.add("oom_events")
-        self.events.publish("oom", f"out of memory while mining ({exc}); serving unmined for "
-                                   f"{self.config.oom_cooldown_s:.0f} s")
+        oom = isinstance(exc, (MemoryError, torch.OutOfMemoryError))
+        self.stats.add("oom_events" if oom else "mining_errors")
+        what = "out of memory while mining" if oom else f"mining failed ({type(exc).__name__})"
+        self.events.publish("oom" if oom else "error",
+                            f"{what}: {exc}; serving unmined for {self.config.oom_cooldown_s:.0f} s")
 
     # -- jobs and modes (job thread) ----------------------------------------------------------
     def _on_job(self, job: MiningJob | None) -> None:

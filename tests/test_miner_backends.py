@@ -141,25 +141,25 @@ def test_fp8_launch_finds_a_verifying_v4_proof() -> None:
 class FlakyBackend:
     name = "flaky"
 
-    def __init__(self) -> None:
-        self.calls = 0
+    def __init__(self, error: Exception) -> None:
+        self.calls, self.error = 0, error
 
     def mine_launch(self, x: torch.Tensor, ids: torch.Tensor) -> LaunchResult:
         self.calls += 1
-        raise MemoryError("out of memory in the mining buffers")
+        raise self.error
 
 
 def test_mined_layer_serves_unmined_when_mining_cannot_run(launch_inputs) -> None:
     x, ids, w13 = launch_inputs
-    stats, ooms, allowed = MiningStats(), [], [True]
-    layer = MinedLayer(0, stats, lambda: allowed[0], lambda b, r: None, ooms.append, min_tokens=16)
+    stats, faults, allowed = MiningStats(), [], [True]
+    layer = MinedLayer(0, stats, lambda: allowed[0], lambda b, r: None, faults.append, min_tokens=16)
     reference = grouped_fc1(x, ids, w13)
     torch.testing.assert_close(layer.launch(x, ids, w13), reference)  # no backend yet
-    backend = FlakyBackend()
-    layer.backend = backend  # type: ignore[assignment]
-    torch.testing.assert_close(layer.launch(x, ids, w13), reference)  # OOM: served unmined
-    assert len(ooms) == 1 and backend.calls == 1
+    for error in (MemoryError("host"), torch.OutOfMemoryError("device"), ValueError("values must be finite")):
+        layer.backend = FlakyBackend(error)  # type: ignore[assignment]
+        torch.testing.assert_close(layer.launch(x, ids, w13), reference)  # served unmined
+    assert [type(f) for f in faults] == [MemoryError, torch.OutOfMemoryError, ValueError]
     torch.testing.assert_close(layer.launch(x[:8], ids[:8], w13), reference[:8])  # too few tokens
     allowed[0] = False
     layer.launch(x, ids, w13)  # paused / cooling down
-    assert backend.calls == 1 and stats.launches_unmined == 4 and stats.launches_mined == 0
+    assert layer.backend.calls == 1 and stats.launches_unmined == 6 and stats.launches_mined == 0

@@ -52,7 +52,7 @@ def test_pause_resume_and_set_mode(running) -> None:
         wait_until(lambda: worker.generator.stats.requests > served + 1, 30, "serving while paused")
         assert worker.stats.launches_mined == mined
         assert client.resume().state == "mining"
-        worker._oom(MemoryError("test"))  # what the mined layer reports on an OOM
+        worker._mining_fault(MemoryError("test"))  # what the mined layer reports on an OOM
         assert client.status().state == "cooldown" and client.status().mining.oom_events == 1
         assert client.resume().state == "mining"  # an operator may end the cooldown
         assert client.set_mode("int7-dense").mode == "int7-dense"
