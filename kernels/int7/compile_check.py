@@ -1,0 +1,110 @@
+"""Compile every kernels.int7 Triton kernel for sm_90a without a GPU and report its resources.
+
+    PEARL_INT7_INTERPRET=0 python -m kernels.int7.compile_check
+
+Prints one JSON line per kernel variant: registers, local-memory stack (spills), shared memory.
+Run in its own process with PEARL_INT7_INTERPRET=0 (kernels.int7 picks the interpreter at import
+when there is no CUDA device). tests/test_int7_gpu_compile.py runs it in CI.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from . import blake3, mined_gemm, noise, winner
+from ._jit import INTERPRETING
+
+TARGET = GPUTarget("cuda", 90, 32)
+_GEMM_SIGNATURE = {
+    "an_ptr": "*i8", "ac_ptr": "*i8", "bt_ptr": "*i8", "limb_ptr": "*i8", "ub_ptr": "*i8",
+    "key_ptr": "*i32", "bound_ptr": "*i32", "mvalid_ptr": "*i32", "record_ptr": "*i32",
+    "sa_ptr": "*fp32", "sb_ptr": "*fp32", "out_ptr": "*bf16", "out32_ptr": "*i32", "dump_ptr": "*i32",
+    "E": "i32", "M": "i32", "N": "i32", "K": "i32", "NC": "i32",
+    **{name: "constexpr" for name in ("R", "BM", "BN", "BK", "H", "W", "MINE", "PEEL", "WRITE_I32", "DUMP")},
+}
+
+
+def _variants() -> list[tuple[str, object, dict, dict, int, int]]:
+    """(name, kernel, signature, constexprs, num_warps, num_stages) of the variants the miner uses."""
+    lanes = {"LANES": 64}
+    out = [
+        ("blake3_chunks", blake3._chunk_kernel,
+         {"data_ptr": "*i32", "key_ptr": "*i32", "key_stride": "i32", "out_ptr": "*i32",
+          "words_per_instance": "i32", "chunks_per_instance": "i32", "total_chunks": "i32",
+          "last_flags": "i32", "LANES": "constexpr"}, lanes, 4, 1),
+        ("blake3_parents", blake3._parent_kernel,
+         {"level_ptr": "*i32", "key_ptr": "*i32", "key_stride": "i32", "out_ptr": "*i32", "count": "i32",
+          "parents": "i32", "total": "i32", "flags": "i32", "LANES": "constexpr"}, lanes, 4, 1),
+        ("blake3_blocks", blake3._block_kernel,
+         {"key_ptr": "*i32", "key_stride": "i32", "msg_ptr": "*i32", "out_ptr": "*i32", "total": "i32",
+          "flags": "i32", "LANES": "constexpr"}, lanes, 4, 1),
+    ]
+    for sparse, pointer in ((0, "*i8"), (1, "*i32")):
+        out.append((f"noise_{'sparse' if sparse else 'uniform'}", noise._prng_kernel,
+                    {"key_ptr": "*i32", "label_ptr": "*i32", "out_ptr": pointer, "second_ptr": pointer,
+                     "blocks": "i32", "total": "i32", "limit": "i32", "rank": "i32",
+                     "SPARSE": "constexpr", "LANES": "constexpr"}, {"SPARSE": sparse, **lanes}, 4, 1))
+    out.append(("retain", winner._retain_kernel,
+                {"record_ptr": "*i32", "src_ptr": "*i32", "dst_ptr": "*i32", "per_instance": "i32",
+                 "USE_INDEX": "constexpr", "BLOCK": "constexpr"}, {"USE_INDEX": 1, "BLOCK": 1024}, 4, 1))
+    gemms = [("decode", 16, 128, 4, 4), ("prefill", 128, 64, 8, 3)]
+    for regime, bm, bn, warps, stages in gemms:
+        for label, mine, peel in (("mined", 1, 1), ("unmined", 0, 0)):
+            constexprs = {"R": 128, "BM": bm, "BN": bn, "BK": 128, "H": 16, "W": 16, "MINE": mine,
+                          "PEEL": peel, "WRITE_I32": 0, "DUMP": 0}
+            out.append((f"gemm_{regime}_{label}_{bm}x{bn}x128", mined_gemm._mined_gemm_kernel,
+                        _GEMM_SIGNATURE, constexprs, warps, stages))
+    return out
+
+
+def _resources(cubin: bytes) -> dict[str, int]:
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as handle:
+        handle.write(cubin)
+        handle.flush()
+        text = subprocess.run([str(tool), "--dump-resource-usage", handle.name], capture_output=True,
+                              text=True, check=True).stdout
+    found = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", text)
+    if found is None:
+        raise RuntimeError(f"cuobjdump printed no resource usage: {text[:300]}")
+    return {"registers": int(found[1]), "stack_bytes": int(found[2]), "local_bytes": int(found[4])}
+
+
+def compile_all() -> list[dict]:
+    """Compile each variant for sm_90a (pointers and M, N, K 16-aligned, as the JIT specialises
+    them at launch for the bench shapes) and measure it."""
+    if INTERPRETING:
+        raise RuntimeError("set PEARL_INT7_INTERPRET=0 before importing kernels.int7 to compile")
+    results = []
+    for name, kernel, signature, constexprs, warps, stages in _variants():
+        aligned = [i for i, (arg, kind) in enumerate(signature.items())
+                   if kind.startswith("*") or arg in ("M", "N", "K")]
+        attrs = {(i,): [["tt.divisibility", 16]] for i in aligned}
+        compiled = triton.compile(ASTSource(fn=kernel, signature=dict(signature), constexprs=constexprs,
+                                            attrs=attrs), target=TARGET,
+                                  options={"num_warps": warps, "num_stages": stages})
+        results.append({"kernel": name, "num_warps": warps, "num_stages": stages,
+                        "shared_bytes": compiled.metadata.shared, **_resources(compiled.asm["cubin"])})
+    return results
+
+
+def main() -> int:
+    for result in compile_all():
+        print(json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    if os.environ.get("PEARL_INT7_INTERPRET") != "0":
+        print("run with PEARL_INT7_INTERPRET=0", file=sys.stderr)
+        sys.exit(2)
+    sys.exit(main())
