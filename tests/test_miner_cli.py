@@ -35,3 +35,12 @@ def test_run_argument_errors_are_named(tmp_path, capsys) -> None:
     assert "--network is required" in capsys.readouterr().err
     assert cli.main(["run", "--model", "no-such-model", "--data-dir", str(tmp_path)]) == 2
     assert "neither a preset" in capsys.readouterr().err
+
+
+def test_devnet_subcommand_is_the_node_clients_cli(tmp_path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "miner.cli", "devnet", "--datadir", str(tmp_path / "chain"), "--rpc-port", "0",
+         "--gateway-port", "0", "--mine", "1", "--exit-after-mining"],
+        env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "accepted, height 1" in proc.stdout
