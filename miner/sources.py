@@ -58,13 +58,13 @@ class GatewaySource:
         except (gateway.GatewayError, gateway.SchemaError) as exc:
             raise SubmissionRefused(str(exc)) from exc
 
-    def block_status(self, job: MiningJob) -> bool | None:
-        """True when the chain's tip or its parent is the block mined on ``job``; None if unknown."""
+    def block_status(self, job: MiningJob, depth: int = 6) -> bool | None:
+        """True when one of the chain's last ``depth`` blocks was mined on ``job``; None if unknown."""
         if self.pearld is None:
             return None
         try:
             tip = self.pearld.getbestblockhash()
-            for _ in range(2):
+            for _ in range(depth):
                 raw = self.pearld.getblockheader(tip, False)
                 if not isinstance(raw, bytes) or len(raw) != 108:
                     return None
