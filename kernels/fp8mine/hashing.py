@@ -49,26 +49,23 @@ def _compress_len(k0, k1, k2, k3, k4, k5, k6, k7,
 
 
 @jit
-def _short_kernel(key_ptr, key_stride, msg_ptr, out_ptr, total, nbytes, keyed,
-                  BLOCKS: tl.constexpr, LANES: tl.constexpr):
-    """out[i] = BLAKE3 of msg[i] (nbytes ≤ 64·BLOCKS, zero-padded words) under key[i] or the IV."""
+def _short_kernel(key_ptr, key_stride, msg_ptr, out_ptr, total, nbytes, blocks, keyed, LANES: tl.constexpr):
+    """out[i] = BLAKE3 of msg[i] (nbytes ≤ 64·blocks, zero-padded words) under key[i] or the IV.
+
+    The block loop is dynamic so one compiled kernel serves every message length (an unrolled
+    compression is slow to compile)."""
     lane = tl.program_id(0) * LANES + tl.arange(0, LANES)
     live = lane < total
     row = lane.to(tl.int64)
     c0, c1, c2, c3, c4, c5, c6, c7 = load_words8(key_ptr + row * key_stride, live)
-    base = msg_ptr + row * (16 * BLOCKS)
+    base = msg_ptr + row * (16 * blocks)
     keyed_flag = tl.where(keyed != 0, 16, 0).to(tl.uint32)
-    for block in tl.static_range(BLOCKS):
+    for block in range(blocks):
         m0, m1, m2, m3, m4, m5, m6, m7 = load_words8(base + block * 16, live)
         m8, m9, m10, m11, m12, m13, m14, m15 = load_words8(base + block * 16 + 8, live)
-        flags = keyed_flag
-        if block == 0:
-            flags = flags | 1
-        if block == BLOCKS - 1:
-            flags = flags | (2 | 8)
-            block_len = nbytes - 64 * (BLOCKS - 1)
-        else:
-            block_len = 64
+        last = block == blocks - 1
+        flags = keyed_flag | tl.where(block == 0, 1, 0).to(tl.uint32) | tl.where(last, 2 | 8, 0).to(tl.uint32)
+        block_len = tl.where(last, nbytes - 64 * (blocks - 1), 64).to(tl.uint32)
         c0, c1, c2, c3, c4, c5, c6, c7 = _compress_len(
             c0, c1, c2, c3, c4, c5, c6, c7,
             m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15,
@@ -97,7 +94,7 @@ def hash_short(keys: torch.Tensor | None, message: torch.Tensor) -> torch.Tensor
     out = torch.empty((rows, 8), dtype=torch.int32, device=message.device)
     _short_kernel[(triton.cdiv(rows, _LANES),)](
         key_words.contiguous(), 0 if key_words.shape[0] == 1 else 8, padded.view(torch.int32), out,
-        rows, nbytes, int(keys is not None), BLOCKS=blocks, LANES=_LANES)
+        rows, nbytes, blocks, int(keys is not None), LANES=_LANES)
     return out
 
 
