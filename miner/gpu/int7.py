@@ -1,0 +1,164 @@
+"""INT7 mining (certificates V1–V3) on the model's device with kernels.int7's pipeline.
+
+- ``int7-dense`` (the mainnet dense-only fallback): each expert's FC1 is its own dense instance,
+  A_e = the expert's routed tokens plus zero rows up to the launch's M.
+- ``int7-moe``: one instance per launch over all tokens (plus zero phantom tokens, so that every
+  expert lists M rows; ``miner.gpu.layout``), the routing folded into s_A.
+
+Per job (``prepare_job``, the job thread): the weights are quantised per output column to int7
+once (cached while the weights are unchanged), then kernels.int7.pipeline.prepare_job commits,
+seeds and noises them on a side stream. Per launch (the serving thread): one host sync for the
+expert counts, then the device-only mined pass (A side, mined GEMM, peel, winner snapshot); its
+bf16 output is the layer's FC1 output.
+
+Winners: the pass's doorbell is read from pinned memory without waiting (a record is visible only
+once complete), so a launch's winner is reported by that launch or a later one. The pass keeps the
+winning operands until ``build_proof`` (the completion thread) opens them and re-arms it.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import torch
+
+from kernels.int7.pipeline import MinedPass
+from kernels.int7.pipeline import MiningJob as DeviceJob
+from kernels.int7.pipeline import prepare_job as prepare_device_job
+from kernels.int7.quant import quantize_int7
+from miner.backend import BuiltProof, LaunchResult, WinnerRecord
+from miner.gpu.layout import Layout, layout
+from miner.gpu.streams import SideWork
+from miner.jobs import MiningJob
+from miner.modes import Mode
+from proof.int7 import MiningConfig, PlainProof, mining_bound, public_data, verify_plain_proof
+
+RANK = 128  # the rank-penalty floor; needs k >= 16 · 128 = 2048
+TILE_H, TILE_W = 2, 16  # contiguous lottery tiles (the GPU pass's rule); h·w = 32
+ROW_BLOCK = 16  # the mined GEMM's smallest row block: M is a multiple of it
+MAX_PASSES = 8  # launch shapes kept per job (each holds static buffers)
+
+
+@dataclass(frozen=True)
+class _Weights:
+    key: tuple[int, int, tuple[int, ...]]
+    codes: torch.Tensor  # (E, N, K) int8 in [-64, 64]
+    scales: torch.Tensor  # (E, N) float32
+
+
+def int7_proof(job: MiningJob, proof: PlainProof) -> BuiltProof:
+    """The wire form (legacy for V1) and the public data of an INT7 plain proof."""
+    cert = job.cert_version
+    return BuiltProof(proof.to_base64(legacy=cert == 1), public_data(job.header76, proof, cert_version=cert), cert)
+
+
+def verify_int7(record: WinnerRecord, built: BuiltProof) -> tuple[bool, str]:
+    """proof.int7's plain-proof verifier on the submitted bytes, at the job's difficulty."""
+    proof = PlainProof.from_base64(built.proof_b64)
+    return verify_plain_proof(record.job.header76, proof, bits=record.job.bits, cert_version=built.cert_version)
+
+
+class GpuInt7Backend:
+    """The INT7 MiningBackend of one MoE layer on its weights' device."""
+
+    def __init__(self, mode: Mode, layer_id: int, experts: int, top_k: int) -> None:
+        if mode not in (Mode.INT7_MOE, Mode.INT7_DENSE):
+            raise ValueError(f"GpuInt7Backend mines int7-moe or int7-dense, not {mode.value}")
+        self.name = f"gpu-{mode.value}"
+        self.mode, self.layer_id, self.experts, self.top_k = mode, layer_id, experts, top_k
+        self.moe = mode == Mode.INT7_MOE
+        self._lock = threading.Lock()  # launches and job changes; proofs only read retained state
+        self._weights: _Weights | None = None
+        self._job: MiningJob | None = None
+        self._device_job: DeviceJob | None = None
+        self._side: SideWork | None = None
+        self._passes: dict[tuple[int, int], MinedPass] = {}
+        self._reported: set[bytes] = set()
+
+    def prepare_job(self, job: MiningJob, weights: torch.Tensor) -> None:
+        """Quantise (once per weights) and prepare the job's B side on a side stream."""
+        experts, n, k = weights.shape
+        if experts != self.experts:
+            raise ValueError(f"weights hold {experts} experts, the layer has {self.experts}")
+        config = MiningConfig(k, RANK, tuple(range(TILE_H)), tuple(range(TILE_W)),
+                              experts if self.moe else 0, self.top_k if self.moe else 0)
+        config.check_limits()
+        if n % ROW_BLOCK:
+            raise ValueError(f"FC1 has {n} columns per expert; the mined GEMM needs a multiple of {ROW_BLOCK}")
+        side = SideWork(weights.device)
+        with self._lock:
+            with side.run():
+                cached = self._quantized(weights)
+                device_job = prepare_device_job(cached.codes, cached.scales, header76=job.header76,
+                                                config=config, cert_version=job.cert_version,
+                                                bound=mining_bound(job.bits, config, job.cert_version),
+                                                moe=self.moe, stream=side.stream)
+            self._job, self._device_job, self._side = job, device_job, side
+            self._passes, self._reported = {}, set()
+
+    def _quantized(self, weights: torch.Tensor) -> _Weights:
+        key = (weights.data_ptr(), weights._version, tuple(weights.shape))
+        if self._weights is None or self._weights.key != key:
+            codes, scales = quantize_int7(weights.detach())
+            self._weights = _Weights(key, codes.contiguous(), scales.contiguous())
+        return self._weights
+
+    def mine_launch(self, activations: torch.Tensor, routing: torch.Tensor) -> LaunchResult:
+        with self._lock:
+            job, device_job, side = self._job, self._device_job, self._side
+            if job is None or device_job is None or side is None:
+                raise RuntimeError("mine_launch before prepare_job")
+            side.ready()
+            plan = layout(routing, self.experts, ROW_BLOCK, moe=self.moe)
+            mined = self._pass(device_job, plan)
+            x = activations.detach()
+            pad = x.new_zeros(max(1, plan.phantoms), x.shape[1])
+            if self.moe:
+                out = mined.run(torch.cat([x, pad[:plan.phantoms]]), plan.row_token.view(self.experts, -1).to(torch.int32))
+            else:
+                out = mined.run(torch.cat([x, pad[:1]]).index_select(0, plan.row_token).view(self.experts, plan.rows, -1))
+            n = out.shape[-1]
+            output = out.view(-1, n).index_select(0, plan.slot_of).view(*routing.shape, n).to(activations.dtype)
+            winners = self._winners(job)
+        k = activations.shape[1]
+        tickets = self.experts * (plan.rows // TILE_H) * (n // TILE_W)
+        return LaunchResult(output, winners, plan.credited_rows(TILE_H) * n * k, tickets)
+
+    def _pass(self, device_job: DeviceJob, plan: Layout) -> MinedPass:
+        shape = (plan.rows, plan.tokens + plan.phantoms)
+        mined = self._passes.get(shape)
+        if mined is None:
+            if len(self._passes) >= MAX_PASSES:
+                self._passes.pop(next(iter(self._passes)))
+            mined = MinedPass(device_job, plan.rows, tokens=shape[1] if self.moe else None)
+            self._passes[shape] = mined
+        return mined
+
+    def _winners(self, job: MiningJob) -> list[WinnerRecord]:
+        """Records whose doorbell rang and that were not reported yet (one per held pass)."""
+        found = []
+        for mined in self._passes.values():
+            record = mined.winner_record()
+            if record is None or record["ticket"] in self._reported:
+                continue
+            self._reported.add(record["ticket"])
+            found.append(WinnerRecord(job, self.mode.value, self.layer_id, record["instance"], record["t_rows"],
+                                      record["t_cols"], record["ticket"], mined))
+        return found
+
+    def build_proof(self, record: WinnerRecord) -> BuiltProof:
+        """Open the held winner from the pass's snapshot and the job's B side; re-arm the pass."""
+        mined: MinedPass = record.retained
+        try:
+            held = mined.winner_record()
+            if held is None or held["ticket"] != record.ticket:
+                raise RuntimeError(f"layer {self.layer_id}: the pass no longer holds this winner")
+            proof = mined.take_proof()
+        finally:
+            mined.slot.rearm()
+        if proof is None:
+            raise RuntimeError(f"layer {self.layer_id}: the winner vanished while its proof was built")
+        return int7_proof(record.job, proof)
+
+    def verify(self, record: WinnerRecord, built: BuiltProof) -> tuple[bool, str]:
+        return verify_int7(record, built)
