@@ -36,6 +36,7 @@ from .pipeline import MinedGemm
 from .proofs import take_winner
 from .routing import row_tiles
 
+DEVICE = "cuda"  # `--device cpu` dry-runs the check logic on the CPU backend (slow, no timings)
 FINITE_CODES = np.array([c for c in range(256) if c & 0x7F != 0x7F], dtype=np.uint8)
 
 
@@ -87,8 +88,8 @@ def check_gemm() -> dict:
     rng = np.random.default_rng(0)
     out: dict = {}
     for name, (a_np, b_np) in _operand_sets(rng).items():
-        a = torch.from_numpy(a_np).cuda().view(torch.float8_e4m3fn)
-        b = torch.from_numpy(b_np).cuda().view(torch.float8_e4m3fn)
+        a = torch.from_numpy(a_np).to(DEVICE).view(torch.float8_e4m3fn)
+        b = torch.from_numpy(b_np).to(DEVICE).view(torch.float8_e4m3fn)
         model = fp8_matmul("hopper", a_np, b_np)
         row = {"triton windowed": _compare(matmul(a, b).cpu().numpy(), model)}
         for label, fn in (("scaled_mm per window, fast_accum", lambda: _scaled_mm_windows(a, b, True)),
@@ -101,7 +102,7 @@ def check_gemm() -> dict:
         out[name] = row
     e = rng.choice(FINITE_CODES, (256, 32)).astype(np.uint8)
     f = rng.choice(FINITE_CODES, (512, 32)).astype(np.uint8)
-    got = matmul(torch.from_numpy(e).cuda().view(torch.float8_e4m3fn), torch.from_numpy(f).cuda().view(torch.float8_e4m3fn))
+    got = matmul(torch.from_numpy(e).to(DEVICE).view(torch.float8_e4m3fn), torch.from_numpy(f).to(DEVICE).view(torch.float8_e4m3fn))
     out["noise dot K=32"] = {"triton windowed": _compare(got.cpu().numpy(), fp8_matmul("hopper", e, f))}
     return out
 
@@ -119,16 +120,16 @@ def _chain():
 def _uniform_topk(tokens: int, top_k: int, experts: int) -> torch.Tensor:
     """Every expert gets tokens·top_k/e rows; a token's experts are distinct."""
     ids = (torch.arange(tokens)[:, None] * top_k + torch.arange(top_k)[None, :]) % experts
-    return ids.cuda()
+    return ids.to(DEVICE)
 
 
 def _setup(experts: int, n_e: int, k: int, tokens: int, top_k: int, seed: int, target: int = 0):
     torch.manual_seed(seed)
-    weights = (torch.randn(experts, n_e, k, device="cuda") * 0.05).to(torch.bfloat16)
+    weights = (torch.randn(experts, n_e, k, device=DEVICE) * 0.05).to(torch.bfloat16)
     gemm = MinedGemm(weights, m=tokens, top_k=top_k if experts > 1 else 1, layer_id=1)
     header, ancestors = _chain()
     gemm.set_job(header, ancestors, target)
-    x = torch.randn(tokens, k, device="cuda").to(torch.bfloat16)
+    x = torch.randn(tokens, k, device=DEVICE).to(torch.bfloat16)
     topk = _uniform_topk(tokens, top_k, experts) if experts > 1 else None
     return gemm, weights, x, topk, header
 
@@ -165,7 +166,7 @@ def _stage_report(gemm: MinedGemm, x: torch.Tensor, result) -> dict:
         start = end
     report["accumulator"] = acc_report
     tiles = row_tiles(table)
-    tickets = torch.zeros((tiles.row_start.shape[0], acc.shape[1] // 64, 8), dtype=torch.int32, device="cuda")
+    tickets = torch.zeros((tiles.row_start.shape[0], acc.shape[1] // 64, 8), dtype=torch.int32, device=DEVICE)
     gemm.latch.run(result.acc, tiles, a.pow_key, gemm.threshold, gemm.state.seed_b, {}, tickets=tickets)
     pow_key = bytes(a.pow_key.view(torch.uint8).view(-1).cpu().tolist())
     tickets_np = tickets.cpu().numpy()
@@ -182,12 +183,17 @@ def _stage_report(gemm: MinedGemm, x: torch.Tensor, result) -> dict:
     return report
 
 
+def _sync() -> None:
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+
+
 def check_stages() -> dict:
     out = {}
     for name, args in (("dense", (1, 256, 1024, 32, 1)), ("moe", (4, 128, 1024, 32, 2))):
         gemm, _, x, topk, _ = _setup(*args, seed=3)
         result = gemm.forward(x, topk)
-        torch.cuda.synchronize()
+        _sync()
         out[name] = _stage_report(gemm, x, result)
     return out
 
@@ -198,7 +204,7 @@ def check_planted() -> dict:
         gemm, _, x, topk, header = _setup(*args, seed=5)
         first = gemm.forward(x, topk)
         tiles = row_tiles(first.table)
-        tickets = torch.zeros((tiles.row_start.shape[0], first.acc.shape[1] // 64, 8), dtype=torch.int32, device="cuda")
+        tickets = torch.zeros((tiles.row_start.shape[0], first.acc.shape[1] // 64, 8), dtype=torch.int32, device=DEVICE)
         gemm.latch.run(first.acc, tiles, first.a.pow_key, gemm.threshold, gemm.state.seed_b, {}, tickets=tickets)
         values = {}
         for slot, (row0, expert, local) in enumerate(zip(tiles.row_start.tolist(), tiles.expert.tolist(), tiles.local.tolist())):
@@ -210,7 +216,7 @@ def check_planted() -> dict:
         _, ancestors = _chain()
         gemm.set_job(header, ancestors, target)
         gemm.forward(x, topk)
-        torch.cuda.synchronize()
+        _sync()
         winner = take_winner(gemm)
         record = winner.record
         out[name] = {
@@ -272,7 +278,7 @@ def check_timing() -> dict:
             gemm, weights, x, topk, _ = _setup(experts, n_e, k, tokens, top_k, seed=11)
             result = gemm.forward(x, topk)
             rows = result.table.rflat.long()
-            expert_of_row = torch.searchsorted(result.table.offsets.long(), torch.arange(rows.numel(), device="cuda"), right=True)
+            expert_of_row = torch.searchsorted(result.table.offsets.long(), torch.arange(rows.numel(), device=DEVICE), right=True)
             ref = torch.empty_like(result.out, dtype=torch.float32)
             start = 0
             for w, end in enumerate(result.table.offsets.tolist()):
@@ -282,9 +288,9 @@ def check_timing() -> dict:
             del expert_of_row
             xq = x[rows].to(torch.float8_e4m3fn)
             wq = weights.to(torch.float8_e4m3fn)
-            offsets = torch.cat([torch.zeros(1, dtype=torch.int32, device="cuda"), result.table.offsets])
-            xs = torch.ones(xq.shape[0], device="cuda")
-            ws = torch.ones(experts, n_e, device="cuda")
+            offsets = torch.cat([torch.zeros(1, dtype=torch.int32, device=DEVICE), result.table.offsets])
+            xs = torch.ones(xq.shape[0], device=DEVICE)
+            ws = torch.ones(experts, n_e, device=DEVICE)
             label, unmined = _unmined(xq, wq, offsets, xs, ws)
             mined_t = time_calls([lambda: gemm.forward(x, topk)], target_ms=20.0, replays=5)
             base_t = time_calls([unmined], target_ms=20.0, replays=5)
@@ -315,12 +321,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, type=Path, help="directory for results.json / results.md")
     parser.add_argument("--sections", default=",".join(SECTIONS), help="comma-separated subset")
+    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
+                        help="cpu: dry-run the stages/planted logic on the CPU backend (slow)")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    if not torch.cuda.is_available():
+    global DEVICE
+    DEVICE = args.device
+    if DEVICE == "cuda" and not torch.cuda.is_available():
         print("no CUDA device: nothing to check")
         return 2
-    results: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
+    name = torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu"
+    results: dict = {"device": name, "torch": torch.__version__}
     for name in args.sections.split(","):
         started = time.time()
         try:

@@ -1,24 +1,25 @@
 """Keyed BLAKE3 pieces the FP8 transcript needs on the device, on top of kernels.int7.blake3.
 
-kernels.int7.blake3 provides the compression rounds, 1024-byte-leaf chunk trees and one-block
-hashes of full 64-byte blocks. The V4 transcript also hashes short messages whose last block is
-partial (labels of 20–23 bytes, headers of 76/108 bytes, seed messages of 85/107/173 bytes), which
-needs the compression's block-length word. `hash_short` adds that (one chunk, up to 16 blocks),
-reusing int7's round function; the one-block and tree paths are int7's own.
+kernels.int7.blake3 provides the compression rounds and the 1024-byte-leaf chunk trees. The V4
+transcript also hashes short messages, often with a partial last block (labels of 20–23 bytes,
+headers of 76/108 bytes, seed messages of 85/107/173 bytes, 64-byte digests and noise-line
+addresses), which needs the compression's block-length word. `hash_short` adds that (one chunk,
+up to 16 blocks), reusing int7's round function.
 """
 from __future__ import annotations
 
 import functools
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
 
 from kernels.int7._jit import jit
-from kernels.int7.blake3 import _round, iv_words, load_words8, store_words8, words_from_bytes
+from kernels.int7.blake3 import IV, _round, load_words8, store_words8, words_from_bytes
 
 MAX_SHORT_BYTES = 1024
-_LANES = 16
+_LANES = 64
 
 
 class HashError(ValueError):
@@ -87,7 +88,7 @@ def hash_short(keys: torch.Tensor | None, message: torch.Tensor) -> torch.Tensor
     blocks = -(-nbytes // 64)
     padded = torch.zeros((rows, blocks * 64), dtype=torch.uint8, device=message.device)
     padded[:, :nbytes] = message
-    key_words = iv_words(message.device) if keys is None else keys
+    key_words = constant_words(np.array(IV, dtype="<u4").tobytes(), message.device) if keys is None else keys
     if key_words.dtype != torch.int32 or key_words.dim() != 2 or key_words.shape[1] != 8 \
             or key_words.shape[0] not in (1, rows):
         raise HashError(f"keys must be int32 (N or 1, 8), got {key_words.dtype} {tuple(key_words.shape)}")

@@ -1,7 +1,7 @@
 """Noise lines on the device (§6): keyed-BLAKE3 draws, exact isqrt normalisation, e4m3 entries.
 
 A line is one 64-byte block side u8 ‖ factor u8 ‖ line u32 LE ‖ 58 zero bytes hashed under the
-side's noise-line key (int7's one-block keyed hash); the 32 digest bytes are the raw draw. Decoding
+side's noise-line key (one keyed compression); the 32 digest bytes are the raw draw. Decoding
 and the normalisation follow proof.fp8.noise.normalize_draws: samples ±((b & 0x7F) + 1),
 c = isqrt(32² Σx²) (f64 estimate, then exact ±1 corrections), scale = bf16(8192 / bf16(c)),
 entry = e4m3(bf16(x · scale)).
@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import torch
 
-from kernels.int7.blake3 import KEYED_HASH, SINGLE_BLOCK, hash_blocks
 from proof.fp8.noise import NOISE_TARGET_NORM
 
-from .hashing import as_bytes
+from .hashing import as_bytes, hash_short
 from .numerics import bf16_div, bf16_mul
 
 SIDES = {"A": 0, "B": 1}
@@ -38,7 +37,7 @@ def line_messages(side: str, factor: str, lines: torch.Tensor) -> torch.Tensor:
 
 def noise_lines(key: torch.Tensor, side: str, factor: str, lines: torch.Tensor) -> torch.Tensor:
     """(N, 32) e4m3 noise lines for line indices `lines` under a side's noise-line key (1, 8)."""
-    draws = hash_blocks(key, line_messages(side, factor, lines), SINGLE_BLOCK | KEYED_HASH)
+    draws = hash_short(key, line_messages(side, factor, lines).view(torch.uint8))
     return normalize_draws(as_bytes(draws))
 
 

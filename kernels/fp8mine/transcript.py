@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.int7.blake3 import KEYED_HASH, SINGLE_BLOCK, hash_blocks, keyed_trees
+from kernels.int7.blake3 import keyed_trees
 from proof.fp8.params import HashId
 from proof.fp8.transcript import LABEL_PREFIX, subkey
 
@@ -58,8 +58,7 @@ def tree_root(key: torch.Tensor, data: torch.Tensor) -> torch.Tensor:
 
 def operand_digest(key: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """HX = BLAKE3(root(codes) ‖ root(scales); key = keyX): one keyed single-block compression."""
-    message = torch.cat([tree_root(key, codes), tree_root(key, scales)], dim=1)
-    return hash_blocks(key, message, SINGLE_BLOCK | KEYED_HASH)
+    return hash_short(key, _cat_bytes(tree_root(key, codes), tree_root(key, scales)))
 
 
 def seed_b(hash_b: torch.Tensor, key_b_: torch.Tensor, p_b: bytes) -> torch.Tensor:
