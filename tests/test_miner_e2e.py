@@ -11,6 +11,8 @@ from test_miner_support import ServingThread, tiny_config, wait_until
     ("regtest", "int7-moe", 2),  # mainline regtest: cert V3, MoE allowed
     ("mainnet@100000", "int7-dense", 2),  # mainnet rules: dense-only fallback
     ("regtest-fp8", "fp8-moe", 1),  # the fp8-scheme build: cert V4
+    ("mainnet@91000", "int7-moe", 1),  # cert V2 (legacy seeds) before dense-only
+    ("signet", "int7-dense", 1),  # cert V1: legacy plain-proof form
 ])
 def test_worker_mines_accepted_devnet_blocks(tmp_path, network: str, mode: str, blocks: int) -> None:
     with start_devnet(network, datadir=tmp_path / "chain") as devnet:
