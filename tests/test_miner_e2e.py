@@ -33,3 +33,19 @@ def test_worker_mines_accepted_devnet_blocks(tmp_path, network: str, mode: str, 
     assert status["mining"]["submitted"] == len(results)
     assert status["mining"]["verify_failed"] == 0 and status["mining"]["refused_by_rules"] == 0
     assert status["serving"]["requests"] > 0 and status["mining"]["credited_work"] > 0
+
+
+def test_mode_switches_when_the_chain_crosses_the_dense_only_height(tmp_path) -> None:
+    with start_devnet("mainnet@91628", datadir=tmp_path / "chain") as devnet:
+        source = GatewaySource(devnet.gateway_address, devnet.pearld_client(retries=0, timeout=5))
+        worker = Worker(tiny_config(tmp_path / "data", "mainnet@91628", max_blocks=3), source)
+        with ServingThread(worker):
+            wait_until(lambda: worker.stats.accepted >= 3, 120, "three accepted blocks")
+        devnet.gateway.wait_idle()
+        results = devnet.gateway.results()
+    modes = [e.message.split(":")[0] for e in worker.events.recent() if e.kind == "mode"]
+    assert modes[:2] == ["int7-moe", "int7-dense"]
+    submitted = [e.message for e in worker.events.recent() if e.kind == "submitted"]
+    assert "(int7-moe" in submitted[0] and "(int7-dense" in submitted[-1]
+    assert [r.height for r in results if r.status == "accepted"][:3] == [91628, 91629, 91630]
+    assert worker.stats.refused_by_rules == 0
