@@ -18,11 +18,14 @@ from miner.expert_parallel.distributed import connect, disconnect
 from miner.expert_parallel.moe import pack_meta, unpack_meta
 from miner.expert_parallel.plan import ExpertPlan
 from miner.expert_parallel.run import load_factory, main
-from miner.expert_parallel.runtime import local_config, summarize
+from miner.expert_parallel.runtime import ExpertParallelWorker, local_config, serving_figures, summarize
 from miner.expert_parallel.sync import Control, StepSync
 from miner.expert_parallel.winners import CompletionSink, Outcome, ProofBuilder, RelayedBackend, RelayedWinner
 from miner.model import preset
-from test_expert_parallel_support import job
+from miner.service import ControlClient, serve
+from miner.worker import WorkerConfig
+from test_expert_parallel_support import PlantedBackend, job
+from test_miner_support import wait_until
 
 
 @pytest.mark.parametrize("experts, world", [(8, 1), (8, 2), (8, 4), (6, 4), (7, 3), (5, 5)])
@@ -148,9 +151,12 @@ def test_relayed_backend_names_the_rank_of_a_failed_verification() -> None:
 
 
 def test_summary_adds_ranks_and_divides_by_the_slowest() -> None:
-    ranks = [{"rank": r, "prefill_tokens": 100, "decode_tokens": 20, "busy_s": 2.0 + r, "decode_s": 1.0 + r,
-              "credited_work": 10, "tickets": 5, "launches_mined": 2, "launches_unmined": 1, "oom_events": 0}
-             for r in range(2)]
+    ranks = [{"rank": r, "requests": 4, "prefill_tokens": 100, "decode_tokens": 20, "prefill_ms": 1000,
+              "decode_ms": 1000 + 1000 * r, "credited_work": 10, "tickets": 5, "launches_mined": 2,
+              "launches_unmined": 1, "oom_events": 0} for r in range(2)]
+    serving = serving_figures(ranks)
+    assert serving == {"requests": 8, "prefill_tokens": 200, "decode_tokens": 40, "prefill_tokens_per_s": 200.0,
+                       "decode_tokens_per_s": 20.0, "tokens_per_s": 80.0}
     out = summarize(ranks, {"winners": 7}, {0: 3, 1: 4}, 0, preset("qwen3_moe"), "cpu")
     assert out["tokens"] == 240 and out["tokens_per_s"] == 80.0 and out["decode_tokens_per_s"] == 20.0
     assert out["credited_work"] == 20 and out["relayed_by_rank"] == {"0": 3, "1": 4} and out["winners"] == 7
@@ -179,7 +185,7 @@ def test_scaling_commands_and_table() -> None:
                  "--mode auto", "--min-mining-tokens 8"):
         assert part in joined, part
     runs = [{"world_size": n, "mode": "auto", "tokens_per_s": rate, "decode_tokens_per_s": rate / 2,
-             "ranks": [{"busy_s": 2.0}], "credited_work": 10, "tickets": 1, "winners": 1, "submitted": 1,
+             "ranks": [{"prefill_ms": 500, "decode_ms": 1500}], "credited_work": 10, "tickets": 1, "winners": 1, "submitted": 1,
              "accepted": 1} for n, rate in ((2, 180.0), (1, 100.0), (4, 300.0))]
     rows = scaling.table(runs).splitlines()[2:]
     assert [row.split(" | ")[4:6] for row in rows] == [["1.00x", "100%"], ["1.80x", "90%"], ["3.00x", "75%"]]
@@ -196,15 +202,63 @@ def test_step_sync_broadcasts_control_only_when_it_changes(tmp_path: Path,
     ctx = connect(0, 1, "cpu", f"file://{tmp_path / 'store'}")
     try:
         sync = StepSync(0, 1, ctx.control_group)
-        first = Control(job(1), "auto", False)
-        assert sync.exchange(first, []) == (first, [])
-        assert sync.exchange(first, []) == (first, [])
+        first = Control(job(1), "auto", False, False)
+        assert sync.exchange(first, [], [5, 6]) == (first, [], [[5, 6]])
+        assert sync.exchange(first, [], [7, 8]) == (first, [], [[7, 8]])
         assert calls == {"broadcast_object_list": 1}
-        second = dataclasses.replace(first, stop=True)
+        second = dataclasses.replace(first, paused=True)
         winner = relayed(Outcome.REDUNDANT)
-        assert sync.exchange(second, [winner]) == (second, [winner])
+        assert sync.exchange(second, [winner], [9, 9]) == (second, [winner], [[9, 9]])
         assert calls == {"broadcast_object_list": 2, "gather_object": 1}
         with pytest.raises(ValueError, match="only rank 0"):
-            sync.exchange(None, [])
+            sync.exchange(None, [], [])
+    finally:
+        disconnect()
+
+
+class FixedSource:
+    def fetch_job(self):
+        return job(1)
+
+    def submit(self, plain_proof_b64: str, mining_job) -> str:
+        return "submitted"
+
+
+def test_rank0_status_pause_and_mode_over_grpc(tmp_path: Path) -> None:
+    """A world of one: the figures reach rank 0's status, the gRPC service controls every rank."""
+    ctx = connect(0, 1, "cpu", f"file://{tmp_path / 'store'}")
+    try:
+        cfg = WorkerConfig(model=preset("qwen3_moe", hidden_size=256, num_layers=1, num_heads=4, num_kv_heads=2,
+                                        head_dim=64, vocab_size=512, num_experts=4, expert_intermediate=32,
+                                        max_seq_len=64),
+                           network="regtest", data_dir=tmp_path / "data", batch_size=2, prompt_len=8,
+                           max_new_tokens=2, min_mining_tokens=1, poll_interval=0.02)
+        worker = ExpertParallelWorker(cfg, ctx, FixedSource(), lambda mode, layer, c: PlantedBackend(layer),
+                                      max_batches=2)
+        server, port = serve(worker, "127.0.0.1:0")
+        client = ControlClient(f"127.0.0.1:{port}")
+        try:
+            worker.start()
+            host = worker.host
+            assert host is not None
+            wait_until(lambda: host.poller.current == job(1), 10, "the first job")
+            worker.serve()
+            status = client.status()
+            assert (status.state, status.mode, status.backend) == ("mining", "int7-moe", "planted")
+            # figures as of the last step: both prefills (2 × 2 × 8 tokens) are in, requests count at a batch's end
+            assert status.serving.prefill_tokens == 32 and status.serving.requests >= 2
+            assert status.mining.launches_mined > 0 and status.mining.credited_work == status.mining.launches_mined
+            assert client.pause("test").state == "paused"
+            mined = worker.stats.launches_mined
+            worker.serve()
+            assert worker.stats.launches_mined == mined  # paused ranks serve unmined
+            client.resume()
+            client.set_mode("off")
+            worker.serve()
+            assert worker.mode.value == "off" and client.status().mode_preference == "off"
+        finally:
+            client.close()
+            server.stop(0)
+            worker.shutdown()
     finally:
         disconnect()

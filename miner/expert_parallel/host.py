@@ -1,15 +1,16 @@
 """Rank 0's share of the host: the one job poller, the one submitter, and the control state.
 
-The other ranks learn the job, the mode preference and when to stop from the ``Control`` rank 0
-broadcasts at every step (``sync``); their winners arrive through the relay (``winners``) and go
-to the same completion thread a single-process worker uses (checks, rules, one proof per job,
-persistence of unsent proofs).
+The other ranks learn the job, the mode preference, pause and when to stop from the ``Control``
+rank 0 broadcasts at every step (``sync``); their winners arrive through the relay (``winners``)
+and go to the same completion thread a single-process worker uses (checks, rules, one proof per
+job, persistence of unsent proofs); their figures arrive with every step, so rank 0 can report
+the whole host live.
 """
 from __future__ import annotations
 
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 
 from miner.accounting import MiningStats
 from miner.completion import CompletionWorker
@@ -17,6 +18,7 @@ from miner.events import EventBus
 from miner.expert_parallel.sync import Control
 from miner.expert_parallel.winners import CompletionSink, RelayedWinner, WinnerSink
 from miner.jobs import JobPoller, JobSource, MiningJob
+from miner.modes import CHOICES
 from miner.persistence import SubmissionStore
 from miner.worker import WorkerConfig
 
@@ -32,6 +34,10 @@ class HostSide:
                                            lambda: self.poller.current)
         self.sink: WinnerSink = sink or CompletionSink(self.completion, stats, self.events)
         self.relayed_by_rank: Counter[int] = Counter()
+        self.fleet: list[dict[str, int]] = []  # every rank's latest figures
+        self._work: deque[tuple[float, int]] = deque()  # (time, credited work of all ranks)
+        self.paused = ""
+        self.preference = config.mode
         self.stop_requested = threading.Event()
         self.started = time.monotonic()
         self.poller.subscribe(self._on_job)
@@ -45,7 +51,7 @@ class HostSide:
 
     def control(self) -> Control:
         """What every rank applies at this step."""
-        return Control(self.poller.current, self.config.mode, self.finished())
+        return Control(self.poller.current, self.preference, bool(self.paused), self.finished())
 
     def finished(self) -> bool:
         c = self.config
@@ -59,6 +65,40 @@ class HostSide:
         for winner in relayed:
             self.relayed_by_rank[winner.rank] += 1
             self.sink.deliver(winner)
+
+    def record_figures(self, fleet: list[dict[str, int]]) -> None:
+        """The ranks' figures of this step; keeps the work totals of the last ``stats.window_s``."""
+        self.fleet = fleet
+        now = time.monotonic()
+        self._work.append((now, sum(rank["credited_work"] for rank in fleet)))
+        while self._work[0][0] < now - self.stats.window_s:
+            self._work.popleft()
+
+    def total(self, name: str) -> int:
+        return sum(rank[name] for rank in self.fleet)
+
+    @property
+    def hashrate(self) -> float:
+        """Credited work per second of all ranks over the window (as ``MiningStats.hashrate``)."""
+        if len(self._work) < 2:
+            return 0.0
+        (first, work0), (last, work1) = self._work[0], self._work[-1]
+        return (work1 - work0) / max(last - first, 1.0)
+
+    # -- control (the gRPC service on rank 0) -------------------------------------------------
+    def pause(self, reason: str) -> None:
+        self.paused = reason or "paused"
+        self.events.publish("paused", self.paused)
+
+    def resume(self) -> None:
+        self.paused = ""
+        self.events.publish("resumed", "mining resumed")
+
+    def set_mode(self, mode: str) -> None:
+        if mode not in CHOICES:
+            raise ValueError(f"mode {mode!r} is not one of {CHOICES}")
+        self.preference = mode
+        self.events.publish("mode_preference", f"mode preference set to {mode}")
 
     def check_blocks(self) -> None:
         """Account the blocks of submitted jobs the chain has moved past (accepted or not)."""

@@ -25,6 +25,7 @@ from miner.expert_parallel.runtime import ExpertParallelWorker
 from miner.jobs import JobSource
 from miner.model import load_config
 from miner.progress import ProgressDisplay
+from miner.service import ADDRESS_FILE, serve
 from miner.sources import GatewaySource
 from miner.worker import BackendFactory, WorkerConfig, cpu_backend
 
@@ -56,6 +57,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-batches", type=int, help="stop after this many batches (every rank)")
     p.add_argument("--warmup-batches", type=int, default=0, help="batches left out of the tokens/s figures")
     p.add_argument("--summary", type=Path, help="rank 0 writes the summary JSON here")
+    p.add_argument("--control", default="127.0.0.1:0",
+                   help="rank 0's gRPC control address (port 0 = any; `pearl-moe status --data-dir` finds it)")
     p.add_argument("--log-level", default="WARNING")
     return p
 
@@ -109,7 +112,14 @@ def run(args: argparse.Namespace, config: WorkerConfig, factory: BackendFactory,
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
-        display = ProgressDisplay(host.events) if host is not None else None  # rank 0 prints events
+        display = None
+        if host is not None:  # rank 0: the control service and the events on stdout
+            server, port = serve(worker, args.control)
+            stack.callback(server.stop, 2)
+            address = f"{args.control.rpartition(':')[0] or '127.0.0.1'}:{port}"
+            (config.data_dir / ADDRESS_FILE).write_text(address + "\n")
+            print(f"expert-parallel worker: {ctx.world_size} ranks, control {address}", flush=True)
+            display = ProgressDisplay(host.events)
         worker.start()
         try:
             worker.serve(on_batch=display.flush_events if display is not None else lambda: None)

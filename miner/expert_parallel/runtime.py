@@ -17,9 +17,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from miner.accounting import MiningStats
+from miner.events import EventBus
 from miner.expert_parallel.distributed import EPContext
 from miner.expert_parallel.host import HostSide
 from miner.expert_parallel.moe import shard_model
@@ -37,7 +37,9 @@ log = logging.getLogger(__name__)
 
 HOST_COUNTERS = ("winners", "proofs_built", "verify_failed", "refused_by_rules", "submitted", "accepted",
                  "rejected", "persisted", "resubmitted", "dropped_stale")
-RANK_COUNTERS = ("credited_work", "tickets", "launches_mined", "launches_unmined", "oom_events")
+MINING_FIGURES = ("credited_work", "tickets", "launches_mined", "launches_unmined", "oom_events")
+SERVING_FIGURES = ("requests", "prefill_tokens", "decode_tokens", "prefill_ms", "decode_ms")
+RANK_FIGURES = SERVING_FIGURES + MINING_FIGURES  # what every rank reports with every step
 
 
 def local_config(cfg: ModelConfig, experts: int) -> ModelConfig:
@@ -114,7 +116,7 @@ class ExpertParallelWorker:
         self.shards = shard_model(model, self.plan, ctx.rank, ctx.group)
         self.model = model.to(ctx.device)
         self.stats = MiningStats()
-        self.control = Control(None, config.mode, False)  # the last one applied
+        self.control = Control(None, config.mode, False, False)  # the last one applied
         self.mode, self.mode_reason = Mode.OFF, "no current job"
         self.cooldown_until = 0.0
         self.steps = 0
@@ -131,7 +133,8 @@ class ExpertParallelWorker:
 
     # -- mining state -------------------------------------------------------------------------
     def may_mine(self) -> bool:
-        return self.mode != Mode.OFF and time.monotonic() >= self.cooldown_until
+        return (not self.control.paused and self.mode != Mode.OFF
+                and time.monotonic() >= self.cooldown_until)
 
     def _oom(self, exc: MemoryError) -> None:
         self.cooldown_until = time.monotonic() + self.config.oom_cooldown_s
@@ -163,11 +166,19 @@ class ExpertParallelWorker:
             self.host.events.publish("mode", f"{mode.value}: {reason}")
 
     # -- the per-step exchange (serving thread, every rank) -----------------------------------
+    def figures(self) -> list[int]:
+        """This rank's running figures, in ``RANK_FIGURES`` order."""
+        s, m = self.generator.stats, self.stats
+        serving = [s.requests, s.prefill_tokens, s.decode_tokens, round(s.prefill_seconds * 1000),
+                   round(s.decode_seconds * 1000)]
+        return serving + [getattr(m, name) for name in MINING_FIGURES]
+
     def step(self) -> None:
-        control, relayed = self.sync.exchange(self.host.control() if self.host is not None else None,
-                                              self.builder.take())
+        control, relayed, figures = self.sync.exchange(
+            self.host.control() if self.host is not None else None, self.builder.take(), self.figures())
         if self.host is not None:
             self.host.deliver(relayed)
+            self.host.record_figures([dict(zip(RANK_FIGURES, row)) for row in figures])
         if (control.job, control.preference) != (self.control.job, self.control.preference):
             with self._lock:
                 for layer in self.layers:
@@ -217,33 +228,90 @@ class ExpertParallelWorker:
         return self._summary(persisted)
 
     def _summary(self, persisted: int) -> dict[str, Any] | None:
-        s = self.generator.stats
-        mine = self.stats.snapshot()
-        figures = {"rank": self.ctx.rank, "prefill_tokens": s.prefill_tokens, "decode_tokens": s.decode_tokens,
-                   "busy_s": s.prefill_seconds + s.decode_seconds, "decode_s": s.decode_seconds,
-                   "requests": s.requests, "steps": self.steps, "local_experts": self.local_cfg.num_experts,
-                   **{name: mine[name] for name in RANK_COUNTERS}}
-        boxes: list[Any] | None = [None] * self.ctx.world_size if self.ctx.rank == 0 else None
-        dist.gather_object(figures, boxes, dst=0, group=self.ctx.control_group)
-        if boxes is None or self.host is None:
+        """Rank 0: the run's figures, from what every rank reported at the last step."""
+        if self.host is None:
             return None
-        return summarize(boxes, {name: mine[name] for name in HOST_COUNTERS}, self.host.relayed_by_rank,
+        mine = self.stats.snapshot()
+        ranks = [{"rank": r, "local_experts": self.plan.local_count(r), "steps": self.steps, **figures}
+                 for r, figures in enumerate(self.host.fleet)]
+        return summarize(ranks, {name: mine[name] for name in HOST_COUNTERS}, self.host.relayed_by_rank,
                          persisted, self.config.model, str(self.ctx.device))
+
+    # -- control and status on rank 0 (what miner.service needs) ------------------------------
+    def _host(self) -> HostSide:
+        if self.host is None:
+            raise RuntimeError(f"rank {self.ctx.rank} is not the host's rank 0")
+        return self.host
+
+    @property
+    def events(self) -> EventBus:
+        return self._host().events
+
+    def pause(self, reason: str) -> None:
+        self._host().pause(reason)
+
+    def resume(self) -> None:
+        self._host().resume()
+
+    def set_mode(self, mode: str) -> None:
+        self._host().set_mode(mode)
+
+    def state(self) -> str:
+        host = self._host()
+        if host.paused:
+            return "paused"
+        if time.monotonic() < self.cooldown_until:
+            return "cooldown"
+        return "mining" if self.mode != Mode.OFF and host.poller.current is not None else "waiting"
+
+    def status(self) -> dict[str, Any]:
+        """The whole host in ``miner.worker.Worker.status``'s shape: serving and mining figures
+        summed over the ranks as of the last step, submissions from rank 0."""
+        host = self._host()
+        job = host.poller.current
+        mining = self.stats.snapshot()
+        mining.update({name: host.total(name) for name in MINING_FIGURES})
+        mining["hashrate"] = host.hashrate
+        mining["pending_winners"] = host.completion.pending
+        backend = self.layers[0].backend if self.layers else None
+        return {
+            "state": self.state(), "mode": self.mode.value, "mode_preference": host.preference,
+            "mode_reason": self.mode_reason, "network": self.config.network,
+            "job_id": job.job_id if job else "", "cert_version": job.cert_version if job else 0,
+            "height": job.height if job is not None and job.height is not None else -1,
+            "source_connected": host.poller.failures == 0, "source_error": host.poller.last_error,
+            "model": self.config.model.style, "backend": backend.name if backend is not None else "",
+            "uptime_s": time.monotonic() - host.started,
+            "serving": serving_figures(host.fleet), "mining": mining,
+        }
+
+
+def _rate(tokens: int, seconds: float) -> float:
+    return tokens / seconds if seconds else 0.0
+
+
+def serving_figures(ranks: list[dict[str, int]]) -> dict[str, Any]:
+    """Requests, tokens and tokens/s of all ranks together. They serve in lockstep, so the host's
+    time is the slowest rank's."""
+    prefill, decode = sum(r["prefill_tokens"] for r in ranks), sum(r["decode_tokens"] for r in ranks)
+    prefill_s = max((r["prefill_ms"] for r in ranks), default=0) / 1000
+    decode_s = max((r["decode_ms"] for r in ranks), default=0) / 1000
+    busy_s = max((r["prefill_ms"] + r["decode_ms"] for r in ranks), default=0) / 1000
+    return {"requests": sum(r["requests"] for r in ranks), "prefill_tokens": prefill, "decode_tokens": decode,
+            "prefill_tokens_per_s": _rate(prefill, prefill_s), "decode_tokens_per_s": _rate(decode, decode_s),
+            "tokens_per_s": _rate(prefill + decode, busy_s)}
 
 
 def summarize(ranks: list[dict[str, Any]], host: dict[str, Any], relayed_by_rank: dict[int, int],
               persisted: int, model: ModelConfig, device: str) -> dict[str, Any]:
-    """Whole-run figures: tokens/s over all ranks (they run in lockstep, so the slowest rank's busy
-    time is the run's), the ranks' mining totals and rank 0's submission counters."""
-    busy = max(r["busy_s"] for r in ranks)
-    decode_s = max(r["decode_s"] for r in ranks)
-    tokens = sum(r["prefill_tokens"] + r["decode_tokens"] for r in ranks)
-    decode = sum(r["decode_tokens"] for r in ranks)
+    """Whole-run figures: serving over all ranks, the ranks' mining totals, rank 0's submission
+    counters, and every rank's own figures."""
+    serving = serving_figures(ranks)
     return {
         "world_size": len(ranks), "device": device, "model": dataclasses.asdict(model),
-        "tokens": tokens, "tokens_per_s": tokens / busy if busy else 0.0,
-        "decode_tokens_per_s": decode / decode_s if decode_s else 0.0,
-        **{name: sum(r[name] for r in ranks) for name in RANK_COUNTERS},
+        "tokens": serving["prefill_tokens"] + serving["decode_tokens"],
+        "tokens_per_s": serving["tokens_per_s"], "decode_tokens_per_s": serving["decode_tokens_per_s"],
+        **{name: sum(r[name] for r in ranks) for name in MINING_FIGURES},
         **host, "persisted_at_exit": persisted,
         "relayed_by_rank": {str(r["rank"]): relayed_by_rank.get(r["rank"], 0) for r in ranks},
         "ranks": ranks,

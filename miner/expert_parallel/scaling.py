@@ -85,7 +85,7 @@ def table(runs: list[dict[str, Any]]) -> str:
         first = base.setdefault(run["mode"], run)
         speedup = run["tokens_per_s"] / first["tokens_per_s"] if first["tokens_per_s"] else 0.0
         efficiency = speedup * first["world_size"] / run["world_size"]
-        busy = max(r["busy_s"] for r in run["ranks"])
+        busy = max(r["prefill_ms"] + r["decode_ms"] for r in run["ranks"]) / 1000
         work_rate = run["credited_work"] / busy if busy else 0.0
         lines.append(f"| {run['world_size']} | {run['mode']} | {run['tokens_per_s']:.1f} | "
                      f"{run['decode_tokens_per_s']:.1f} | {speedup:.2f}x | {efficiency:.0%} | {work_rate:.3g} | "

@@ -1,15 +1,15 @@
 """The per-step exchange between ranks, on a gloo group (host memory, never a GPU stream).
 
 Before every forward pass rank 0 hands every rank its ``Control`` (the current job, the mode
-preference, whether to stop) and every rank hands rank 0 its finished
-winners. Steps are lockstep points all ranks pass anyway (each forward holds all-to-alls), so one
-poller serves the host: the other ranks never talk to the job source, and every rank mines the
-same job from the same step on.
+preference, whether mining is paused, whether to stop) and every rank hands rank 0 its finished
+winners and its running figures (tokens served, work credited, ...). Steps are lockstep points all
+ranks pass anyway (each forward holds all-to-alls), so one poller serves the host: the other
+ranks never talk to the job source, and every rank mines the same job from the same step on.
 
-A step costs one small all-gather of a header per rank (rank 0's Control serial, each rank's
-winner count); the Control itself is broadcast only when its serial moved, and the winners are
-gathered only when some rank has any. Every rank reads the same headers, so every rank makes the
-same collective calls.
+A step costs one small all-gather of an int64 header per rank (rank 0's Control serial, the
+rank's winner count, the rank's figures); the Control itself is broadcast only when its serial
+moved, and the winners are gathered only when some rank has any. Every rank reads the same
+headers, so every rank makes the same collective calls.
 """
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ from miner.jobs import MiningJob
 class Control:
     job: MiningJob | None
     preference: str  # the mode preference (auto, off or a mode)
+    paused: bool
     stop: bool
 
 
@@ -36,15 +37,16 @@ class StepSync:
         self.seen = 0  # its serial (the same on every rank)
         self.serial = 0  # rank 0: the serial of the Control it supplies
 
-    def exchange(self, control: Control | None,
-                 winners: list[RelayedWinner]) -> tuple[Control, list[RelayedWinner]]:
-        """Rank 0 passes its Control, the others None. Returns rank 0's Control and, on rank 0,
-        every rank's winners in rank order (an empty list elsewhere)."""
+    def exchange(self, control: Control | None, winners: list[RelayedWinner],
+                 figures: list[int]) -> tuple[Control, list[RelayedWinner], list[list[int]]]:
+        """Rank 0 passes its Control, the others None; every rank passes its figures (the same
+        number of integers on every rank). Returns rank 0's Control, on rank 0 every rank's
+        winners in rank order (an empty list elsewhere), and every rank's figures."""
         if (control is None) != (self.rank != 0):
             raise ValueError("rank 0, and only rank 0, supplies the Control")
         if control is not None and control != self.control:
             self.serial += 1
-        header = torch.tensor([self.serial, len(winners)], dtype=torch.int64)
+        header = torch.tensor([self.serial, len(winners), *figures], dtype=torch.int64)
         headers = [torch.empty_like(header) for _ in range(self.world_size)]
         dist.all_gather(headers, header, group=self.group)
         serial = int(headers[0][0])
@@ -53,7 +55,7 @@ class StepSync:
         if self.control is None:
             raise RuntimeError("no Control was ever broadcast")
         gathered = self._gather(winners) if any(int(h[1]) for h in headers) else []
-        return self.control, gathered
+        return self.control, gathered, [h[2:].tolist() for h in headers]
 
     def _broadcast(self, control: Control | None) -> Control:
         box: list[object] = [control]
