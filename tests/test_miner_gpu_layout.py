@@ -43,6 +43,7 @@ def test_layout_matches_literal_routing(moe, tokens, experts, top_k, skew):
             assert row // plan.rows == int(ids[t, s]) and table[row // plan.rows][row % plan.rows] == t
     if moe:
         assert experts * plan.rows == (tokens + plan.phantoms) * top_k
+        assert (tokens + plan.phantoms) % 16 == 0
         for p in range(tokens, tokens + plan.phantoms):  # each phantom: top_k distinct experts
             assert sum(p in table[e] for e in range(experts)) == top_k
     else:

@@ -25,7 +25,6 @@ import torch
 from kernels.int7.pipeline import MinedPass
 from kernels.int7.pipeline import MiningJob as DeviceJob
 from kernels.int7.pipeline import prepare_job as prepare_device_job
-from kernels.int7.quant import quantize_int7
 from miner.backend import BuiltProof, LaunchResult, WinnerRecord
 from miner.gpu.layout import Layout, layout
 from miner.gpu.streams import SideWork
@@ -35,8 +34,22 @@ from proof.int7 import MiningConfig, PlainProof, mining_bound, public_data, veri
 
 RANK = 128  # the rank-penalty floor; needs k >= 16 · 128 = 2048
 TILE_H, TILE_W = 2, 16  # contiguous lottery tiles (the GPU pass's rule); h·w = 32
-ROW_BLOCK = 16  # the mined GEMM's smallest row block: M is a multiple of it
+ROW_BLOCK = 16  # the pipeline's row block: M and an MoE instance's token count are multiples of it
 MAX_PASSES = 8  # launch shapes kept per job (each holds static buffers)
+INT7_LIMIT = 64  # operands in [-64, 64] so that A + E_A fits int8
+
+
+def quantize_weights(weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per output column (last-dim rows) symmetric int7: codes int8 and float32 scales, w ≈ q·s.
+
+    scale = max|w| / 64 (1 for an all-zero row), q = round-half-even(w / scale) clamped to ±64,
+    the rule the pipeline applies to activations.
+    """
+    values = weights.detach().float()
+    amax = values.abs().amax(dim=-1)
+    scales = torch.where(amax > 0, amax / INT7_LIMIT, torch.ones_like(amax))
+    codes = torch.round(values / scales.unsqueeze(-1)).clamp_(-INT7_LIMIT, INT7_LIMIT).to(torch.int8)
+    return codes.contiguous(), scales.contiguous()
 
 
 @dataclass(frozen=True)
@@ -99,8 +112,7 @@ class GpuInt7Backend:
     def _quantized(self, weights: torch.Tensor) -> _Weights:
         key = (weights.data_ptr(), weights._version, tuple(weights.shape))
         if self._weights is None or self._weights.key != key:
-            codes, scales = quantize_int7(weights.detach())
-            self._weights = _Weights(key, codes.contiguous(), scales.contiguous())
+            self._weights = _Weights(key, *quantize_weights(weights))
         return self._weights
 
     def mine_launch(self, activations: torch.Tensor, routing: torch.Tensor) -> LaunchResult:

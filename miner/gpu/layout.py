@@ -8,7 +8,7 @@ every expert, M a multiple of the GEMM's row block; routing is never that even. 
   zero rows up to M = the largest count rounded up (zero rows are a valid operand; they are not
   credited as work),
 - MoE (``int7-moe``): one instance over all tokens needs tokens · top_k = E · M, every expert
-  listing M ascending tokens. Zero *phantom* tokens appended after the real ones fill the gap:
+  listing M ascending tokens, and the token count a multiple of the row block too. Zero *phantom* tokens appended after the real ones fill the gap:
   each phantom is routed to top_k distinct experts, the experts with the largest deficit first
   (with one side regular this greedy always succeeds when no deficit exceeds the phantom count).
 
@@ -66,7 +66,8 @@ def _round_up(value: int, multiple: int) -> int:
 
 
 def moe_rows(counts: list[int], top_k: int, multiple: int) -> tuple[int, int]:
-    """(M, phantoms) for one MoE instance: E·M = (T + phantoms)·top_k, no deficit above phantoms."""
+    """(M, phantoms) for one MoE instance: E·M = (T + phantoms)·top_k, no deficit above phantoms,
+    M and the instance's token count T + phantoms multiples of ``multiple``."""
     experts = len(counts)
     if not 0 < top_k < experts:
         raise LayoutError(f"an MoE instance needs 0 < top_k < experts, got top_k={top_k}, experts={experts}")
@@ -76,7 +77,8 @@ def moe_rows(counts: list[int], top_k: int, multiple: int) -> tuple[int, int]:
     rows = _round_up(max(counts), multiple)
     while True:  # (E − top_k)·M grows with M, so some M fits
         spare = experts * rows - routed
-        if spare % top_k == 0 and spare // top_k >= rows - min(counts):
+        if spare % top_k == 0 and spare // top_k >= rows - min(counts) and \
+                (experts * rows // top_k) % multiple == 0:
             return rows, spare // top_k
         rows += multiple
 
