@@ -23,6 +23,8 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
                    help="preset (qwen3_moe, mixtral, deepseek_v3) or a config.json path")
     m.add_argument("--weights", type=Path, help="local weights (.safetensors or torch file); random if absent")
     m.add_argument("--seed", type=int, default=0)
+    m.add_argument("--device", help="torch device of the model (default: cuda when available, else cpu); "
+                                    "CUDA mines with the GPU backends (miner.gpu), the CPU with the reference ones")
     m.add_argument("--prompts", type=Path, help="file of prompts, one per line (default: generated)")
     m.add_argument("--batch-size", type=int, default=4)
     m.add_argument("--prompt-len", type=int, default=64)

@@ -79,6 +79,8 @@ class Generator:
         for row, prompt in enumerate(prompts):
             tokens[row, width - len(prompt):] = torch.tensor(prompt)
             key_mask[row, width - len(prompt):] = True
+        device = self.model.embed.weight.device
+        tokens, key_mask = tokens.to(device), key_mask.to(device)
         positions = (key_mask.cumsum(1) - 1).clamp(min=0)
         cache = KVCache(cfg.num_layers)
         start = time.monotonic()
@@ -92,7 +94,7 @@ class Generator:
             for row, tok in enumerate(nxt.tolist()):
                 out[row].append(tok)
             positions = positions[:, -1:] + 1
-            key_mask = torch.cat([key_mask, torch.ones(len(prompts), 1, dtype=torch.bool)], dim=1)
+            key_mask = torch.cat([key_mask, torch.ones(len(prompts), 1, dtype=torch.bool, device=device)], dim=1)
             logits = self.model(nxt[:, None], positions, key_mask, cache)
         self.stats.decode_seconds += time.monotonic() - start
         self.stats.decode_tokens += len(prompts) * self.max_new_tokens

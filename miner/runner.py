@@ -9,6 +9,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from types import FrameType
 
+import torch
 from node_client.pearld import PearldClient
 
 from miner.metrics import start_metrics
@@ -16,8 +17,20 @@ from miner.model import load_config
 from miner.progress import ProgressDisplay, status_line
 from miner.service import ADDRESS_FILE, DEFAULT_CONTROL, serve
 from miner.sources import GatewaySource
-from miner.worker import Worker, WorkerConfig
+from miner.worker import BackendFactory, Worker, WorkerConfig, cpu_backend
 
+
+def backend_factory(device: str) -> BackendFactory:
+    """CUDA mines with the GPU pipelines (miner.gpu); anything else with the CPU references.
+
+    miner.gpu is imported only for CUDA: it pulls in the kernel toolchains, which a CPU install
+    (requirements.txt) does not have.
+    """
+    if torch.device(device).type != "cuda":
+        return cpu_backend
+    from miner.gpu import worker_factory
+
+    return worker_factory(device)
 
 
 def _embedded_devnet(args: argparse.Namespace, stack: ExitStack) -> tuple[str, PearldClient, str]:
@@ -46,11 +59,12 @@ def run_worker(args: argparse.Namespace, stack: ExitStack) -> int:
     stack.callback(source.close)
     config = WorkerConfig(
         model=model, network=network, data_dir=Path(args.data_dir), weights=args.weights, seed=args.seed,
+        device=args.device or ("cuda" if torch.cuda.is_available() else "cpu"),
         prompts=args.prompts, batch_size=args.batch_size, prompt_len=args.prompt_len,
         max_new_tokens=args.max_new_tokens, min_mining_tokens=args.min_mining_tokens, mode=args.mode,
         duration_s=args.duration, max_blocks=max_blocks,
     )
-    worker = Worker(config, source)
+    worker = Worker(config, source, backend_factory(config.device))
     try:
         server, port = serve(worker, args.control)
     except (OSError, RuntimeError) as exc:
@@ -62,7 +76,7 @@ def run_worker(args: argparse.Namespace, stack: ExitStack) -> int:
     host = args.control.rpartition(":")[0] or "127.0.0.1"
     (config.data_dir / ADDRESS_FILE).write_text(f"{host}:{port}\n")
     print(f"pearl-moe: {model.style} model ({model.num_layers} layers, {model.num_experts} experts, "
-          f"k={model.hidden_size}), network {network}, control {host}:{port}", flush=True)
+          f"k={model.hidden_size}) on {config.device}, network {network}, control {host}:{port}", flush=True)
     if args.metrics_port >= 0:
         metrics_port = start_metrics(worker.status, args.metrics_port)
         print(f"pearl-moe: metrics on http://127.0.0.1:{metrics_port}/metrics", flush=True)

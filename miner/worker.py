@@ -39,6 +39,7 @@ class WorkerConfig:
     data_dir: Path
     weights: Path | None = None
     seed: int = 0
+    device: str = "cpu"
     prompts: Path | None = None
     batch_size: int = 4
     prompt_len: int = 64
@@ -83,7 +84,7 @@ class Worker:
         self.events = EventBus()
         self.stats = MiningStats()
         self.store = SubmissionStore(config.data_dir)
-        self.model = build_model(config.model, config.weights, config.seed)
+        self.model = build_model(config.model, config.weights, config.seed).to(config.device)
         self.generator = Generator(self.model, config.batch_size, config.max_new_tokens)
         self.poller = JobPoller(source, interval=config.poll_interval,
                                 backoff=Backoff(config.backoff_initial_s, config.backoff_max_s))

@@ -44,3 +44,10 @@ def test_devnet_subcommand_is_the_node_clients_cli(tmp_path) -> None:
         env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "accepted, height 1" in proc.stdout
+
+
+def test_cpu_devices_mine_with_the_reference_backends() -> None:
+    from miner.runner import backend_factory
+    from miner.worker import cpu_backend
+
+    assert backend_factory("cpu") is cpu_backend
