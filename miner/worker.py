@@ -78,6 +78,9 @@ class _Control:
 
 
 class Worker:
+    """One serving process: the model with mined layers, the job poller, the completion thread,
+    and the state the control service reads and changes."""
+
     def __init__(self, config: WorkerConfig, source: JobSource,
                  backend_factory: BackendFactory = cpu_backend) -> None:
         self.config, self.source, self.backend_factory = config, source, backend_factory
@@ -126,9 +129,9 @@ class Worker:
         if job is None:
             self.events.publish("source_down", f"job retired, mining paused: {self.poller.last_error}")
         else:
-            height = job_height(job, self.config.network) if job.height is None else job.height
-            self.events.publish("job", f"job {job.job_id} cert V{job.cert_version} height "
-                                       f"{job.height if job.height is not None else f'~{height}'}")
+            height = job.height if job.height is not None else \
+                f"unknown (rules judged at {job_height(job, self.config.network)})"
+            self.events.publish("job", f"job {job.job_id} cert V{job.cert_version} height {height}")
         self._apply_mode(job)
         self.completion.wake()
 
