@@ -153,7 +153,7 @@ def test_relayed_backend_names_the_rank_of_a_failed_verification() -> None:
 def test_summary_adds_ranks_and_divides_by_the_slowest() -> None:
     ranks = [{"rank": r, "requests": 4, "prefill_tokens": 100, "decode_tokens": 20, "prefill_ms": 1000,
               "decode_ms": 1000 + 1000 * r, "credited_work": 10, "tickets": 5, "launches_mined": 2,
-              "launches_unmined": 1, "oom_events": 0} for r in range(2)]
+              "launches_unmined": 1, "oom_events": 0, "mining_errors": 0} for r in range(2)]
     serving = serving_figures(ranks)
     assert serving == {"requests": 8, "prefill_tokens": 200, "decode_tokens": 40, "prefill_tokens_per_s": 200.0,
                        "decode_tokens_per_s": 20.0, "tokens_per_s": 80.0}
@@ -224,24 +224,29 @@ class FixedSource:
         return "submitted"
 
 
-def test_rank0_status_pause_and_mode_over_grpc(tmp_path: Path) -> None:
-    """A world of one: the figures reach rank 0's status, the gRPC service controls every rank."""
+def one_rank_worker(tmp_path: Path, factory) -> ExpertParallelWorker:
+    """A world of one (file store) running a small model with ``factory``'s backends."""
     ctx = connect(0, 1, "cpu", f"file://{tmp_path / 'store'}")
+    cfg = WorkerConfig(model=preset("qwen3_moe", hidden_size=256, num_layers=1, num_heads=4, num_kv_heads=2,
+                                    head_dim=64, vocab_size=512, num_experts=4, expert_intermediate=32,
+                                    max_seq_len=64),
+                       network="regtest", data_dir=tmp_path / "data", batch_size=2, prompt_len=8,
+                       max_new_tokens=2, min_mining_tokens=1, poll_interval=0.02)
+    worker = ExpertParallelWorker(cfg, ctx, FixedSource(), factory, max_batches=2)
+    worker.start()
+    host = worker.host
+    assert host is not None
+    wait_until(lambda: host.poller.current == job(1), 10, "the first job")
+    return worker
+
+
+def test_rank0_status_pause_and_mode_over_grpc(tmp_path: Path) -> None:
+    """The figures reach rank 0's status; the gRPC service controls every rank."""
     try:
-        cfg = WorkerConfig(model=preset("qwen3_moe", hidden_size=256, num_layers=1, num_heads=4, num_kv_heads=2,
-                                        head_dim=64, vocab_size=512, num_experts=4, expert_intermediate=32,
-                                        max_seq_len=64),
-                           network="regtest", data_dir=tmp_path / "data", batch_size=2, prompt_len=8,
-                           max_new_tokens=2, min_mining_tokens=1, poll_interval=0.02)
-        worker = ExpertParallelWorker(cfg, ctx, FixedSource(), lambda mode, layer, c: PlantedBackend(layer),
-                                      max_batches=2)
+        worker = one_rank_worker(tmp_path, lambda mode, layer, cfg: PlantedBackend(layer))
         server, port = serve(worker, "127.0.0.1:0")
         client = ControlClient(f"127.0.0.1:{port}")
         try:
-            worker.start()
-            host = worker.host
-            assert host is not None
-            wait_until(lambda: host.poller.current == job(1), 10, "the first job")
             worker.serve()
             status = client.status()
             assert (status.state, status.mode, status.backend) == ("mining", "int7-moe", "planted")
@@ -259,6 +264,25 @@ def test_rank0_status_pause_and_mode_over_grpc(tmp_path: Path) -> None:
         finally:
             client.close()
             server.stop(0)
+            worker.shutdown()
+    finally:
+        disconnect()
+
+
+class BrokenBackend(PlantedBackend):
+    def mine_launch(self, activations: torch.Tensor, routing: torch.Tensor):
+        raise RuntimeError("kernel fault")
+
+
+def test_a_mining_fault_serves_unmined_and_is_counted(tmp_path: Path) -> None:
+    try:
+        worker = one_rank_worker(tmp_path, lambda mode, layer, cfg: BrokenBackend(layer))
+        try:
+            worker.serve()
+            assert worker.stats.mining_errors >= 1 and worker.stats.launches_mined == 0
+            assert worker.status()["mining"]["mining_errors"] >= 1
+            assert worker.generator.stats.decode_tokens == 2 * 2 * 2  # served all the same
+        finally:
             worker.shutdown()
     finally:
         disconnect()

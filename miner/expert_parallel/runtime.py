@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 
 HOST_COUNTERS = ("winners", "proofs_built", "verify_failed", "refused_by_rules", "submitted", "accepted",
                  "rejected", "persisted", "resubmitted", "dropped_stale")
-MINING_FIGURES = ("credited_work", "tickets", "launches_mined", "launches_unmined", "oom_events")
+MINING_FIGURES = ("credited_work", "tickets", "launches_mined", "launches_unmined", "oom_events", "mining_errors")
 SERVING_FIGURES = ("requests", "prefill_tokens", "decode_tokens", "prefill_ms", "decode_ms")
 RANK_FIGURES = SERVING_FIGURES + MINING_FIGURES  # what every rank reports with every step
 
@@ -85,15 +85,19 @@ class JobPreparer:
 
 
 class _SteppedModel:
-    """The model as the generator calls it: the step exchange runs before every forward pass."""
+    """The model as the generator calls it: the step exchange runs before every forward pass;
+    everything else (``cfg``, ``embed``, ...) is the model's own."""
 
     def __init__(self, worker: ExpertParallelWorker) -> None:
-        self.worker, self.cfg = worker, worker.model.cfg
+        self.worker = worker
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.worker.model, name)
 
     def __call__(self, *args: Any) -> torch.Tensor:
         self.worker.step()
         device = self.worker.ctx.device
-        return self.worker.model(*(a.to(device) if isinstance(a, torch.Tensor) else a for a in args)).cpu()
+        return self.worker.model(*(a.to(device) if isinstance(a, torch.Tensor) else a for a in args))
 
 
 class ExpertParallelWorker:
@@ -122,7 +126,7 @@ class ExpertParallelWorker:
         self.steps = 0
         self._lock = threading.Lock()
         self.builder = ProofBuilder(ctx.rank, self.plan.first(ctx.rank), lambda: self.control.job)
-        self.layers = [MinedLayer(s.layer_id, self.stats, self.may_mine, self.builder.offer, self._oom,
+        self.layers = [MinedLayer(s.layer_id, self.stats, self.may_mine, self.builder.offer, self._mining_fault,
                                   config.min_mining_tokens) for s in self.shards]
         for shard, layer in zip(self.shards, self.layers):
             shard.launcher = layer
@@ -136,11 +140,13 @@ class ExpertParallelWorker:
         return (not self.control.paused and self.mode != Mode.OFF
                 and time.monotonic() >= self.cooldown_until)
 
-    def _oom(self, exc: MemoryError) -> None:
+    def _mining_fault(self, exc: Exception) -> None:
+        """A launch's mining failed on this rank (it was served unmined): cool down and count."""
         self.cooldown_until = time.monotonic() + self.config.oom_cooldown_s
-        self.stats.add("oom_events")
-        log.warning("rank %d: out of memory while mining (%s); unmined for %.0f s", self.ctx.rank, exc,
-                    self.config.oom_cooldown_s)
+        oom = isinstance(exc, (MemoryError, torch.OutOfMemoryError))
+        self.stats.add("oom_events" if oom else "mining_errors")
+        log.warning("rank %d: %s while mining (%s); unmined for %.0f s", self.ctx.rank,
+                    "out of memory" if oom else type(exc).__name__, exc, self.config.oom_cooldown_s)
 
     def prepare(self, job: MiningJob | None, preference: str) -> None:
         """Backends for this rank's layers (job thread); installed only if still the wanted job."""
