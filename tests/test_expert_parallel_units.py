@@ -286,3 +286,15 @@ def test_a_mining_fault_serves_unmined_and_is_counted(tmp_path: Path) -> None:
             worker.shutdown()
     finally:
         disconnect()
+
+
+def test_abort_drains_rank0_without_collectives(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    try:
+        worker = one_rank_worker(tmp_path, lambda mode, layer, cfg: PlantedBackend(layer))
+        worker.serve()
+        monkeypatch.setattr(worker.sync, "exchange", lambda *a: pytest.fail("abort made a collective"))
+        worker.abort()
+        assert not worker.preparer._thread.is_alive()
+        assert any(e.kind == "stopped" for e in worker.events.recent())
+    finally:
+        disconnect()

@@ -123,8 +123,10 @@ def run(args: argparse.Namespace, config: WorkerConfig, factory: BackendFactory,
         worker.start()
         try:
             worker.serve(on_batch=display.flush_events if display is not None else lambda: None)
-        finally:
-            summary = worker.shutdown()
+        except BaseException:
+            worker.abort()  # torchrun ends the other ranks; a shutdown exchange could only hang
+            raise
+        summary = worker.shutdown()
         if display is not None:
             display.flush_events()
     return summary

@@ -233,6 +233,13 @@ class ExpertParallelWorker:
         persisted = self.host.shutdown() if self.host is not None else 0
         return self._summary(persisted)
 
+    def abort(self) -> None:
+        """After a failure on this rank: no more collectives (the other ranks may be anywhere);
+        rank 0 still drains its submitter and persists unsent proofs."""
+        self.preparer.stop()
+        if self.host is not None:
+            self.host.shutdown()
+
     def _summary(self, persisted: int) -> dict[str, Any] | None:
         """Rank 0: the run's figures, from what every rank reported at the last step."""
         if self.host is None:
