@@ -6,13 +6,16 @@ nvdisasm wheel. One compile per (precision, config), about 1.5 s each.
 """
 import os
 import re
+import tempfile
 
 import pytest
 
-os.environ["CUTE_DSL_ARCH"] = "sm_90a"
+import kernels  # noqa: E402,F401  (sets CUTE_DSL_ARCH=sm_90a before cutlass is imported)
+
 os.environ["CUTE_DSL_KEEP"] = "sass"
-os.environ.setdefault("CUTE_DSL_DUMP_DIR", "/tmp/pearl_cute_dump")
-os.makedirs(os.environ["CUTE_DSL_DUMP_DIR"], exist_ok=True)
+# The DSL writes each kernel's cubin/SASS under one truncated file name per kernel class and
+# reads it back: concurrent test runs sharing a dump folder overwrite each other's files.
+os.environ["CUTE_DSL_DUMP_DIR"] = tempfile.mkdtemp(prefix="pearl_cute_dump_")
 
 pytest.importorskip("cutlass")
 pytest.importorskip("quack")
@@ -33,6 +36,17 @@ MMA_SASS = {Precision.BF16: r"HGMMA\.64x(\d+)x16\.F32\.BF16",
 
 # Every config the selector can return, every autotune tile (a future winner), and the
 # along-M raster of each default (the one compile-time schedule variant; swizzle is launch-only).
+def _dsl_setting(name: str):
+    from cutlass.cutlass_dsl import CuTeDSL
+    return getattr(CuTeDSL._get_dsl().envar, name)
+
+
+def test_dsl_targets_sm90a() -> None:
+    # cutlass reads its environment once; a module that imported it before `kernels` with
+    # another CUTE_DSL_ARCH would make every compile below target the wrong architecture.
+    assert _dsl_setting("arch") == "sm_90a"
+
+
 CASES = list(dict.fromkeys(
     [(p, c) for p, cfgs in selectable_configs().items() for c in cfgs]
     + [(p, c) for p in Precision for r in Regime for c in candidates(p, r)]
