@@ -1,6 +1,7 @@
-"""CPU compile check: the windowed FP8 GEMM compiles for sm_90 into the Hopper model's structure —
-four K = 32 e4m3 WGMMAs per 128-k window, the first zero-initialised, then one fp32 add per
-accumulator register — and the short-message hash compiles (no GPU needed: Triton's ptxas)."""
+"""CPU compile check (no GPU needed: Triton's ptxas): the windowed FP8 GEMM compiles for sm_90 into
+the Hopper model's structure — four K = 32 e4m3 WGMMAs per 128-k window, the first zero-initialised,
+then one fp32 add per accumulator register; the noisy-quantization kernel has no contracted
+multiply-add; the short-message hash compiles."""
 import os
 import re
 import subprocess
@@ -15,7 +16,7 @@ SCRIPT = textwrap.dedent("""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    from kernels.fp8mine import hashing, matmul
+    from kernels.fp8mine import hashing, matmul, noisy_kernel
     target = GPUTarget("cuda", 90, 128)
     gemm = triton.compile(ASTSource(fn=matmul._windowed_kernel, signature={
         "a_ptr": "*u8", "b_ptr": "*u8", "out_ptr": "*fp32", "tile_row_ptr": "*i32", "tile_expert_ptr": "*i32",
@@ -24,6 +25,13 @@ SCRIPT = textwrap.dedent("""
     print("PTX-BEGIN")
     print(gemm.asm["ptx"])
     print("PTX-END")
+    noisy = triton.compile(ASTSource(fn=noisy_kernel._noisy_kernel, signature={
+        "x_ptr": "*i16", "noise_ptr": "*fp32", "alpha_ptr": "*i16", "beta_ptr": "*i16", "out_ptr": "*u8",
+        "total": "i32", "k": "i32", "BLOCK": "constexpr"}, constexprs={"BLOCK": 1024}), target=target,
+        options={"enable_fp_fusion": False})
+    print("NOISY-BEGIN")
+    print(noisy.asm["ptx"])
+    print("NOISY-END")
     triton.compile(ASTSource(fn=hashing._short_kernel, signature={
         "key_ptr": "*i32", "key_stride": "i32", "msg_ptr": "*i32", "out_ptr": "*i32", "total": "i32",
         "nbytes": "i32", "blocks": "i32", "keyed": "i32", "LANES": "constexpr"}, constexprs={"LANES": 16}),
@@ -32,17 +40,18 @@ SCRIPT = textwrap.dedent("""
 
 
 @pytest.fixture(scope="module")
-def gemm_ptx() -> str:
+def compiled() -> str:
     env = dict(os.environ, PEARL_INT7_INTERPRET="0")
     done = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env,
                           cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), timeout=600)
     if done.returncode != 0 and "ptxas" in done.stderr and "not found" in done.stderr:
         pytest.skip("Triton's ptxas is not available")
     assert done.returncode == 0, done.stderr[-3000:]
-    return done.stdout.split("PTX-BEGIN")[1].split("PTX-END")[0]
+    return done.stdout
 
 
-def test_window_is_four_zero_initialised_k32_wgmmas_then_an_fp32_add(gemm_ptx):
+def test_window_is_four_zero_initialised_k32_wgmmas_then_an_fp32_add(compiled):
+    gemm_ptx = compiled.split("PTX-BEGIN")[1].split("PTX-END")[0]
     wgmma = [line for line in gemm_ptx.splitlines() if "wgmma.mma_async" in line]
     assert len(wgmma) == 4
     assert all("m64n128k32.f32.e4m3.e4m3" in line for line in wgmma)
@@ -51,3 +60,10 @@ def test_window_is_four_zero_initialised_k32_wgmmas_then_an_fp32_add(gemm_ptx):
     adds = re.findall(r"^\s*add(?:\.rn)?\.f32\s", gemm_ptx, flags=re.M)
     assert len(adds) == 64 * 128 // 128  # one promotion add per accumulator register per thread
     assert not re.search(r"^\s*add\.r[zmp]\.f32", gemm_ptx, flags=re.M)
+
+
+def test_noisy_kernel_has_no_contracted_multiply_add(compiled):
+    """The FMA emulation needs its f64 add and the β·N product rounded separately."""
+    ptx = compiled.split("NOISY-BEGIN")[1].split("NOISY-END")[0]
+    assert "mul.rn.f64" in ptx or "mul.f64" in ptx
+    assert not re.search(r"\bfma\.rn\.f(32|64)", ptx)

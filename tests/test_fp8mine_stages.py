@@ -204,12 +204,14 @@ def test_noisy_codes_cover_every_e4m3_code_and_match_reference():
     comes out; with drawn α, β and noise the codes still match the reference."""
     rng = np.random.default_rng(6)
     x = np.arange(0x10000, dtype=np.uint16).reshape(64, 1024)
-    noise = ref_bf16.f32_to_bf16(rng.standard_normal((64, 1024)).astype(np.float32) * 3000)
+    noise_f32 = rng.standard_normal((64, 1024)).astype(np.float32) * 3000
+    noise_f32[0, :5] = [np.nan, np.inf, -np.inf, 0.0, -0.0]
+    noise32, noise = torch.from_numpy(noise_f32), ref_bf16.f32_to_bf16(noise_f32)
     unit = (np.full(64, 0x3F80, dtype=np.uint16), np.zeros(64, dtype=np.uint16))
-    drawn = (rng.choice([0x3F80, 0x4000, 0x3E00, 0x4315], 64).astype(np.uint16),
-             rng.choice([0x0000, 0x3B95, 0x3000], 64).astype(np.uint16))
+    drawn = (rng.choice([0x3F80, 0x4000, 0x3E00, 0x4315, 0x0001, 0x7F00], 64).astype(np.uint16),
+             rng.choice([0x0000, 0x3B95, 0x3000, 0x8001, 0x6000], 64).astype(np.uint16))
     for alpha, beta in (unit, drawn):
-        got = dev_quant.noisy_codes(bf16_tensor(alpha), bf16_tensor(beta), bf16_tensor(x), bf16_tensor(noise))
+        got = dev_quant.noisy_codes(bf16_tensor(alpha), bf16_tensor(beta), bf16_tensor(x), noise32)
         got = got.view(torch.uint8).numpy()
         assert same_e4m3(got, ref_quant._noisy_codes(alpha[:, None], beta[:, None], x, noise))
         if alpha is unit[0]:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import torch
 
-E4M3_LIMIT = 448.0
 
 
 def bf16_mul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -47,11 +46,6 @@ def bf16_fma(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     error = (product - back) + (c64 - (total - back))  # TwoSum: product + c = total + error
     error = torch.where(torch.isfinite(total), error, torch.zeros_like(error))
     return _round_to_odd_f32(total, error).to(torch.bfloat16)
-
-
-def clamp_e4m3(x: torch.Tensor) -> torch.Tensor:
-    """Clamp bf16 values to ±448 (NaN passes through) and cast RNE to e4m3fn."""
-    return torch.clamp(x.float(), -E4M3_LIMIT, E4M3_LIMIT).to(torch.float8_e4m3fn)
 
 
 def bits16(x: torch.Tensor) -> torch.Tensor:

@@ -1,6 +1,7 @@
 """Noisy quantization to e4m3 on the device (§7), Hopper constants.
 
-Per row: l2f = max(l2, 2^-32), linf_f = max(linf, 2^-32) (NaN-propagating), nb = fma(δ√r, l2f,
+The per-row scales are torch ops on (rows,) tensors; the element op is one Triton kernel
+(noisy_kernel.py). Per row: l2f = max(l2, 2^-32), linf_f = max(linf, 2^-32) (NaN-propagating), nb = fma(δ√r, l2f,
 linf_f), α = bf16(448 / nb), β = bf16(bf16(α · l2f) · δ√r/256²). Per element:
 code = e4m3(clamp(fma(α, X, bf16(β · N)), ±448)), with N = bf16 of the E@F noise dot computed by
 the mined GEMM itself (k = 32: one window of one group from +0, as the device's atom).
@@ -15,7 +16,8 @@ import torch
 from proof.fp8.quantization import MAX_E4M3_BF16, NORM_FLOOR_BF16, scale_constants
 
 from .matmul import matmul
-from .numerics import bf16_div, bf16_fma, bf16_mul, clamp_e4m3, from_bits16
+from .noisy_kernel import noisy_codes
+from .numerics import bf16_div, bf16_fma, bf16_mul, from_bits16
 
 DELTA_R, DELTA_OVER_STD = scale_constants("hopper")
 
@@ -51,17 +53,7 @@ def row_scales(l2: torch.Tensor, linf: torch.Tensor) -> tuple[torch.Tensor, torc
     return alpha, beta
 
 
-ROW_CHUNK = 2048  # rows per elementwise pass: bounds the f64 temporaries of the FMA emulation
-
-
-def noisy_codes(alpha: torch.Tensor, beta: torch.Tensor, x: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-    """e4m3(clamp(fma(α, X, bf16(β · N)), ±448)) elementwise; α, β per row."""
-    out = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
-    for r0 in range(0, x.shape[0], ROW_CHUNK):
-        rows = slice(r0, r0 + ROW_CHUNK)
-        alpha_rows = alpha[rows, None].expand_as(x[rows])
-        out[rows] = clamp_e4m3(bf16_fma(alpha_rows, x[rows], bf16_mul(beta[rows, None], noise[rows])))
-    return out
+ROW_CHUNK = 2048  # rows per pass of the torch FMA emulation (bounds its f64 temporaries)
 
 
 def noisy_quantize(x: torch.Tensor, l2: torch.Tensor, linf: torch.Tensor, e_lines: torch.Tensor,
@@ -71,6 +63,6 @@ def noisy_quantize(x: torch.Tensor, l2: torch.Tensor, linf: torch.Tensor, e_line
     if x.dtype != torch.bfloat16 or e_lines.shape != (rows, 32) or f_lines.shape != (k, 32):
         raise QuantError(f"need x bf16 (rows, k), e_lines (rows, 32), f_lines (k, 32); got "
                          f"{x.dtype} {tuple(x.shape)}, {tuple(e_lines.shape)}, {tuple(f_lines.shape)}")
-    noise = matmul(e_lines, f_lines).to(torch.bfloat16)
+    noise = matmul(e_lines, f_lines)
     alpha, beta = row_scales(l2, linf)
-    return NoisySide(noisy_codes(alpha, beta, x, noise), alpha, beta, noise, e_lines)
+    return NoisySide(noisy_codes(alpha, beta, x, noise), alpha, beta, noise.to(torch.bfloat16), e_lines)
