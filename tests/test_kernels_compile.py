@@ -4,8 +4,10 @@ SASS holds the Hopper warpgroup MMA (HGMMA bf16, QGMMA fp8, IGMMA int8).
 No GPU needed (cpu-compile-check.md): fake tensors, CUTE_DSL_ARCH=sm_90a, SASS through the
 nvdisasm wheel. One compile per (precision, config), about 1.5 s each.
 """
+import atexit
 import os
 import re
+import shutil
 import tempfile
 
 import pytest
@@ -16,6 +18,7 @@ os.environ["CUTE_DSL_KEEP"] = "sass"
 # The DSL writes each kernel's cubin/SASS under one truncated file name per kernel class and
 # reads it back: concurrent test runs sharing a dump folder overwrite each other's files.
 os.environ["CUTE_DSL_DUMP_DIR"] = tempfile.mkdtemp(prefix="pearl_cute_dump_")
+atexit.register(shutil.rmtree, os.environ["CUTE_DSL_DUMP_DIR"], True)
 
 pytest.importorskip("cutlass")
 pytest.importorskip("quack")
