@@ -34,6 +34,7 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
     n.add_argument("--pearld", help="pearld RPC URL for heights and block status, e.g. http://127.0.0.1:18334")
     n.add_argument("--pearld-user", default="user")
     n.add_argument("--pearld-password", default="pass")
+    n.add_argument("--pearld-cafile", help="CA (e.g. pearld's rpc.cert) for an https:// pearld URL")
     n.add_argument("--network", default=None,
                    help="network whose fork rules apply (required with --gateway; default: the devnet's profile)")
     n.add_argument("--devnet-profile", default="regtest", help="network profile of the embedded devnet")

@@ -52,8 +52,8 @@ def run_worker(args: argparse.Namespace, stack: ExitStack) -> int:
         if args.network is None:
             raise ValueError("--network is required with --gateway: the fork rules decide what may be mined")
         gateway_address, network, max_blocks = args.gateway, args.network, args.max_blocks
-        pearld = PearldClient(args.pearld, args.pearld_user, args.pearld_password, retries=0, timeout=5.0) \
-            if args.pearld else None
+        pearld = PearldClient(args.pearld, args.pearld_user, args.pearld_password, cafile=args.pearld_cafile,
+                              retries=0, timeout=5.0) if args.pearld else None
     network = args.network or network
     source = GatewaySource(gateway_address, pearld)
     stack.callback(source.close)
