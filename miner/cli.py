@@ -55,7 +55,8 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
 
 def _add_clients(sub: argparse._SubParsersAction) -> None:
     s = sub.add_parser("status", help="live figures of a running worker (over gRPC)")
-    s.add_argument("--address", help=f"control address (default: the data dir's {ADDRESS_FILE}, else {DEFAULT_CONTROL})")
+    s.add_argument("--address",
+                   help=f"control address (default: the data dir's {ADDRESS_FILE}, else {DEFAULT_CONTROL})")
     s.add_argument("--data-dir", type=Path, default=Path("pearl-moe-data"))
     s.add_argument("--json", action="store_true", help="print the status as JSON")
     s.set_defaults(func=cmd_status)

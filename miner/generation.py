@@ -4,7 +4,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -43,7 +43,6 @@ class ServeStats:
     decode_tokens: int = 0
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
-    started: float = field(default_factory=time.monotonic)
 
     @property
     def decode_tokens_per_s(self) -> float:
