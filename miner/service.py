@@ -78,7 +78,7 @@ class ControlServicer(pb_grpc.MinerControlServicer):
 
 def serve(worker: Controllable, address: str = "127.0.0.1:0") -> tuple[grpc.Server, int]:
     """Start the service on ``address``; returns the server and the bound port."""
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="grpc"))
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="grpc"))
     pb_grpc.add_MinerControlServicer_to_server(ControlServicer(worker), server)
     port = server.add_insecure_port(address)
     if port == 0:
