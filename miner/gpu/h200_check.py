@@ -13,13 +13,19 @@ from V4 to V3; docs/miner-gpu.md):
   the dense fallback (``int7-dense``);
 - ``mainnet@100000``: mainnet as it is now: cert V3, salted seeds, rank penalty, dense only.
 
-Each phase: a worker (``miner.worker.Worker``) on the devnet's gateway and pearld with the GPU
-backends (``miner.gpu.worker_factory``), the model moved to the device; difficulty is the devnet's
-pow limit (planted: tiles win often), so blocks are found and accepted within seconds. It serves
-batches until ``--blocks`` blocks are accepted (or its time share is spent), then measures
-tokens/s with mining paused vs mining on, alternating batches (warm-up first, median of
-``--reps``). Every section is guarded: a failure is written into the results and the run goes
-on. Results: DIR/h200_check.json and DIR/h200_check.md, rewritten after every phase.
+Each phase: a worker (``miner.worker.Worker``) with the GPU backends (``miner.gpu.worker_factory``),
+the model moved to the device, and two devnets of the profile:
+
+1. mining: the devnet's difficulty is its pow limit (planted: tiles win often), so blocks are found,
+   submitted and accepted within seconds; the worker serves batches until ``--blocks`` blocks are
+   accepted (or its time share is spent);
+2. tokens/s: the worker's source is switched to a second devnet whose target (2^200) no tile
+   meets, so mining runs in its steady state (every launch mined, no block every second forcing
+   a new job, a B-side preparation and a proof); batches alternate mining paused / mining on,
+   warm-up first, median of ``--reps``.
+
+Every section is guarded: a failure is written into the results and the run goes on.
+Results: DIR/h200_check.json and DIR/h200_check.md, rewritten after every section.
 """
 from __future__ import annotations
 
@@ -39,12 +45,15 @@ import torch
 
 from miner.generation import Generator, generated_prompts
 from miner.gpu.factory import worker_factory
+from miner.jobs import MiningJob
 from miner.model import ModelConfig, preset
 from miner.sources import GatewaySource
 from miner.worker import Worker, WorkerConfig
+from proof.chain import bits_from_target
 
 PHASES = ("regtest-fp8", "mainnet@91628", "mainnet@100000")
 SMOKE_PHASES = ("regtest-fp8", "mainnet@100000")
+QUIET_BITS = bits_from_target(1 << 200)  # no FP8 or INT7 tile of these shapes meets it
 
 
 @dataclass(frozen=True)
@@ -111,7 +120,7 @@ def markdown(data: dict[str, Any]) -> str:
              "mining errors | first block s |",
              "|---|---|---|---|---|---|---|---|---|"]
     for p in data["phases"]:
-        m = p.get("mining", {})
+        m = p.get("mining_stats") or p.get("mining", {})
         lines.append(f"| {p['profile']} | {' → '.join(p.get('modes', [])) or '-'} | {m.get('accepted', '-')} | "
                      f"{m.get('submitted', '-')} | {m.get('rejected', '-')} | {m.get('winners', '-')} | "
                      f"{m.get('verify_failed', '-')} | {m.get('mining_errors', '-')} | "
@@ -145,6 +154,26 @@ class Prompts:
 
     def batch(self) -> list[list[int]]:
         return [next(self.stream) for _ in range(self.batch_size)]
+
+
+class SwitchedSource:
+    """A JobSource that polls one devnet at a time; a proof goes back to the devnet of its job."""
+
+    def __init__(self, source: GatewaySource) -> None:
+        self.current = source
+        self._owner: dict[bytes, GatewaySource] = {}
+
+    def fetch_job(self) -> MiningJob:
+        source = self.current
+        job = source.fetch_job()
+        self._owner[job.header76] = source
+        return job
+
+    def submit(self, plain_proof_b64: str, job: MiningJob) -> str:
+        return self._owner.get(job.header76, self.current).submit(plain_proof_b64, job)
+
+    def block_status(self, job: MiningJob) -> bool | None:
+        return self._owner.get(job.header76, self.current).block_status(job)
 
 
 def _sync(device: torch.device) -> None:
@@ -183,17 +212,23 @@ def mine_blocks(worker: Worker, sizes: Sizes, prompts: Prompts, device: torch.de
     phase["mining_s"] = time.monotonic() - started
 
 
-def wait_for_mode(worker: Worker, deadline: float) -> None:
-    """Let the job thread prepare the backends before measuring (serving meanwhile is unmined)."""
-    while time.monotonic() < deadline and not all(layer.backend is not None for layer in worker.layers):
+def wait_for_mode(worker: Worker, deadline: float, bits: int | None = None) -> None:
+    """Let the job thread adopt a job (of ``bits`` if given) and prepare the backends."""
+    def ready() -> bool:
+        job = worker.poller.current
+        return job is not None and (bits is None or job.bits == bits) and \
+            all(layer.backend is not None for layer in worker.layers)
+
+    while time.monotonic() < deadline and not ready():
         time.sleep(0.05)
 
 
 def benchmark(worker: Worker, sizes: Sizes, prompts: Prompts, device: torch.device, deadline: float,
               phase: dict[str, Any]) -> None:
     """Tokens/s unmined (mining paused) vs mined, alternating batches; medians and ratios."""
+    wait_for_mode(worker, deadline, QUIET_BITS)
     runs: dict[str, list[dict[str, float]]] = {"unmined": [], "mined": []}
-    bench: dict[str, Any] = {"mode": worker.control.mode.value, "runs": runs}
+    bench: dict[str, Any] = {"mode": worker.control.mode.value, "bits": f"{QUIET_BITS:08x}", "runs": runs}
     phase["bench"] = bench
     launches = worker.stats.launches_mined
     for i in range(sizes.warmup + sizes.reps):
@@ -225,8 +260,10 @@ def run_phase(profile: str, sizes: Sizes, device: torch.device, dtype: torch.dty
     phase: dict[str, Any] = {"profile": profile}
     results.data["phases"].append(phase)
     with tempfile.TemporaryDirectory(prefix="h200-check-") as tmp, \
-            start_devnet(profile, datadir=Path(tmp) / "devnet") as devnet:
-        source = GatewaySource(devnet.gateway_address, devnet.pearld_client(retries=0, timeout=5.0))
+            start_devnet(profile, datadir=Path(tmp) / "devnet") as devnet, \
+            start_devnet(profile, datadir=Path(tmp) / "quiet", bits=QUIET_BITS) as quiet:
+        sources = [GatewaySource(d.gateway_address, d.pearld_client(retries=0, timeout=5.0)) for d in (devnet, quiet)]
+        source = SwitchedSource(sources[0])
         config = WorkerConfig(model=sizes.model, network=profile, data_dir=Path(tmp) / "worker",
                               batch_size=sizes.batch_size, prompt_len=sizes.prompt_len,
                               max_new_tokens=sizes.max_new_tokens, min_mining_tokens=sizes.min_mining_tokens,
@@ -241,11 +278,14 @@ def run_phase(profile: str, sizes: Sizes, device: torch.device, dtype: torch.dty
         try:
             mining_deadline = started + 0.6 * (deadline - started)
             results.guard("mining", phase, lambda: mine_blocks(worker, sizes, prompts, device, mining_deadline, phase))
+            phase["mining_stats"] = worker.stats.snapshot()
+            source.current = sources[1]
             results.guard("benchmark", phase, lambda: benchmark(worker, sizes, prompts, device, deadline, phase))
         finally:
             worker.stop_requested.set()
             worker.shutdown()
-            source.close()
+            for s in sources:
+                s.close()
             phase["height"] = devnet.chain.height
             phase["mining"] = worker.stats.snapshot()
             phase["events"] = _drain(events)
