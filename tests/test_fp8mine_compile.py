@@ -25,6 +25,10 @@ SCRIPT = textwrap.dedent("""
     print("PTX-BEGIN")
     print(gemm.asm["ptx"])
     print("PTX-END")
+    triton.compile(ASTSource(fn=matmul._windowed_kernel, signature={
+        "a_ptr": "*u8", "b_ptr": "*u8", "out_ptr": "*fp32", "tile_row_ptr": "*i32", "tile_expert_ptr": "*i32",
+        "ends_ptr": "*i32", "n": "i32", "k": "i32", "BM": "constexpr", "BN": "constexpr"},
+        constexprs={"BM": 128, "BN": 128}), target=target, options={"num_warps": 8})  # the prefill tile
     noisy = triton.compile(ASTSource(fn=noisy_kernel._noisy_kernel, signature={
         "x_ptr": "*i16", "noise_ptr": "*fp32", "alpha_ptr": "*i16", "beta_ptr": "*i16", "out_ptr": "*u8",
         "total": "i32", "k": "i32", "BLOCK": "constexpr"}, constexprs={"BLOCK": 1024}), target=target,

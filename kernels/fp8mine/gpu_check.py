@@ -269,6 +269,28 @@ def _unmined(xq, wq, offsets, xs, ws):
             xq, wt, xs, ws, offs=offs, out_dtype=torch.bfloat16)
 
 
+def _parts(gemm: MinedGemm, x: torch.Tensor, topk, result) -> dict:
+    """Where the mined pass spends its time: each stage alone, as a graph of one call."""
+    from kernels.timing import time_calls
+
+    from .peel import peel_and_unscale
+    from .pipeline import prepare_a
+    state, table, a = gemm.state, result.table, result.a
+    order = table.rflat.to(torch.int64)
+    codes = a.side.codes.index_select(0, order) if gemm.moe else a.side.codes
+    b_codes = state.side.codes.view(gemm.b.experts, gemm.b.n_e, gemm.b.k)
+    tiles = row_tiles(table)
+    stages = {
+        "A side": lambda: prepare_a(x, gemm.key_a, state, gemm.job.p_a(), table if gemm.moe else None),
+        "windowed GEMM": lambda: grouped_matmul(codes, b_codes, table),
+        "lottery": lambda: gemm.latch.run(result.acc, tiles, a.pow_key, gemm.threshold, state.seed_b, {}),
+        "peel + unscale": lambda: peel_and_unscale(
+            result.acc, a.peel.index_select(0, order), a.side.alpha.index_select(0, order),
+            state.peel.view(gemm.b.experts, gemm.b.n_e, -1), state.side.alpha.view(gemm.b.experts, gemm.b.n_e), table),
+    }
+    return {name: time_calls([fn], target_ms=10.0, replays=3).median_us for name, fn in stages.items()}
+
+
 def check_timing() -> dict:
     from kernels.timing import time_calls
     out = {}
@@ -297,6 +319,7 @@ def check_timing() -> dict:
             entry.update({"unmined": label, "unmined median us": base_t.median_us,
                           "mined median us": mined_t.median_us, "mined graph": mined_t.graph,
                           "slowdown": mined_t.median_us / base_t.median_us})
+            entry["parts median us"] = _parts(gemm, x, topk, result)
             gemm.b.slots = [None, None]
         except Exception as exc:
             entry["error"] = repr(exc)

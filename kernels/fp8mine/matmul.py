@@ -67,8 +67,13 @@ def _check(a: torch.Tensor, b: torch.Tensor) -> None:
         raise MatmulError(f"operands on different devices: {a.device} and {b.device}")
 
 
-def grouped_matmul(a: torch.Tensor, b: torch.Tensor, table: RoutingTable,
-                   block_m: int = 64, block_n: int = 128) -> torch.Tensor:
+def tile_config(rows: int, experts: int) -> tuple[int, int, int]:
+    """(block_m, block_n, num_warps) from static shapes: 64-row tiles for decode-like launches
+    (few rows per expert), 128-row tiles with 8 warps once experts average 128 rows or more."""
+    return (128, 128, 8) if rows >= 128 * experts else (64, 128, 4)
+
+
+def grouped_matmul(a: torch.Tensor, b: torch.Tensor, table: RoutingTable) -> torch.Tensor:
     """out[rows of w] = a[rows of w] · b[w]ᵀ accumulated as the Hopper model; (rows, n) fp32.
 
     a: (rows, k) e4m3 in expert order (rows = table.rflat length); b: (e, n, k) e4m3.
@@ -81,11 +86,12 @@ def grouped_matmul(a: torch.Tensor, b: torch.Tensor, table: RoutingTable,
     if a.device.type != "cuda":
         return _model_grouped(a, b, table)
     out = torch.empty((a.shape[0], n), dtype=torch.float32, device=a.device)
+    block_m, block_n, warps = tile_config(a.shape[0], experts)
     tiles = row_tiles(table, block_m, partial=True)
     grid = (tiles.row_start.shape[0], triton.cdiv(n, block_n))
     _windowed_kernel[grid](a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8), out,
                            tiles.row_start, tiles.expert, table.offsets, n, k,
-                           BM=block_m, BN=block_n, num_warps=4, num_stages=3)
+                           BM=block_m, BN=block_n, num_warps=warps, num_stages=3)
     return out
 
 
