@@ -101,3 +101,24 @@ def test_forward_needs_a_job_and_routing():
         gemm.set_job(b"short", [bytes(108)], 1)
     with pytest.raises(PipelineError, match="weights"):
         MinedGemm(torch.zeros(64, K), m=4)
+
+
+def test_b_state_is_reused_across_the_window_and_prefetched(monkeypatch):
+    """A B state serves depths 1..4; at depth 4 the parent's is prepared into the other slot and
+    the next template switches to it at depth 2, so B is prepared once every 3 blocks."""
+    from kernels.fp8mine.pipeline import BSide, BState
+    side = BSide(torch.zeros(1, 64, K, dtype=torch.bfloat16))
+    built = []
+
+    def fake_build(header):
+        built.append(header[0])
+        return BState(header, None, None, None, None, None)
+
+    monkeypatch.setattr(side, "_build", fake_build)
+    chain = [bytes([height]) * 108 for height in range(20)]
+    chosen = [side.select(chain[:tip][::-1]) for tip in range(5, 14)]
+    assert [(state.ancestor_header[0], depth) for state, depth in chosen] == [
+        (4, 1), (4, 2), (4, 3), (4, 4), (7, 2), (7, 3), (7, 4), (10, 2), (10, 3)]
+    assert built == [4, 7, 10]
+    reorg = side.select([bytes([99]) * 108])
+    assert reorg[0].ancestor_header[0] == 99 and reorg[1] == 1

@@ -2,8 +2,9 @@
 
 - `BSide` pre-quantizes the weights once (the planes depend on the weights only) and prepares a
   `BState` per chosen ancestor σ_d: keyB, the plane trees and HB, seedB, F_A, F_B, E_B, B′ and the
-  B peel. On CUDA this runs on a side stream into one of two slots (double-buffered); a state is
-  reused while its σ_d is among the template's 4 most recent ancestors (the state window).
+  B peel. On CUDA this runs on a side stream into the inactive one of two slots (double-buffered);
+  the active state is reused while its σ_d is among the template's 4 most recent ancestors (the
+  state window) and the parent's state is prefetched before it leaves.
 - `prepare_a` is the per-launch A side: planes, norms, HA, (HR, HO), seedA, noise and jackpot
   keys, E_A, A′ and the A peel — device tensors only, no host syncs.
 - `MinedGemm.forward` runs A side → grouped windowed FP8 GEMM → lottery (first winner into the
@@ -41,6 +42,15 @@ class BState:
     peel: torch.Tensor  # (n, 64) bf16
     ready: torch.cuda.Event | None = None
 
+    def adopt(self, stream: torch.cuda.Stream) -> None:
+        """Make `stream` wait for the preparation and tell the allocator it uses these tensors."""
+        if self.ready is None:
+            return
+        stream.wait_event(self.ready)
+        for t in (self.seed_b, self.f_a, self.f_b, self.side.codes, self.side.alpha, self.side.beta,
+                  self.side.noise, self.side.e_lines, self.peel):
+            t.record_stream(stream)
+
 
 class BSide:
     """The weights' committed planes and up to two prepared job states (double-buffered)."""
@@ -56,7 +66,7 @@ class BSide:
         self.l2, self.linf = prequant.row_norms(self.codes, self.scales)
         self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self.slots: list[BState | None] = [None, None]
-        self._next = 0
+        self._active = 0
 
     def p_b(self, ancestor_header: bytes) -> bytes:
         return self.job(ancestor_header, m=1).p_b()
@@ -67,31 +77,44 @@ class BSide:
         return make_job(ancestor_header, m=m, n=self.experts * self.n_e, k=self.k, experts=experts)
 
     def select(self, ancestors: list[bytes]) -> tuple[BState, int]:
-        """A state whose σ_d is one of the 4 most recent ancestors (parent first), and its depth d.
+        """The state to mine with for a template whose ancestors are `ancestors` (parent first),
+        and its depth d (σ_d = ancestors[d − 1]).
 
-        Reuses a prepared slot when possible; otherwise prepares the parent into the other slot.
+        The active state is kept while its σ_d is among the 4 most recent ancestors, so B is
+        prepared about once every 3 blocks: at depth 4 (its last block) the parent's state is
+        prepared in the other slot on the side stream, and the next template switches to it at
+        depth 2. Only a first job (or a reorg) waits for a preparation.
         """
         window = [bytes(h) for h in ancestors[:STATE_WINDOW_DEPTH]]
         if not window:
             raise PipelineError("need at least the parent header")
-        for state in self.slots:
+        active = self.slots[self._active]
+        if active is not None and active.ancestor_header in window:
+            depth = window.index(active.ancestor_header) + 1
+            other = self.slots[self._active ^ 1]
+            if depth == STATE_WINDOW_DEPTH and (other is None or other.ancestor_header not in window):
+                self._prepare_into(self._active ^ 1, window[0])
+            return active, depth
+        for slot, state in enumerate(self.slots):
             if state is not None and state.ancestor_header in window:
+                self._active = slot
                 return state, window.index(state.ancestor_header) + 1
-        return self.prepare(window[0]), 1
+        self._prepare_into(self._active ^ 1 if active is not None else self._active, window[0])
+        self._active = self._active ^ 1 if active is not None else self._active
+        return self.slots[self._active], 1
 
-    def prepare(self, ancestor_header: bytes) -> BState:
-        """Prepare σ_d's state into the next slot, on the side stream when on CUDA."""
+    def _prepare_into(self, slot: int, ancestor_header: bytes) -> None:
+        """Build σ_d's state into `slot`, on the side stream when on CUDA (never the active slot
+        while it is in use: callers pass the other one)."""
         if self.stream is None:
+            self.slots[slot] = self._build(ancestor_header)
+            return
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self.stream):
             state = self._build(ancestor_header)
-        else:
-            self.stream.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(self.stream):
-                state = self._build(ancestor_header)
-                state.ready = torch.cuda.Event()
-                state.ready.record(self.stream)
-        self.slots[self._next] = state
-        self._next ^= 1
-        return state
+            state.ready = torch.cuda.Event()
+            state.ready.record(self.stream)
+        self.slots[slot] = state
 
     def _build(self, ancestor_header: bytes) -> BState:
         header = constant_bytes(bytes(ancestor_header), self.device)
@@ -174,8 +197,8 @@ class MinedGemm:
         if len(header76) != 76:
             raise PipelineError(f"the proposed header must be 76 bytes, got {len(header76)}")
         state, depth = self.b.select(ancestors)
-        if state.ready is not None:
-            torch.cuda.current_stream(self.b.device).wait_event(state.ready)
+        if self.b.stream is not None:
+            state.adopt(torch.cuda.current_stream(self.b.device))
         self.state, self.job = state, self.b.job(state.ancestor_header, self.m)
         self.header76, self.ancestor_chain = bytes(header76), [bytes(h) for h in ancestors[:depth - 1]]
         self.key_a.copy_(transcript.key_a(constant_bytes(self.header76, self.b.device)))
