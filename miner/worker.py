@@ -147,7 +147,8 @@ class Worker:
                         backend = self.backend_factory(mode, layer.layer_id, self.config.model)
                         backend.prepare_job(job, block.w13)
                         layer.backend, name = backend, backend.name
-                except (NotImplementedError, ValueError) as exc:
+                except Exception as exc:  # a backend that cannot prepare leaves inference serving
+                    log.warning("cannot prepare %s: %s", mode.value, exc)
                     for layer in self.layers:
                         layer.backend = None
                     mode, reason, name = Mode.OFF, f"cannot mine {mode.value}: {exc}", ""

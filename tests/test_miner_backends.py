@@ -163,3 +163,29 @@ def test_mined_layer_serves_unmined_when_mining_cannot_run(launch_inputs) -> Non
     allowed[0] = False
     layer.launch(x, ids, w13)  # paused / cooling down
     assert layer.backend.calls == 1 and stats.launches_unmined == 6 and stats.launches_mined == 0
+
+
+def test_a_backend_that_cannot_prepare_switches_mining_off(tmp_path) -> None:
+    from miner.modes import Mode
+    from miner.worker import Worker
+    from test_miner_support import tiny_config
+
+    class NoSource:
+        def fetch_job(self) -> MiningJob:
+            raise AssertionError("not polled here")
+
+        def submit(self, proof: str, job: MiningJob) -> str:
+            raise AssertionError("nothing to submit")
+
+    class Broken(CpuInt7Backend):
+        def prepare_job(self, job: MiningJob, weights: torch.Tensor) -> None:
+            raise RuntimeError("CUDA error: no kernel image")
+
+    def broken(mode: Mode, layer_id: int, cfg) -> CpuInt7Backend:
+        return Broken(mode, layer_id, cfg.num_experts, cfg.top_k)
+
+    worker = Worker(tiny_config(tmp_path), NoSource(), broken)
+    worker._on_job(int7_job(EASY))
+    status = worker.status()
+    assert status["mode"] == "off" and "CUDA error" in status["mode_reason"]
+    assert all(layer.backend is None for layer in worker.layers)
