@@ -7,6 +7,14 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 
 
+# Every integer total of MiningStats, in the order the status display, the gRPC message and the
+# Prometheus collector show them (one list, so a new counter cannot be left out of one of them).
+COUNTERS = ("credited_work", "tickets", "launches_mined", "launches_unmined", "winners",
+            "proofs_built", "verify_failed", "refused_by_rules", "submitted", "accepted",
+            "rejected", "persisted", "resubmitted", "dropped_stale", "dropped_backlog", "oom_events",
+            "mining_errors")
+
+
 @dataclass
 class MiningStats:
     """Thread-safe totals; ``hashrate`` is credited work per second over a sliding window.
@@ -30,6 +38,7 @@ class MiningStats:
     persisted: int = 0
     resubmitted: int = 0
     dropped_stale: int = 0
+    dropped_backlog: int = 0
     oom_events: int = 0
     mining_errors: int = 0
     rejected_reasons: Counter = field(default_factory=Counter)
@@ -67,10 +76,7 @@ class MiningStats:
 
     def snapshot(self) -> dict[str, object]:
         with self._lock:
-            out = {name: getattr(self, name) for name in (
-                "credited_work", "tickets", "launches_mined", "launches_unmined", "winners",
-                "proofs_built", "verify_failed", "refused_by_rules", "submitted", "accepted",
-                "rejected", "persisted", "resubmitted", "dropped_stale", "oom_events", "mining_errors")}
+            out = {name: getattr(self, name) for name in COUNTERS}
             out["rejected_reasons"] = dict(self.rejected_reasons)
         out["hashrate"] = self.hashrate
         return out

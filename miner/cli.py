@@ -11,6 +11,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+from miner.accounting import COUNTERS
 from miner.service import ADDRESS_FILE, DEFAULT_CONTROL
 
 
@@ -123,9 +124,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def _print_status(status: dict[str, Any], status_line: Any) -> None:
     mining, serving = status["mining"], status["serving"]
-    for key in ("credited_work", "tickets", "launches_mined", "launches_unmined", "winners", "proofs_built",
-                "verify_failed", "refused_by_rules", "submitted", "accepted", "rejected", "persisted",
-                "resubmitted", "dropped_stale", "oom_events", "mining_errors", "pending_winners"):
+    for key in (*COUNTERS, "pending_winners"):
         mining[key] = int(mining.get(key, 0))
     for key in ("requests", "prefill_tokens", "decode_tokens"):
         serving[key] = int(serving.get(key, 0))

@@ -60,6 +60,11 @@ class CompletionWorker:
         try:
             self._queue.put_nowait((backend, record))
         except queue.Full:
+            # Never block serving; the backlog already holds many winners (one proof per job is
+            # all a header can use), but say so rather than lose one silently.
+            self.stats.add("dropped_backlog")
+            log.warning("completion backlog full (%d pending): winner of layer %d for job %s not queued",
+                        self._queue.qsize(), record.layer_id, record.job.job_id)
             return False
         return True
 

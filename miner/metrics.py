@@ -8,10 +8,9 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-_MINING_COUNTERS = ("credited_work", "tickets", "launches_mined", "launches_unmined", "winners",
-                    "proofs_built", "verify_failed", "refused_by_rules", "submitted", "accepted",
-                    "persisted", "resubmitted", "dropped_stale", "oom_events",
-                    "mining_errors")
+from miner.accounting import COUNTERS
+
+_MINING_COUNTERS = tuple(name for name in COUNTERS if name != "rejected")  # rejected: by reason
 _SERVING_COUNTERS = ("requests", "prefill_tokens", "decode_tokens")
 _SERVING_GAUGES = ("prefill_tokens_per_s", "decode_tokens_per_s", "tokens_per_s")
 _STATES = ("mining", "paused", "waiting", "cooldown")

@@ -167,3 +167,14 @@ def test_resolve_reports_included_and_missing_blocks(tmp_path) -> None:
     assert h.worker.resolve(job(2), lambda j: True) == [(job(1), True)]
     assert h.worker.resolve(job(3), lambda j: False) == []  # already resolved
     h.worker.stop()
+
+
+def test_a_full_backlog_counts_the_winner_it_cannot_queue(tmp_path) -> None:
+    harness = Harness(tmp_path, job(1))  # not started: nothing drains the queue
+    harness.worker = CompletionWorker(harness.source, harness.store, harness.stats, harness.events,
+                                      NETWORK, lambda: harness.current, max_queue=2)
+    backend = FakeBackend()
+    taken = [harness.worker.offer(backend, record(job(n))) for n in (1, 2, 3)]
+    assert taken == [True, True, False]
+    assert harness.stats.winners == 3 and harness.stats.dropped_backlog == 1
+    assert harness.stats.snapshot()["dropped_backlog"] == 1
