@@ -7,8 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from kernels.int7.blake3 import (KEYED_HASH, SINGLE_BLOCK, Blake3Error, bytes_from_words, hash_blocks,
-                                 iv_words, keyed_trees, level_counts, words_from_bytes)
+from kernels.int7.blake3 import Blake3Error, bytes_from_words, keyed_trees, level_counts, words_from_bytes
 from proof.blake3tree import MerkleTree
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -43,17 +42,6 @@ def test_kept_levels_give_pearl_siblings():
         siblings = [bytes_from_words(trees.levels[level][0, i]) for level, i in
                     _sibling_positions(opening, 11)]
         assert siblings == reference.siblings(opening)
-
-
-def test_one_block_hashes_keyed_and_plain():
-    rng = np.random.default_rng(3)
-    messages = torch.from_numpy(rng.integers(-2**31, 2**31, (5, 16), dtype=np.int32)).to(DEVICE)
-    keyed = hash_blocks(_keys(KEY), messages, SINGLE_BLOCK | KEYED_HASH)
-    plain = hash_blocks(iv_words(DEVICE), messages, SINGLE_BLOCK)
-    for i in range(5):
-        raw = bytes_from_words(messages[i])
-        assert bytes_from_words(keyed[i]) == blake3.blake3(raw, key=KEY).digest()
-        assert bytes_from_words(plain[i]) == blake3.blake3(raw).digest()
 
 
 def test_bad_inputs_are_named():

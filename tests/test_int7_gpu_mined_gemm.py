@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from kernels.int7 import noise as device_noise
+from kernels.int7.activations import prepare_rows
 from kernels.int7.blake3 import bytes_from_words
 from kernels.int7.mined_gemm import (DUMP_WORDS, RECORD_WORDS, MinedGemmError, Tiling, mined_gemm,
                                      plain_gemm)
@@ -37,7 +38,7 @@ def _run(ops, bound, rows_valid=M, dump=True):
     dumped = torch.zeros((E, M // H, N // W, DUMP_WORDS), dtype=torch.int32, device=DEVICE) if dump else None
     scale_a = torch.linspace(0.5, 2.0, E * M, device=DEVICE).view(E, M)
     scale_b = torch.linspace(0.01, 0.1, E * N, device=DEVICE).view(E, N)
-    limbs = device_noise.int8_limbs(device_noise.sparse_product(ops["a"], *ops["p_b"], RANK))
+    _, _, limbs = prepare_rows(ops["a"], *ops["p_b"], RANK, rows_per_instance=M, scale=scale_a)
     mined_gemm(ops["a_noised"], ops["a"], ops["bt_noised"], limbs.contiguous(), ops["u_b"], ops["s_a"],
                bound_words(bound, DEVICE), torch.full((E,), rows_valid, dtype=torch.int32, device=DEVICE),
                record, scale_a, scale_b, rank=RANK, tile_h=H, tile_w=W, out=out, out_i32=out_i32,

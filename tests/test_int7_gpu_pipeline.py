@@ -92,6 +92,6 @@ def test_no_winner_below_a_zero_bound_and_bad_arguments():
         prepare_job(weights, torch.ones(1, N, device=DEVICE), header76=HEADER,
                     config=MiningConfig(K, RANK, [0, 8, 64, 72], list(range(8))), cert_version=1,
                     bound=0, moe=False)
-    with pytest.raises(PipelineError, match="dense pass needs q"):
+    with pytest.raises(PipelineError, match="dense pass needs activations"):
         mined.run_quantized(torch.zeros((1, M + 2, K), dtype=torch.int8, device=DEVICE),
                             torch.ones(1, M + 2, device=DEVICE))

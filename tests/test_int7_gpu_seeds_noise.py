@@ -1,11 +1,12 @@
-"""kernels.int7 seeds, noise and quantisation against proof.int7 (bit-exact)."""
+"""kernels.int7 seeds, noise and the A-side row preparation against proof.int7 and literal
+references (bit-exact)."""
 import numpy as np
 import pytest
 import torch
 
 from kernels.int7 import noise as device_noise
 from kernels.int7.blake3 import bytes_from_words, words_from_bytes
-from kernels.int7.quant import QuantError, quantize_int7
+from kernels.int7.activations import ActivationError, prepare_rows
 from kernels.int7.seeds import SeedError, noise_seed_a, noise_seed_b
 from proof.int7 import noise as ref_noise
 from proof.int7 import noise_seeds
@@ -41,7 +42,7 @@ def test_moe_seed_chain_matches_reference(salted):
 
 
 def test_seed_arguments_are_checked():
-    with pytest.raises(SeedError, match="need n"):
+    with pytest.raises(SeedError, match="need the dimension"):
         noise_seed_b(_w(bytes(32)), _w(bytes(32)), salted_seeds=True)
     with pytest.raises(SeedError, match="both routing_hash and offsets_hash"):
         noise_seed_a(_w(bytes(32)), _w(bytes(32)), salted_seeds=False, routing_hash=_w(bytes(32)))
@@ -67,27 +68,52 @@ def test_noise_factors_and_noised_operands_match_reference(rank, k):
         assert np.array_equal(x_noised[i].cpu().numpy(), expected)
 
 
-def test_sparse_product_and_limbs_are_exact():
-    rng = np.random.default_rng(11)
+def _dense_p(first: np.ndarray, second: np.ndarray, rank: int) -> np.ndarray:
+    p = np.zeros((len(first), rank), dtype=np.int64)
+    p[np.arange(len(first)), first] = 1
+    p[np.arange(len(first)), second] = -1
+    return p
+
+
+def _combine(limbs: torch.Tensor) -> np.ndarray:
+    parts = limbs.cpu().numpy().astype(np.int64)
+    return parts[0] + 256 * parts[1] + 65536 * parts[2]
+
+
+def test_prepare_rows_quantises_like_torch_round_and_computes_a_times_p_b():
+    rng = np.random.default_rng(12)
+    rank, k, instances, rows = 64, 1024 + 64, 2, 16
+    key_words = torch.from_numpy(rng.integers(-2**31, 2**31, (instances, 8), dtype=np.int32)).to(DEVICE)
+    first, second = device_noise.sparse_factor(key_words, ref_noise.LABEL_B, k, rank)
+    x = torch.from_numpy(rng.standard_normal((instances, rows, k)).astype(np.float32)).to(DEVICE)
+    x[0, 3] = 0.0  # an all-zero row keeps scale 1
+    x[1, 5, :4] = torch.tensor([1.0, 0.5 / 64, 1.5 / 64, -2.5 / 64])  # exact halves: ties to even
+    x[1, 5, 4:] = 0.0
+    x = x.bfloat16()
+    q, scale, limbs = prepare_rows(x, first, second, rank, rows_per_instance=rows)
+    values = x.float()
+    amax = values.abs().amax(-1)
+    expected_scale = torch.where(amax > 0, amax / 64, torch.ones_like(amax))
+    expected_q = torch.round(values / expected_scale[..., None]).clamp(-64, 64).to(torch.int8)
+    assert torch.equal(scale, expected_scale) and torch.equal(q, expected_q)
+    assert q[1, 5, :4].tolist() == [64, 0, 2, -2]
+    for i in range(instances):
+        p = _dense_p(first[i].cpu().numpy(), second[i].cpu().numpy(), rank)
+        assert np.array_equal(_combine(limbs[:, i]), q[i].cpu().numpy().astype(np.int64) @ p)
+
+
+def test_prepare_rows_on_int7_codes_with_a_shared_factor():
+    rng = np.random.default_rng(13)
     rank, k = 32, 1024
-    first = torch.from_numpy(rng.integers(0, rank, (1, k))).to(DEVICE)
-    second = (first ^ 1).to(DEVICE)
-    x = torch.from_numpy(rng.integers(-64, 65, (1, 5, k), dtype=np.int8)).to(DEVICE)
-    product = device_noise.sparse_product(x, first, second, rank)
-    p = np.zeros((k, rank), dtype=np.int64)
-    p[np.arange(k), first[0].cpu().numpy()] = 1
-    p[np.arange(k), second[0].cpu().numpy()] = -1
-    assert np.array_equal(product[0].cpu().numpy(), x[0].cpu().numpy().astype(np.int64) @ p)
-    values = torch.tensor([0, 1, -1, 127, -128, 40000, -4_194_304, 8_355_711, -8_355_711], dtype=torch.int32)
-    limbs = device_noise.int8_limbs(values).long()
-    assert torch.equal(limbs[0] + 256 * limbs[1] + 65536 * limbs[2], values.long())
-
-
-def test_quantize_int7_range_and_scale():
-    x = torch.tensor([[0.5, -2.0, 1.0], [0.0, 0.0, 0.0], [3.0, 1.5, -0.75]], dtype=torch.bfloat16)
-    q, scale = quantize_int7(x)
-    assert q.dtype == torch.int8 and int(q.abs().max()) == 64
-    assert q[0].tolist() == [16, -64, 32] and q[1].tolist() == [0, 0, 0] and q[2].tolist() == [64, 32, -16]
-    assert torch.allclose(scale, torch.tensor([2.0 / 64, 1.0, 3.0 / 64]))
-    with pytest.raises(QuantError, match="floating-point"):
-        quantize_int7(torch.zeros(2, 2, dtype=torch.int8))
+    first = torch.from_numpy(rng.integers(0, rank, (1, k), dtype=np.int32)).to(DEVICE)
+    second = first ^ 1
+    codes = torch.from_numpy(rng.integers(-64, 65, (32, k), dtype=np.int8)).to(DEVICE)
+    scale = torch.rand(32, device=DEVICE)
+    q, out_scale, limbs = prepare_rows(codes, first, second, rank, rows_per_instance=32, scale=scale)
+    assert q is codes and out_scale is scale
+    p = _dense_p(first[0].cpu().numpy(), second[0].cpu().numpy(), rank)
+    assert np.array_equal(_combine(limbs), codes.cpu().numpy().astype(np.int64) @ p)
+    with pytest.raises(ActivationError, match="multiple of 16"):
+        prepare_rows(codes, first, second, rank, rows_per_instance=24, scale=scale)
+    with pytest.raises(ActivationError, match="with their scale"):
+        prepare_rows(codes, first, second, rank, rows_per_instance=32)

@@ -27,7 +27,6 @@ CHUNK_END = 2
 PARENT = 4
 ROOT = 8
 KEYED_HASH = 16
-SINGLE_BLOCK = CHUNK_START | CHUNK_END | ROOT
 IV = (0x6A09E667, 0xBB67AE85, 0x3C6EF372, 0xA54FF53A, 0x510E527F, 0x9B05688C, 0x1F83D9AB, 0x5BE0CD19)
 _LANES = 64  # chunks (or blocks) per program
 
@@ -192,23 +191,6 @@ def _parent_kernel(level_ptr, key_ptr, key_stride, out_ptr, count, parents, tota
     store_words8(out_ptr + lane.to(tl.int64) * 8, c0, c1, c2, c3, c4, c5, c6, c7, live)
 
 
-@jit
-def _block_kernel(key_ptr, key_stride, msg_ptr, out_ptr, total, flags, LANES: tl.constexpr):
-    """out[i] = compress(key[i], msg[i], counter 0, 64 bytes, flags): one-block hashes."""
-    lane = tl.program_id(0) * LANES + tl.arange(0, LANES)
-    live = lane < total
-    row = lane.to(tl.int64)
-    k0, k1, k2, k3, k4, k5, k6, k7 = load_words8(key_ptr + row * key_stride, live)
-    m0, m1, m2, m3, m4, m5, m6, m7 = load_words8(msg_ptr + row * 16, live)
-    m8, m9, m10, m11, m12, m13, m14, m15 = load_words8(msg_ptr + row * 16 + 8, live)
-    f = tl.full(k0.shape, 0, tl.uint32) + flags
-    c0, c1, c2, c3, c4, c5, c6, c7 = compress(
-        k0, k1, k2, k3, k4, k5, k6, k7,
-        m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15,
-        tl.full(k0.shape, 0, tl.uint32), f)
-    store_words8(out_ptr + row * 8, c0, c1, c2, c3, c4, c5, c6, c7, live)
-
-
 def words_from_bytes(data: bytes, device: torch.device | str = "cpu") -> torch.Tensor:
     """Little-endian u32 words of `data` (length a multiple of 4) as an int32 tensor."""
     if len(data) % 4:
@@ -232,23 +214,6 @@ def _key_stride(keys: torch.Tensor) -> int:
     return 0 if keys.shape[0] == 1 else 8
 
 
-def hash_blocks(keys: torch.Tensor, messages: torch.Tensor, flags: int) -> torch.Tensor:
-    """One-block BLAKE3 hashes: (N, 8) int32 from keys (N or 1, 8) and messages (N, 16) int32.
-
-    flags SINGLE_BLOCK with keys = IV gives plain BLAKE3 of a 64-byte input; add KEYED_HASH for the
-    keyed hash of a 64-byte input (key = the 8 key words).
-    """
-    if messages.dtype != torch.int32 or messages.dim() != 2 or messages.shape[1] != 16:
-        raise Blake3Error(f"messages must be int32 (N, 16), got {messages.dtype} {tuple(messages.shape)}")
-    total = messages.shape[0]
-    _check_keys(keys, total)
-    out = torch.empty((total, 8), dtype=torch.int32, device=messages.device)
-    _block_kernel[(triton.cdiv(total, _LANES),)](keys.contiguous(), _key_stride(keys),
-                                                  messages.contiguous(), out, total, flags,
-                                                  LANES=_LANES)
-    return out
-
-
 def constant_words(data: bytes, device: torch.device | str) -> torch.Tensor:
     """`words_from_bytes` cached per device: constants made once, before any CUDA-graph capture
     (a host-to-device copy of pageable memory cannot be captured)."""
@@ -258,11 +223,6 @@ def constant_words(data: bytes, device: torch.device | str) -> torch.Tensor:
 @functools.lru_cache(maxsize=None)
 def _constant_words(data: bytes, device: torch.device) -> torch.Tensor:
     return words_from_bytes(data, device)
-
-
-def iv_words(device: torch.device | str) -> torch.Tensor:
-    """BLAKE3's IV as a (1, 8) int32 key tensor (the 'key' of unkeyed hashing)."""
-    return constant_words(np.array(IV, dtype="<u4").tobytes(), device).view(1, 8)
 
 
 @dataclass

@@ -20,7 +20,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from . import blake3, mined_gemm, noise, winner
+from . import activations, blake3, mined_gemm, noise, seeds, winner
 from ._jit import INTERPRETING
 
 TARGET = GPUTarget("cuda", 90, 32)
@@ -44,10 +44,23 @@ def _variants() -> list[tuple[str, object, dict, dict, int, int]]:
         ("blake3_parents", blake3._parent_kernel,
          {"level_ptr": "*i32", "key_ptr": "*i32", "key_stride": "i32", "out_ptr": "*i32", "count": "i32",
           "parents": "i32", "total": "i32", "flags": "i32", "LANES": "constexpr"}, lanes, 4, 1),
-        ("blake3_blocks", blake3._block_kernel,
-         {"key_ptr": "*i32", "key_stride": "i32", "msg_ptr": "*i32", "out_ptr": "*i32", "total": "i32",
-          "flags": "i32", "LANES": "constexpr"}, lanes, 4, 1),
     ]
+    for salted, fold in ((1, 0), (1, 1)):
+        out.append((f"seeds_salted{salted}_fold{fold}", seeds._seed_kernel,
+                    {"parent_ptr": "*i32", "parent_stride": "i32", "root_ptr": "*i32", "salt_ptr": "*i32",
+                     "dim": "i32", "routing_ptr": "*i32", "offsets_ptr": "*i32", "out_ptr": "*i32",
+                     "total": "i32", "SALTED": "constexpr", "FOLD": "constexpr", "LANES": "constexpr"},
+                    {"SALTED": salted, "FOLD": fold, "LANES": 32}, 4, 1))
+    out.append(("activations_quantise", activations._rows_kernel,
+                {"x_ptr": "*bf16", "q_ptr": "*i8", "scale_ptr": "*fp32", "first_ptr": "*i32",
+                 "second_ptr": "*i32", "factor_stride": "i32", "limb_ptr": "*i8", "rows_total": "i32",
+                 "rows_per_instance": "i32", "K": "i32", "R": "constexpr", "QUANT": "constexpr",
+                 "BR": "constexpr", "BK": "constexpr", "RB": "constexpr"},
+                {"R": 128, "QUANT": 1, "BR": 16, "BK": 64, "RB": 128}, 4, 1))
+    out.append(("noised", noise._noised_kernel,
+                {"x_ptr": "*i8", "u_ptr": "*i8", "first_ptr": "*i32", "second_ptr": "*i32", "out_ptr": "*i8",
+                 "rows_total": "i32", "rows_per_instance": "i32", "K": "i32", "R": "constexpr",
+                 "BR": "constexpr", "BK": "constexpr"}, {"R": 128, "BR": 16, "BK": 64}, 4, 1))
     for sparse, pointer in ((0, "*i8"), (1, "*i32")):
         out.append((f"noise_{'sparse' if sparse else 'uniform'}", noise._prng_kernel,
                     {"key_ptr": "*i32", "label_ptr": "*i32", "out_ptr": pointer, "second_ptr": pointer,

@@ -31,11 +31,13 @@ import torch
 from proof.int7 import (MiningConfig, commit_instance, instance_tickets, ticket, ticket_value,
                         tile_transcripts, verify_plain_proof)
 
+from proof.int7.noise import LABEL_A
+
+from .activations import prepare_rows
 from .blake3 import bytes_from_words, keyed_trees
 from .mined_gemm import DUMP_WORDS, Tiling, mined_gemm, plain_gemm
-from .noise import int8_limbs, noised, sparse_factor, sparse_product, uniform_factor
+from .noise import noised, sparse_factor, uniform_factor
 from .pipeline import MinedPass, bound_words, prepare_job
-from .quant import quantize_int7
 from .seeds import noise_seed_a
 
 BITS = 0x207FFFFF  # easy target: every ticket meets T0·h·w·D, so any planted tile verifies
@@ -330,7 +332,8 @@ def _time_shape(timer: Timer, shape: tuple) -> dict:
     scale_b = torch.rand(experts, n, device="cuda") / 64
     job = prepare_job(weights, scale_b, header76=HEADER, config=config(k=k), cert_version=3,
                       bound=0, moe=False)  # bound 0: nothing wins, every tile is hashed and compared
-    q, scale_a = quantize_int7(x)
+    torch.cuda.current_stream().wait_event(job.ready)
+    q, scale_a, limbs = prepare_rows(x, job.first_b, job.second_b, RANK, rows_per_instance=rows)
     out = torch.empty((experts, rows, n), dtype=torch.bfloat16, device="cuda")
     row = {"shape": name, "E": experts, "M": rows, "K": k, "N": n}
     plain_tilings = DECODE_PLAIN_TILINGS if decode else PREFILL_PLAIN_TILINGS
@@ -359,9 +362,8 @@ def _time_shape(timer: Timer, shape: tuple) -> dict:
     # The mined GEMM kernel alone, with and without the peel, on the pass's prepared operands.
     a_trees = keyed_trees(job.key_words, q.view(experts, -1))
     s_a = noise_seed_a(job.s_b, a_trees.roots, salted_seeds=True, m=rows)
-    first, second = sparse_factor(s_a, b"A_tensor" + bytes(24), k, RANK)
-    a_noised = noised(q, uniform_factor(s_a, b"A_tensor" + bytes(24), rows, RANK), first, second)
-    limbs = int8_limbs(sparse_product(q, job.first_b, job.second_b, RANK)).contiguous()
+    first, second = sparse_factor(s_a, LABEL_A, k, RANK)
+    a_noised = noised(q, uniform_factor(s_a, LABEL_A, rows, RANK), first, second)
     tiling = chosen.tiling
 
     def kernel(peel: bool) -> None:
@@ -406,19 +408,20 @@ def section_breakdown() -> dict:
         weights, x = _shape_inputs(experts, rows, k, n)
         job = prepare_job(weights, torch.ones(experts, n, device="cuda"), header76=HEADER,
                           config=config(k=k), cert_version=3, bound=0, moe=False)
-        q, _ = quantize_int7(x)
+        torch.cuda.current_stream().wait_event(job.ready)
+        q, _, _ = prepare_rows(x, job.first_b, job.second_b, RANK, rows_per_instance=rows)
         trees = keyed_trees(job.key_words, q.view(experts, -1))
         s_a = noise_seed_a(job.s_b, trees.roots, salted_seeds=True, m=rows)
-        label = b"A_tensor" + bytes(24)
-        u_a = uniform_factor(s_a, label, rows, RANK)
-        first, second = sparse_factor(s_a, label, k, RANK)
+        u_a = uniform_factor(s_a, LABEL_A, rows, RANK)
+        first, second = sparse_factor(s_a, LABEL_A, k, RANK)
         stages = {
-            "quantize": lambda: quantize_int7(x),
+            "quantise_and_A_times_P_B": lambda: prepare_rows(x, job.first_b, job.second_b, RANK,
+                                                             rows_per_instance=rows),
             "hash_A": lambda: keyed_trees(job.key_words, q.view(experts, -1)),
             "seed_A": lambda: noise_seed_a(job.s_b, trees.roots, salted_seeds=True, m=rows),
-            "noise_factors_A": lambda: (uniform_factor(s_a, label, rows, RANK), sparse_factor(s_a, label, k, RANK)),
+            "noise_factors_A": lambda: (uniform_factor(s_a, LABEL_A, rows, RANK),
+                                        sparse_factor(s_a, LABEL_A, k, RANK)),
             "noised_A": lambda: noised(q, u_a, first, second),
-            "A_times_P_B_limbs": lambda: int8_limbs(sparse_product(q, job.first_b, job.second_b, RANK)),
         }
         result[name] = timer.median_us({stage: timer.graph(fn) for stage, fn in stages.items()})
         del job

@@ -3,9 +3,9 @@
 The PRNG block G(index, label, key, slot) is one keyed BLAKE3 compression of (eight i32 slots with
 slot `slot` = index + 1) ‖ label; a Triton kernel computes one block per lane. The uniform factor
 U (rows × rank, [−32, 31]) takes byte f of the flat row-major stream from block f // 32; the sparse
-±1 factor P (k × rank) is stored as two index vectors (first, second). Applying them is torch:
-X' = X + U[:, first] − U[:, second] row by row, the same rule for A (rows = tokens) and for Bᵀ
-(rows = output columns).
+±1 factor P (k × rank) is stored as two index vectors (first, second). Applying them is a second
+kernel: X' = X + U[:, first] − U[:, second] row by row (gathers from the small U), the same rule
+for A (rows = tokens) and for Bᵀ (rows = output columns).
 """
 from __future__ import annotations
 
@@ -19,8 +19,9 @@ from ._jit import jit
 from .blake3 import compress, constant_words, load_words8
 
 _LANES = 64
+_ROWS = 16  # rows per program of the noised-operand kernel
+_COLS = 256  # k per program (masked at the end)
 _SINGLE_BLOCK_KEYED = tl.constexpr(1 | 2 | 8 | 16)  # a global read inside a kernel must be constexpr
-LIMB_BITS = 8
 
 
 class NoiseError(ValueError):
@@ -94,7 +95,7 @@ def uniform_factor(keys: torch.Tensor, label: bytes, rows: int, rank: int) -> to
 
 
 def sparse_factor(keys: torch.Tensor, label: bytes, k: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """P as (first, second), each (instances, k) int64: row l has +1 at first, −1 at second."""
+    """P as (first, second), each (instances, k) int32: row l has +1 at first, −1 at second."""
     _check_keys(keys)
     _check_rank(rank)
     instances = keys.shape[0]
@@ -105,41 +106,43 @@ def sparse_factor(keys: torch.Tensor, label: bytes, k: int, rank: int) -> tuple[
     _prng_kernel[(triton.cdiv(total, _LANES),)](keys.contiguous(), constant_words(label, keys.device),
                                                  first, second, blocks, total, k, rank,
                                                  SPARSE=1, LANES=_LANES)
-    return first.long(), second.long()
+    return first, second
+
+
+@jit
+def _noised_kernel(x_ptr, u_ptr, first_ptr, second_ptr, out_ptr, rows_total, rows_per_instance, K,
+                   R: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr):
+    """out[i][l] = x[i][l] + U[i][first[l]] − U[i][second[l]] (U and P of row i's instance)."""
+    rows = tl.program_id(0) * BR + tl.arange(0, BR)
+    ks = tl.program_id(1) * BK + tl.arange(0, BK)
+    live = (rows < rows_total)[:, None] & (ks < K)[None, :]
+    inst = (rows // rows_per_instance).to(tl.int64)
+    factor = inst[:, None] * K + ks[None, :]
+    first = tl.load(first_ptr + factor, mask=live, other=0)
+    second = tl.load(second_ptr + factor, mask=live, other=0)
+    row_u = u_ptr + rows.to(tl.int64)[:, None] * R
+    plus = tl.load(row_u + first, mask=live, other=0).to(tl.int16)
+    minus = tl.load(row_u + second, mask=live, other=0).to(tl.int16)
+    at = rows.to(tl.int64)[:, None] * K + ks[None, :]
+    value = tl.load(x_ptr + at, mask=live, other=0).to(tl.int16) + plus - minus
+    tl.store(out_ptr + at, value.to(tl.int8), mask=live)
 
 
 def noised(x: torch.Tensor, uniform: torch.Tensor, first: torch.Tensor,
            second: torch.Tensor) -> torch.Tensor:
-    """X' = X + U·Pᵀ: x (I, rows, k) int8 in [−64, 64], uniform (I, rows, r), first/second (I, k)."""
-    if x.dim() != 3 or uniform.shape[:2] != x.shape[:2] or first.shape != (x.shape[0], x.shape[2]):
-        raise NoiseError(f"noised: shapes x {tuple(x.shape)}, uniform {tuple(uniform.shape)}, "
-                         f"first {tuple(first.shape)} do not agree")
-    rows = x.shape[1]
-    plus = torch.gather(uniform, 2, first.unsqueeze(1).expand(-1, rows, -1))
-    minus = torch.gather(uniform, 2, second.unsqueeze(1).expand(-1, rows, -1))
-    return (x.to(torch.int16) + plus.to(torch.int16) - minus.to(torch.int16)).to(torch.int8)
-
-
-def sparse_product(x: torch.Tensor, first: torch.Tensor, second: torch.Tensor, rank: int) -> torch.Tensor:
-    """X·P (I, rows, rank) int32: column t sums X[:, l] over first[l] = t minus over second[l] = t."""
-    rows = x.shape[1]
-    values = x.to(torch.int32)
-    out = torch.zeros((x.shape[0], rows, rank), dtype=torch.int32, device=x.device)
-    out.scatter_add_(2, first.unsqueeze(1).expand(-1, rows, -1), values)
-    out.scatter_add_(2, second.unsqueeze(1).expand(-1, rows, -1), -values)
+    """X' = X + U·Pᵀ row by row: x (I, rows, k) int8 in [−64, 64], uniform (I, rows, r) int8,
+    first/second (I, k) int32 (or (1, k): one sparse factor shared by all instances)."""
+    instances, rows, k = x.shape
+    if (x.dtype != torch.int8 or uniform.shape[:2] != x.shape[:2] or uniform.dtype != torch.int8
+            or first.shape not in ((instances, k), (1, k)) or first.shape != second.shape
+            or first.dtype != torch.int32 or second.dtype != torch.int32):
+        raise NoiseError(f"noised: x {x.dtype} {tuple(x.shape)}, uniform {uniform.dtype} "
+                         f"{tuple(uniform.shape)}, first {first.dtype} {tuple(first.shape)} do not agree")
+    rank = uniform.shape[2]
+    out = torch.empty_like(x)
+    total = instances * rows
+    per_instance = rows if first.shape[0] == instances else total
+    grid = (triton.cdiv(total, _ROWS), triton.cdiv(k, _COLS))
+    _noised_kernel[grid](x.contiguous(), uniform.contiguous(), first.contiguous(), second.contiguous(),
+                         out, total, per_instance, k, R=rank, BR=_ROWS, BK=_COLS)
     return out
-
-
-def int8_limbs(x: torch.Tensor, count: int = 3) -> torch.Tensor:
-    """Signed base-256 limbs of int32 x: (count, *x.shape) int8 with x = Σ limb_i·256^i.
-
-    Exact while |x| ≤ 127·(256^count − 1)/255 (8,355,711 for three limbs; |A·P_B| ≤ 64·k is far
-    below); used to run exact int32 × int8 products on int8 MMAs.
-    """
-    limbs = []
-    rest = x.to(torch.int32)
-    for _ in range(count):
-        low = ((rest + 128) & 0xFF) - 128
-        limbs.append(low.to(torch.int8))
-        rest = (rest - low) >> LIMB_BITS
-    return torch.stack(limbs)

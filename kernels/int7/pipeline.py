@@ -5,11 +5,13 @@ Two instance layouts (ARCHITECTURE.md's mode table):
   A_e = the expert's M token rows, B_e = its weights; commitments, seeds and noise per expert.
 - MoE (cert V2/V3 where MoE is allowed): one instance, A = all tokens, B = the stacked experts,
   the routing (E lists of M ascending token ids, uniform M per expert) folded into s_A.
+  Both need the row count of an A instance to be a multiple of 16 (the MMA's M).
 
 `prepare_job` (per job: new header or config) hashes and noises the weights on a side stream and
 records an event that the serving stream waits on before the first launch. `MinedPass.run`
-(per launch) quantises, hashes, derives s_A, noises, runs the mined GEMM, snapshots a winner and
-publishes the record — device work only (no host syncs), so it captures in a CUDA graph.
+(per launch) quantises (with A·P_B for the peel, one kernel), hashes A, derives s_A (one kernel),
+noises A, runs the mined GEMM, snapshots a winner and publishes the record: about a dozen launches
+of device work and no host syncs, so it captures in a CUDA graph.
 """
 from __future__ import annotations
 
@@ -20,15 +22,18 @@ import torch
 from proof.int7.config import MiningConfig
 from proof.int7.noise import LABEL_A, LABEL_B
 from proof.int7.plain_proof import MoEOpening, PlainProof
-from proof.int7.routing import entry_leaves
+from proof.blake3tree import MerkleTree
+from proof.int7.openings import open_rows
+from proof.int7.plain_proof import LEAF_SIZE
+from proof.int7.routing import end_offsets, expert_start, flatten, open_entries
 from proof.int7.seeds import job_key, salted_for
 
-from .blake3 import KeyedTrees, keyed_trees, level_counts, words_from_bytes
-from .mined_gemm import RECORD_WORDS, Tiling, mined_gemm
-from .noise import int8_limbs, noised, sparse_factor, sparse_product, uniform_factor
-from .quant import quantize_int7
+from .activations import prepare_rows
+from .blake3 import KeyedTrees, bytes_from_words, keyed_trees, words_from_bytes
+from .mined_gemm import Tiling, mined_gemm
+from .noise import noised, sparse_factor, uniform_factor
 from .seeds import noise_seed_a, noise_seed_b
-from .winner import CLAIM, INSTANCE, TICKET, TILE_COL, TILE_ROW, WinnerSlot, merkle_opening, row_opening
+from .winner import INSTANCE, TICKET, TILE_COL, TILE_ROW, WinnerSlot, row_opening
 
 
 class PipelineError(ValueError):
@@ -63,8 +68,8 @@ class MiningJob:
     b_trees: KeyedTrees  # dense: E instances; MoE: 1 instance (stacked)
     s_b: torch.Tensor  # (E, 8)
     u_b: torch.Tensor  # (E, N, r) int8
-    first_b: torch.Tensor  # (E, K)
-    second_b: torch.Tensor  # (E, K)
+    first_b: torch.Tensor  # (E, K) int32; MoE (1, K)
+    second_b: torch.Tensor
     bt_noised: torch.Tensor  # (E, N, K) int8
     bound: torch.Tensor  # (8,) int32
     ready: torch.cuda.Event | None
@@ -105,19 +110,15 @@ def prepare_job(weights: torch.Tensor, scale_b: torch.Tensor, *, header76: bytes
         key_words = words_from_bytes(key, weights.device).view(1, 8)
         rank = config.rank
         salted = salted_for(cert_version)
-        if moe:
-            trees = keyed_trees(key_words, weights.view(1, experts * n * k))
-            s_b1 = noise_seed_b(key_words, trees.roots, salted_seeds=salted, n=n)
-            s_b = s_b1.expand(experts, 8).contiguous()
-            u_b = uniform_factor(s_b1, LABEL_B, experts * n, rank).view(experts, n, rank)
-            first, second = (t.expand(experts, k).contiguous() for t in sparse_factor(s_b1, LABEL_B, k, rank))
-        else:
-            trees = keyed_trees(key_words, weights.view(experts, n * k))
-            s_b = noise_seed_b(key_words, trees.roots, salted_seeds=salted, n=n)
-            u_b = uniform_factor(s_b, LABEL_B, n, rank)
-            first, second = sparse_factor(s_b, LABEL_B, k, rank)
+        instances = 1 if moe else experts  # MoE: one instance, the stacked experts
+        trees = keyed_trees(key_words, weights.view(instances, -1))
+        s_b = noise_seed_b(key_words, trees.roots, salted_seeds=salted, n=n)
+        u_b = uniform_factor(s_b, LABEL_B, experts * n // instances, rank)
+        first, second = sparse_factor(s_b, LABEL_B, k, rank)
+        bt_noised = noised(weights.view(instances, -1, k), u_b, first, second).view(experts, n, k)
         job = MiningJob(bytes(header76), config, cert_version, moe, key, key_words, weights,
-                        scale_b, trees, s_b, u_b, first, second, noised(weights, u_b, first, second),
+                        scale_b, trees, s_b.expand(experts, 8).contiguous() if moe else s_b,
+                        u_b.view(experts, n, rank), first, second, bt_noised,
                         bound_words(bound, weights.device), None)
         if side is not None:
             job.ready = torch.cuda.Event()
@@ -131,13 +132,6 @@ class _nullcontext:
 
     def __exit__(self, *exc: object) -> None:
         return None
-
-
-def _tree_words(prefix: str, nbytes: int) -> dict[str, int]:
-    """Retained-buffer sizes (int32 words) of one instance's tree levels and root."""
-    sizes = {f"{prefix}_level{i}": count * 8 for i, count in enumerate(level_counts(nbytes))}
-    sizes[f"{prefix}_root"] = 8
-    return sizes
 
 
 class MinedPass:
@@ -162,86 +156,77 @@ class MinedPass:
         if rows < job.config.h:
             raise PipelineError(f"{rows} rows per expert hold no {job.config.h}-row tile")
         device = job.bt.device
-        a_bytes = self.tokens * k
-        sizes = {"a": a_bytes // 4, **_tree_words("a", a_bytes)}
+        retained = {"a": self.tokens * k // 4}  # the winning instance's int7 activations
         if job.moe:
-            sizes["routing"] = experts * rows
-            sizes.update(_tree_words("routing", experts * rows * 4))
-        self.slot = WinnerSlot(device, sizes)
+            retained["routing"] = experts * rows
+        self.slot = WinnerSlot(device, retained)
         self.out = torch.empty((experts, rows, n), dtype=torch.bfloat16, device=device)
         self.out_i32 = (torch.empty((experts, rows, n), dtype=torch.int32, device=device)
                         if write_i32 else None)
         valid = rows - rows % job.config.h
         self.rows_valid = torch.full((experts,), valid, dtype=torch.int32, device=device)
-        self.offsets = (torch.arange(1, experts + 1, device=device, dtype=torch.int32) * rows)
+        self.offsets = torch.arange(1, experts + 1, device=device, dtype=torch.int32) * rows
         self.dump: torch.Tensor | None = None
 
     def run(self, x: torch.Tensor, routing: torch.Tensor | None = None) -> torch.Tensor:
-        """Quantise activations to int7 per row, then `run_quantized`.
+        """The mined pass on floating activations (quantised to int7 per row); bf16 output.
 
-        Dense: x (E, M, K). MoE: x (tokens, K) and routing (E, M) int32 ascending token ids.
+        Dense: x (E, M, K). MoE: x (tokens, K) and routing (E, M) int32, each expert's token ids
+        ascending, every token in exactly top_k lists (not checked on the device).
         """
-        q, scale = quantize_int7(x)
-        return self.run_quantized(q, scale, routing)
+        return self._run(x, None, routing)
 
     def run_quantized(self, q: torch.Tensor, scale_a: torch.Tensor,
                       routing: torch.Tensor | None = None) -> torch.Tensor:
-        """The mined pass on int7 activations q (with row scales); returns the bf16 output."""
+        """The mined pass on int7 codes q with their row scales."""
+        return self._run(q, scale_a, routing)
+
+    def _run(self, x: torch.Tensor, scale: torch.Tensor | None,
+             routing: torch.Tensor | None) -> torch.Tensor:
         job = self.job
         experts, n, k = job.bt.shape
         config = job.config
         rank = config.rank
         if job.moe:
-            if q.shape != (self.tokens, k) or routing is None or routing.shape != (experts, self.rows):
-                raise PipelineError(f"MoE pass needs q ({self.tokens}, {k}) and routing "
+            if x.shape != (self.tokens, k) or routing is None or routing.shape != (experts, self.rows):
+                raise PipelineError(f"MoE pass needs activations ({self.tokens}, {k}) and routing "
                                     f"({experts}, {self.rows})")
-            q3 = q.view(1, self.tokens, k)
+            q, scale, limbs = prepare_rows(x, job.first_b, job.second_b, rank,
+                                           rows_per_instance=self.tokens, scale=scale)
             a_trees = keyed_trees(job.key_words, q.view(1, -1))
             flat_routing = routing.to(torch.int32).contiguous().view(1, -1)
             r_trees = keyed_trees(job.key_words, flat_routing.view(torch.int8))
             o_trees = keyed_trees(job.key_words, self.offsets.view(1, -1).view(torch.int8))
             s_a1 = noise_seed_a(job.s_b[:1], a_trees.roots, salted_seeds=job.salted, m=self.tokens,
                                 routing_hash=r_trees.roots, offsets_hash=o_trees.roots)
-            u_a = uniform_factor(s_a1, LABEL_A, self.tokens, rank)
             first, second = sparse_factor(s_a1, LABEL_A, k, rank)
+            a_noised = noised(q.view(1, self.tokens, k), uniform_factor(s_a1, LABEL_A, self.tokens, rank),
+                              first, second)[0]
             index = routing.long()
-            a_noised = noised(q3, u_a, first, second)[0][index]
-            a_clean = q[index]
-            apb = sparse_product(q3, job.first_b[:1], job.second_b[:1], rank)[0][index]
+            a_noised, a_clean, limbs, scale = a_noised[index], q[index], limbs[:, index], scale[index]
             s_a = s_a1.expand(experts, 8).contiguous()
-            scale = scale_a[index].float().contiguous()
         else:
-            if q.shape != (experts, self.rows, k):
-                raise PipelineError(f"dense pass needs q ({experts}, {self.rows}, {k}), got {tuple(q.shape)}")
+            if x.shape != (experts, self.rows, k):
+                raise PipelineError(f"dense pass needs activations ({experts}, {self.rows}, {k}), "
+                                    f"got {tuple(x.shape)}")
+            q, scale, limbs = prepare_rows(x, job.first_b, job.second_b, rank,
+                                           rows_per_instance=self.rows, scale=scale)
             a_trees = keyed_trees(job.key_words, q.view(experts, -1))
             s_a = noise_seed_a(job.s_b, a_trees.roots, salted_seeds=job.salted, m=self.rows)
-            u_a = uniform_factor(s_a, LABEL_A, self.rows, rank)
             first, second = sparse_factor(s_a, LABEL_A, k, rank)
-            a_noised = noised(q, u_a, first, second)
+            a_noised = noised(q, uniform_factor(s_a, LABEL_A, self.rows, rank), first, second)
             a_clean = q
-            apb = sparse_product(q, job.first_b, job.second_b, rank)
-            scale = scale_a.float().contiguous()
-        mined_gemm(a_noised.contiguous(), a_clean.contiguous(), job.bt_noised,
-                   int8_limbs(apb).contiguous(), job.u_b, s_a, job.bound, self.rows_valid,
-                   self.slot.record, scale, job.scale_b, rank=rank, tile_h=config.h,
+        mined_gemm(a_noised.contiguous(), a_clean.contiguous(), job.bt_noised, limbs.contiguous(),
+                   job.u_b, s_a, job.bound, self.rows_valid, self.slot.record,
+                   scale.float().contiguous(), job.scale_b, rank=rank, tile_h=config.h,
                    tile_w=config.w, out=self.out, out_i32=self.out_i32, dump=self.dump,
                    tiling=self.tiling)
-        self._retain(q, a_trees, by_instance=not job.moe)
+        self.slot.retain("a", q.contiguous().view(1 if job.moe else experts, -1).view(torch.int32),
+                         by_instance=not job.moe)
         if job.moe:
             self.slot.retain("routing", flat_routing, by_instance=False)
-            self._retain_tree("routing", r_trees, by_instance=False)
         self.slot.publish()
         return self.out
-
-    def _retain(self, q: torch.Tensor, trees: KeyedTrees, *, by_instance: bool) -> None:
-        instances = trees.roots.shape[0]
-        self.slot.retain("a", q.contiguous().view(instances, -1).view(torch.int32), by_instance=by_instance)
-        self._retain_tree("a", trees, by_instance=by_instance)
-
-    def _retain_tree(self, prefix: str, trees: KeyedTrees, *, by_instance: bool) -> None:
-        for i, level in enumerate(trees.levels):
-            self.slot.retain(f"{prefix}_level{i}", level, by_instance=by_instance)
-        self.slot.retain(f"{prefix}_root", trees.roots, by_instance=by_instance)
 
     def winner_record(self) -> dict[str, int] | None:
         """The published record if the doorbell rang (call after the launch completed)."""
@@ -253,20 +238,17 @@ class MinedPass:
                                    for w in record[TICKET:TICKET + 8])}
 
     def take_proof(self) -> PlainProof | None:
-        """The plain proof of the published winner (None without one); re-arms the slot."""
+        """The plain proof of the published winner (None without one); re-arms the slot.
+
+        A and the routing come from the retained snapshot and are re-hashed on the host (small);
+        the weights' openings read the job's kept device tree levels.
+        """
         record = self.winner_record()
         if record is None:
             return None
         proof = self._build_proof(record)
         self.slot.rearm()
         return proof
-
-    def _retained_tree(self, prefix: str) -> tuple[list[torch.Tensor], torch.Tensor]:
-        retained = self.slot.retained
-        levels = []
-        while f"{prefix}_level{len(levels)}" in retained:
-            levels.append(retained[f"{prefix}_level{len(levels)}"].cpu().view(-1, 8))
-        return levels, retained[f"{prefix}_root"].cpu()
 
     def _build_proof(self, record: dict[str, int]) -> PlainProof:
         job = self.job
@@ -275,31 +257,20 @@ class MinedPass:
         e = record["instance"]
         inner = [record["t_rows"] + p for p in range(config.h)]
         local_cols = [record["t_cols"] + q for q in range(config.w)]
-        a_flat = self.slot.retained["a"].cpu().view(torch.int8)
-        a_levels, a_root = self._retained_tree("a")
+        a_tree = MerkleTree(job.job_key, bytes_from_words(self.slot.retained["a"]), LEAF_SIZE)
         moe = None
         if job.moe:
-            routing = self.slot.retained["routing"].cpu().view(experts, self.rows)
-            rows = [int(routing[e, i]) for i in inner]
-            start = e * self.rows
-            r_levels, r_root = self._retained_tree("routing")
-            offsets = tuple(self.rows * (i + 1) for i in range(experts))
-            routing_opening = merkle_opening(routing.view(-1).view(torch.int8), r_levels, r_root,
-                                             entry_leaves(start, inner))
-            moe = MoEOpening(config.experts, config.top_k, e, offsets, tuple(inner), routing_opening)
-            b_flat = job.bt.view(-1)
-            b_levels = [level[0] for level in job.b_trees.levels]
-            b_root = job.b_trees.roots[0]
+            routing = self.slot.retained["routing"].cpu().view(experts, self.rows).tolist()
+            rows = [routing[e][i] for i in inner]
+            offsets = end_offsets(routing)
+            routing_tree = MerkleTree(job.job_key, flatten(routing), LEAF_SIZE)
+            moe = MoEOpening(config.experts, config.top_k, e, tuple(offsets), tuple(inner),
+                             open_entries(routing_tree, expert_start(offsets, e), inner))
+            b_flat, b_levels, b_root = job.bt.view(-1), [lv[0] for lv in job.b_trees.levels], job.b_trees.roots[0]
             b_rows = [e * n + c for c in local_cols]
-            m = self.tokens
         else:
             rows = inner
-            b_flat = job.bt[e].reshape(-1)
-            b_levels = [level[e] for level in job.b_trees.levels]
-            b_root = job.b_trees.roots[e]
+            b_flat, b_levels, b_root = job.bt[e].reshape(-1), [lv[e] for lv in job.b_trees.levels], job.b_trees.roots[e]
             b_rows = local_cols
-            m = self.rows
-        a_open = row_opening(a_flat, a_levels, a_root, rows, k)
-        b_open = row_opening(b_flat, b_levels, b_root, b_rows, k)
-        return PlainProof(m, n, k, config.rank, a_open, b_open, moe)
-
+        return PlainProof(self.tokens, n, k, config.rank, open_rows(a_tree, rows, k),
+                          row_opening(b_flat, b_levels, b_root, b_rows, k), moe)

@@ -3,11 +3,12 @@ plain proof built from them.
 
 The mined GEMM's first winner claims record[0] with a CAS and writes (instance, tile row, tile
 column, ticket). After the GEMM, still on the serving stream and without host syncs:
-`retain` copies the winning instance's committed A bytes and A-tree levels into buffers that
+`retain` copies the winning instance's committed A bytes (and the MoE routing) into buffers that
 later launches leave alone (record[12] marks the snapshot taken), then the record is copied to
 pinned host memory and, in a second copy, its doorbell word, so the host never sees a doorbell
-before the record. The host polls the doorbell, builds the proof from the snapshot and the job's
-B side, and re-arms.
+before the record. The host polls the doorbell, builds the proof from the snapshot (re-hashing
+the small A on the CPU) and the job's B side (the kept device tree levels of the weights), and
+re-arms.
 """
 from __future__ import annotations
 
