@@ -6,9 +6,10 @@ single expert is a dense V4 instance (the pipeline's one-group case).
 The pipeline's ``MinedGemm`` has a static row count m, so the backend keeps one per launch size
 (decode and prefill batches repeat their sizes) for as long as the backend lives; the worker's
 factory keeps backends across jobs (``miner.gpu.factory``), so each gemm's B side is prepared
-once per chosen ancestor σ_d and reused while σ_d stays in the state window. A new job only
-re-targets the gemms (``set_job``), on a side stream; the serving stream waits on the GPU before
-its next launch.
+on the pipeline's side stream about once every 3 blocks (σ_d kept while in the state window, the
+parent's state prefetched). A new job re-targets the gemms (``set_job``) on the default stream,
+the serving stream: the launch constants it writes are ordered with the launches, and the
+serving stream waits on the GPU (never the host) only when a B state is not ready yet.
 
 Winners: the latch's pinned record is read without waiting; ``build_proof`` (completion thread)
 re-commits the A side from the latch's payload, commits B on the CPU (once per σ_d, cached), opens
@@ -26,7 +27,6 @@ from kernels.fp8mine.pipeline import MinedGemm
 from kernels.fp8mine.proofs import commit_b, take_winner
 from miner.backend import BuiltProof, LaunchResult, WinnerRecord
 from miner.gpu.layout import routing_counts
-from miner.gpu.streams import SideWork
 from miner.jobs import MiningJob
 from miner.model.moe import grouped_fc1
 from proof.fp8 import CommittedOperand, evaluate_plain_proof, verify_plain_proof
@@ -50,13 +50,12 @@ class GpuFp8Backend:
         self._proof_lock = threading.Lock()  # a proof reads the gemm's job: not while it changes
         self._weights: torch.Tensor | None = None
         self._job: MiningJob | None = None
-        self._side: SideWork | None = None
         self._gemms: dict[int, MinedGemm] = {}
         self._reported: set[bytes] = set()
         self._b_commits: dict[bytes, CommittedOperand] = {}
 
     def prepare_job(self, job: MiningJob, weights: torch.Tensor) -> None:
-        """Adopt the job: re-target (and re-arm) every kept gemm on a side stream."""
+        """Adopt the job: re-target (and re-arm) every kept gemm."""
         if job.cert_version != CERT_VERSION:
             raise ValueError(f"FP8 mining needs a cert V4 job, got V{job.cert_version}")
         if not job.ancestor_headers:
@@ -66,25 +65,22 @@ class GpuFp8Backend:
             raise ValueError(f"weights hold {experts} experts, the layer has {self.experts}")
         if n % TILE_COLS:
             raise ValueError(f"FC1 has {n} columns per expert; the FP8 lottery needs a multiple of {TILE_COLS}")
-        side = SideWork(weights.device)
         with self._lock, self._proof_lock:
             if self._weights is None or self._weights.shape != weights.shape or \
                     self._weights.device != weights.device:
                 self._weights, self._gemms = weights.detach().to(torch.bfloat16).contiguous(), {}
-            with side.run():
-                for gemm in self._gemms.values():
-                    gemm.latch.reset()
-                    gemm.set_job(job.header76, list(job.ancestor_headers), job.target)
-            self._job, self._side, self._reported = job, side, set()
+            for gemm in self._gemms.values():
+                gemm.latch.reset()
+                gemm.set_job(job.header76, list(job.ancestor_headers), job.target)
+            self._job, self._reported = job, set()
             window = {bytes(h) for h in job.ancestor_headers}
             self._b_commits = {h: c for h, c in self._b_commits.items() if h in window}
 
     def mine_launch(self, activations: torch.Tensor, routing: torch.Tensor) -> LaunchResult:
         with self._lock:
-            job, side, weights = self._job, self._side, self._weights
-            if job is None or side is None or weights is None:
+            job, weights = self._job, self._weights
+            if job is None or weights is None:
                 raise RuntimeError("mine_launch before prepare_job")
-            side.ready()
             tokens = activations.shape[0]
             counts = routing_counts(routing, self.experts)
             if tokens < TILE_ROWS:

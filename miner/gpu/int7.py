@@ -100,6 +100,10 @@ class GpuInt7Backend:
             raise ValueError(f"FC1 has {n} columns per expert; the mined GEMM needs a multiple of {ROW_BLOCK}")
         side = SideWork(weights.device)
         with self._lock:
+            if self._device_job is not None and weights.device.type == "cuda":
+                # launches still in flight read the old job's tensors (allocated on a side stream):
+                # let them finish before those tensors can be freed and their memory reused
+                torch.cuda.current_stream(weights.device).synchronize()
             with side.run():
                 cached = self._quantized(weights)
                 device_job = prepare_device_job(cached.codes, cached.scales, header76=job.header76,
