@@ -183,6 +183,16 @@ class CompletionWorker:
             resolved.append((job, status))
         return resolved
 
+    def account_blocks(self, current: MiningJob | None) -> None:
+        """Count the blocks of submitted jobs the chain has moved past as accepted or not."""
+        for job, included in self.resolve(current, getattr(self.source, "block_status", None)):
+            if included:
+                self.stats.add("accepted")
+                self.events.publish("accepted", f"block for job {job.job_id} accepted")
+            else:
+                self.stats.reject("not included in the chain")
+                self.events.publish("rejected", f"block for job {job.job_id} not included in the chain")
+
     def _flush_retries(self) -> None:
         """Send persisted proofs whose job is current; drop those whose job has passed."""
         current = self.current_job()

@@ -196,14 +196,7 @@ class Worker:
 
     def check_blocks(self) -> None:
         """Account the blocks of submitted jobs the chain has moved past (accepted or not)."""
-        block_status = getattr(self.source, "block_status", None)
-        for job, included in self.completion.resolve(self.poller.current, block_status):
-            if included:
-                self.stats.add("accepted")
-                self.events.publish("accepted", f"block for job {job.job_id} accepted")
-            else:
-                self.stats.reject("not included in the chain")
-                self.events.publish("rejected", f"block for job {job.job_id} not included in the chain")
+        self.completion.account_blocks(self.poller.current)
 
     # -- lifecycle ----------------------------------------------------------------------------
     def start(self) -> None:
