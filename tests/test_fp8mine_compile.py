@@ -1,7 +1,7 @@
 """CPU compile check (no GPU needed: Triton's ptxas): the windowed FP8 GEMM compiles for sm_90 into
 the Hopper model's structure — four K = 32 e4m3 WGMMAs per 128-k window, the first zero-initialised,
 then one fp32 add per accumulator register; the noisy-quantization kernel has no contracted
-multiply-add; the short-message hash compiles."""
+multiply-add; the row-norms and short-message hash kernels compile."""
 import os
 import re
 import subprocess
@@ -16,7 +16,7 @@ SCRIPT = textwrap.dedent("""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    from kernels.fp8mine import hashing, matmul, noisy_kernel
+    from kernels.fp8mine import hashing, matmul, noisy_kernel, norms_kernel
     target = GPUTarget("cuda", 90, 128)
     gemm = triton.compile(ASTSource(fn=matmul._windowed_kernel, signature={
         "a_ptr": "*u8", "b_ptr": "*u8", "out_ptr": "*fp32", "tile_row_ptr": "*i32", "tile_expert_ptr": "*i32",
@@ -36,6 +36,10 @@ SCRIPT = textwrap.dedent("""
     print("NOISY-BEGIN")
     print(noisy.asm["ptx"])
     print("NOISY-END")
+    triton.compile(ASTSource(fn=norms_kernel._norms_kernel, signature={
+        "codes_ptr": "*i8", "scales_ptr": "*i16", "l2_ptr": "*i16", "linf_ptr": "*i16", "num_rows": "i32",
+        "k": "i32", "wl2": "i32", "BR": "constexpr", "BB": "constexpr"}, constexprs={"BR": 16, "BB": 64}),
+        target=target, options={"enable_fp_fusion": False})
     triton.compile(ASTSource(fn=hashing._short_kernel, signature={
         "key_ptr": "*i32", "key_stride": "i32", "msg_ptr": "*i32", "out_ptr": "*i32", "total": "i32",
         "nbytes": "i32", "blocks": "i32", "keyed": "i32", "LANES": "constexpr"}, constexprs={"LANES": 16}),

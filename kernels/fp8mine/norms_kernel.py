@@ -1,0 +1,133 @@
+"""Row norms (§4) as one Triton kernel: linf and the exact integer-frame l2 per row.
+
+Per row: blocks of 8 codes with a bf16 scale |s| = M·2^(E*−134); p_b = M²·Σq² (< 2^33);
+E_MAX = max 2E* over live blocks; S = Σ floor(p_b·2^Wl2 / 2^(E_MAX − 2E*)) (int64, < 2^61);
+l2 = grid4(RNE_bf16(√(S·2^(E_MAX−268−Wl2)/k))); linf = RNE_bf16(max |q|·|s|).
+The square root is correctly rounded without big integers: an f64 estimate gives a candidate
+code within one of the answer, and exact int64 comparisons of v with the squared midpoints to the
+neighbouring codes (shifting the side with the larger exponent down and keeping the remainder, so
+nothing overflows) pick the RNE result. Two passes over the row's blocks (E_MAX, then S).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.int7._jit import jit
+
+from .noisy_kernel import _rne_bf16
+
+_ROWS = 16
+_BLOCKS = 64  # scale blocks (of 8 codes) per step
+
+
+@jit
+def _add(a, b):
+    return a + b
+
+
+@jit
+def _max(a, b):
+    return tl.maximum(a, b)
+
+
+@jit
+def _block_terms(codes_ptr, scales_ptr, rows, row_live, b0, nblocks, k,
+                 BR: tl.constexpr, BB: tl.constexpr):
+    """Per (row, block): energy M²Σq² (int64), doubled exponent 2·max(E*, 1), peak |q|max·|s| (f32)."""
+    blocks = b0 + tl.arange(0, BB)
+    live = row_live[:, None] & (blocks < nblocks)[None, :]
+    scale = tl.load(scales_ptr + rows[:, None] * nblocks + blocks[None, :], mask=live, other=0)
+    magnitude = scale.to(tl.int32) & 0x7FFF
+    exp_field = magnitude >> 7
+    mantissa = (magnitude & 0x7F) + tl.where(exp_field != 0, 128, 0)
+    doubled = 2 * tl.maximum(exp_field, 1)
+    lane = tl.arange(0, 8)
+    code_ptr = codes_ptr + rows[:, None, None] * k + blocks[None, :, None] * 8 + lane[None, None, :]
+    q = tl.load(code_ptr, mask=live[:, :, None], other=0).to(tl.int32)
+    square_sum = tl.reduce(q * q, 2, _add)
+    peak = tl.reduce(tl.abs(q), 2, _max)
+    energy = (mantissa * mantissa).to(tl.int64) * square_sum.to(tl.int64)
+    value = (magnitude << 16).to(tl.float32, bitcast=True)
+    return energy, doubled, peak.to(tl.float32) * value
+
+
+@jit
+def _compare_scaled(a, a_exp, b):
+    """sign(a·2^a_exp − b) for int64 a, b in [0, 2^62)."""
+    up = a_exp >= 0
+    shift = tl.minimum(tl.abs(a_exp), 63).to(tl.int64)
+    big = tl.where(up, b, a)
+    small = tl.where(up, a, b)
+    quotient = big >> shift
+    remainder = big - (quotient << shift)
+    order = tl.where(small > quotient, 1, tl.where(small < quotient, -1, 0))
+    tie = tl.where(remainder != 0, -1, 0)
+    small_vs_big = tl.where(order != 0, order, tie)
+    return tl.where(up, small_vs_big, -small_vs_big)
+
+
+@jit
+def _sqrt_vs_midpoint(num, exponent, k, code):
+    """sign(√(num·2^exponent/k) − midpoint(code, code + 1))."""
+    exp_lo = code >> 7
+    sig_lo = (code & 0x7F) + tl.where(exp_lo != 0, 128, 0)
+    q_lo = tl.maximum(exp_lo, 1) - 134
+    hi = code + 1
+    exp_hi = hi >> 7
+    sig_hi = (hi & 0x7F) + tl.where(exp_hi != 0, 128, 0)
+    q_hi = tl.maximum(exp_hi, 1) - 134
+    doubled_mid = (sig_lo + (sig_hi << (q_hi - q_lo))).to(tl.int64)
+    return _compare_scaled(num, exponent - 2 * q_lo + 2, k * doubled_mid * doubled_mid)
+
+
+@jit
+def _rne_sqrt_code(num, exponent, k):
+    """RNE_bf16(√(num·2^exponent/k)) as an int32 bf16 code (num > 0)."""
+    scale = ((exponent + 1023).to(tl.int64) << 52).to(tl.float64, bitcast=True)  # 2^exponent
+    estimate = tl.sqrt(num.to(tl.float64) * scale / k)
+    candidate = _rne_bf16(estimate.to(tl.float32).to(tl.int32, bitcast=True)) >> 16
+    lower = tl.maximum(candidate - 1, 0)
+    below = _sqrt_vs_midpoint(num, exponent, k, lower)
+    above = _sqrt_vs_midpoint(num, exponent, k, candidate)
+    down = (candidate > 0) & ((below < 0) | ((below == 0) & ((lower & 1) == 0)))
+    up = (above > 0) | ((above == 0) & ((candidate & 1) == 1))
+    return tl.where(down, lower, tl.where(up, candidate + 1, candidate))
+
+
+@jit
+def _norms_kernel(codes_ptr, scales_ptr, l2_ptr, linf_ptr, num_rows, k, wl2,
+                  BR: tl.constexpr, BB: tl.constexpr):
+    rows = tl.program_id(0) * BR + tl.arange(0, BR)
+    row_live = rows < num_rows
+    rows64 = tl.where(row_live, rows, 0).to(tl.int64)
+    nblocks = k // 8
+    e_max = tl.full((BR,), 0, tl.int32)
+    peak = tl.full((BR,), 0.0, tl.float32)
+    for b0 in range(0, nblocks, BB):
+        energy, doubled, block_peak = _block_terms(codes_ptr, scales_ptr, rows64, row_live, b0, nblocks, k, BR, BB)
+        e_max = tl.maximum(e_max, tl.reduce(tl.where(energy != 0, doubled, 0), 1, _max))
+        peak = tl.maximum(peak, tl.reduce(block_peak, 1, _max))
+    frame = tl.full((BR,), 0, tl.int64)
+    for b0 in range(0, nblocks, BB):
+        energy, doubled, block_peak = _block_terms(codes_ptr, scales_ptr, rows64, row_live, b0, nblocks, k, BR, BB)
+        shift = tl.minimum(tl.maximum(e_max[:, None] - doubled, 0), 63).to(tl.int64)
+        frame += tl.reduce((energy << wl2) >> shift, 1, _add)
+    exponent = e_max - 268 - wl2
+    root = _rne_sqrt_code(tl.maximum(frame, 1), exponent, k)
+    l2 = tl.where(frame != 0, (root + 2) & ~3, 0)
+    linf = _rne_bf16(peak.to(tl.int32, bitcast=True)) >> 16
+    tl.store(l2_ptr + rows, l2.to(tl.int16), mask=row_live)
+    tl.store(linf_ptr + rows, linf.to(tl.int16), mask=row_live)
+
+
+def row_norms(codes: torch.Tensor, scales: torch.Tensor, wl2: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(l2, linf) bf16 per row of int8 codes (rows, k) and bf16 scales (rows, k/8)."""
+    rows, k = codes.shape
+    l2 = torch.empty(rows, dtype=torch.int16, device=codes.device)
+    linf = torch.empty(rows, dtype=torch.int16, device=codes.device)
+    _norms_kernel[(triton.cdiv(rows, _ROWS),)](codes.contiguous(), scales.contiguous().view(torch.int16),
+                                               l2, linf, rows, k, wl2, BR=_ROWS, BB=_BLOCKS,
+                                               enable_fp_fusion=False)
+    return l2.view(torch.bfloat16), linf.view(torch.bfloat16)
