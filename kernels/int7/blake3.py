@@ -28,7 +28,7 @@ PARENT = 4
 ROOT = 8
 KEYED_HASH = 16
 IV = (0x6A09E667, 0xBB67AE85, 0x3C6EF372, 0xA54FF53A, 0x510E527F, 0x9B05688C, 0x1F83D9AB, 0x5BE0CD19)
-_LANES = 64  # chunks (or blocks) per program
+_LANES = 128  # chunks per program: one per thread of 4 warps
 
 
 class Blake3Error(ValueError):

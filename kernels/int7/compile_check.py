@@ -35,7 +35,7 @@ _GEMM_SIGNATURE = {
 
 def _variants() -> list[tuple[str, object, dict, dict, int, int]]:
     """(name, kernel, signature, constexprs, num_warps, num_stages) of the variants the miner uses."""
-    lanes = {"LANES": 64}
+    lanes = {"LANES": 128}
     out = [
         ("blake3_chunks", blake3._chunk_kernel,
          {"data_ptr": "*i32", "key_ptr": "*i32", "key_stride": "i32", "out_ptr": "*i32",

@@ -18,7 +18,7 @@ from proof.int7.noise import LABEL_A, LABEL_B
 from ._jit import jit
 from .blake3 import compress, constant_words, load_words8
 
-_LANES = 64
+_LANES = 128  # PRNG blocks per program: one per thread of 4 warps
 _ROWS = 16  # rows per program of the noised-operand kernel
 _COLS = 256  # k per program (masked at the end)
 _SINGLE_BLOCK_KEYED = tl.constexpr(1 | 2 | 8 | 16)  # a global read inside a kernel must be constexpr
