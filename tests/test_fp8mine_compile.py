@@ -1,7 +1,7 @@
 """CPU compile check (no GPU needed: Triton's ptxas): the windowed FP8 GEMM compiles for sm_90 into
 the Hopper model's structure — four K = 32 e4m3 WGMMAs per 128-k window, the first zero-initialised,
 then one fp32 add per accumulator register; the noisy-quantization kernel has no contracted
-multiply-add; the row-norms and short-message hash kernels compile."""
+multiply-add; the row-scales, row-norms and short-message hash kernels compile."""
 import os
 import re
 import subprocess
@@ -36,6 +36,10 @@ SCRIPT = textwrap.dedent("""
     print("NOISY-BEGIN")
     print(noisy.asm["ptx"])
     print("NOISY-END")
+    triton.compile(ASTSource(fn=noisy_kernel._row_scales_kernel, signature={
+        "l2_ptr": "*i16", "linf_ptr": "*i16", "alpha_ptr": "*i16", "beta_ptr": "*i16", "rows": "i32",
+        "delta_r": "fp32", "delta_over_std": "fp32", "BLOCK": "constexpr"}, constexprs={"BLOCK": 1024}),
+        target=target, options={"enable_fp_fusion": False})
     triton.compile(ASTSource(fn=norms_kernel._norms_kernel, signature={
         "codes_ptr": "*i8", "scales_ptr": "*i16", "l2_ptr": "*i16", "linf_ptr": "*i16", "num_rows": "i32",
         "k": "i32", "wl2": "i32", "BR": "constexpr", "BB": "constexpr"}, constexprs={"BR": 16, "BB": 64}),

@@ -1,5 +1,6 @@
-"""The noisy-quantization element op as one Triton kernel (§7):
-code = e4m3(clamp(fma(α, X, bf16(β · bf16(N))), ±448)) per element, α/β per row.
+"""Noisy quantization (§7) as Triton kernels: the per-row scales
+nb = fma(δ√r, l2f, linf_f), α = bf16(448 / nb), β = bf16(bf16(α · l2f) · δ√r/256²), and the
+element op code = e4m3(clamp(fma(α, X, bf16(β · bf16(N))), ±448)).
 
 Same arithmetic as numerics.bf16_fma (f64 product, TwoSum, round-to-odd at f32, RNE to bf16),
 written on bit patterns so the CPU interpreter and the GPU agree: bf16 rounding and the e4m3
@@ -8,6 +9,7 @@ contracted. One pass over X and N instead of a chain of f64 tensor passes.
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
@@ -61,23 +63,55 @@ def _e4m3_code(bits):
 
 
 @jit
+def _fma_bf16(a, b, c):
+    """fma(a, b, c) rounded once to bf16 (f32 inputs holding bf16 values) → f32 bits (int32)."""
+    product = a.to(tl.float64) * b.to(tl.float64)  # exact
+    addend = c.to(tl.float64)
+    total = product + addend
+    back = total - addend
+    error = (product - back) + (addend - (total - back))
+    finite = (total == total) & (total - total == 0.0)
+    return _rne_bf16(_round_to_odd_f32(total, tl.where(finite, error, 0.0)))
+
+
+@jit
+def _bf16_of_bits(ptr, offs, live):
+    """Load bf16 bit patterns (int16) as f32 values."""
+    return (tl.load(ptr + offs, mask=live, other=0).to(tl.int32) << 16).to(tl.float32, bitcast=True)
+
+
+@jit
+def _floor_norm(x):
+    """max(x, 2^-32), NaN-propagating."""
+    return tl.where(x != x, x, tl.where(x >= 2.3283064365386963e-10, x, 2.3283064365386963e-10))
+
+
+@jit
+def _row_scales_kernel(l2_ptr, linf_ptr, alpha_ptr, beta_ptr, rows, delta_r, delta_over_std,
+                       BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    live = offs < rows
+    l2f = _floor_norm(_bf16_of_bits(l2_ptr, offs, live))
+    linf_f = _floor_norm(_bf16_of_bits(linf_ptr, offs, live))
+    bound = _fma_bf16(tl.full((BLOCK,), 0.0, tl.float32) + delta_r, l2f, linf_f).to(tl.float32, bitcast=True)
+    alpha = _rne_bf16(tl.math.div_rn(tl.full((BLOCK,), 448.0, tl.float32), bound).to(tl.int32, bitcast=True))
+    scaled = _rne_bf16((alpha.to(tl.float32, bitcast=True) * l2f).to(tl.int32, bitcast=True))
+    beta = _rne_bf16((scaled.to(tl.float32, bitcast=True) * delta_over_std).to(tl.int32, bitcast=True))
+    tl.store(alpha_ptr + offs, (alpha >> 16).to(tl.int16), mask=live)
+    tl.store(beta_ptr + offs, (beta >> 16).to(tl.int16), mask=live)
+
+
+@jit
 def _noisy_kernel(x_ptr, noise_ptr, alpha_ptr, beta_ptr, out_ptr, total, k, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     live = offs < total
     row = offs // k
-    x = (tl.load(x_ptr + offs, mask=live, other=0).to(tl.int32) << 16).to(tl.float32, bitcast=True)
-    alpha = (tl.load(alpha_ptr + row, mask=live, other=0).to(tl.int32) << 16).to(tl.float32, bitcast=True)
-    beta = (tl.load(beta_ptr + row, mask=live, other=0).to(tl.int32) << 16).to(tl.float32, bitcast=True)
+    x = _bf16_of_bits(x_ptr, offs, live)
+    alpha = _bf16_of_bits(alpha_ptr, row, live)
+    beta = _bf16_of_bits(beta_ptr, row, live)
     noise = _rne_bf16(tl.load(noise_ptr + offs, mask=live, other=0.0).to(tl.int32, bitcast=True))
     scaled = _rne_bf16((beta * noise.to(tl.float32, bitcast=True)).to(tl.int32, bitcast=True))
-    addend = scaled.to(tl.float32, bitcast=True).to(tl.float64)
-    product = alpha.to(tl.float64) * x.to(tl.float64)  # exact
-    total_ = product + addend
-    back = total_ - addend
-    error = (product - back) + (addend - (total_ - back))
-    finite = (total_ == total_) & (total_ - total_ == 0.0)
-    error = tl.where(finite, error, 0.0)
-    value = _rne_bf16(_round_to_odd_f32(total_, error)).to(tl.float32, bitcast=True)
+    value = _fma_bf16(alpha, x, scaled.to(tl.float32, bitcast=True)).to(tl.float32, bitcast=True)
     value = tl.where(value > 448.0, 448.0, tl.where(value < -448.0, -448.0, value))
     tl.store(out_ptr + offs, _e4m3_code(value.to(tl.int32, bitcast=True)).to(tl.uint8), mask=live)
 
@@ -91,3 +125,15 @@ def noisy_codes(alpha: torch.Tensor, beta: torch.Tensor, x: torch.Tensor, noise:
         x.contiguous().view(torch.int16), noise.contiguous(), alpha.contiguous().view(torch.int16),
         beta.contiguous().view(torch.int16), out, total, k, BLOCK=_BLOCK, enable_fp_fusion=False)
     return out.view(torch.float8_e4m3fn)
+
+
+def row_scales(l2: torch.Tensor, linf: torch.Tensor, delta_r: int, delta_over_std: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(α, β) bf16 per row from the raw bf16 norms and the device's bf16 scale constants."""
+    rows = l2.shape[0]
+    alpha = torch.empty(rows, dtype=torch.int16, device=l2.device)
+    beta = torch.empty(rows, dtype=torch.int16, device=l2.device)
+    as_f32 = lambda bits: float(np.uint32(bits << 16).view(np.float32))  # noqa: E731  exact
+    _row_scales_kernel[(max(1, triton.cdiv(rows, _BLOCK)),)](
+        l2.contiguous().view(torch.int16), linf.contiguous().view(torch.int16), alpha, beta, rows,
+        as_f32(delta_r), as_f32(delta_over_std), BLOCK=_BLOCK, enable_fp_fusion=False)
+    return alpha.view(torch.bfloat16), beta.view(torch.bfloat16)

@@ -11,8 +11,10 @@ from __future__ import annotations
 import torch
 
 from .numerics import bf16_fma
-from .quant import ROW_CHUNK, NoisySide
+from .quant import NoisySide
 from .routing import RoutingTable
+
+ROW_CHUNK = 2048  # rows per pass of the torch FMA emulation (bounds its f64 temporaries)
 
 
 def _decoded(codes: torch.Tensor) -> torch.Tensor:

@@ -1,8 +1,7 @@
 """Noisy quantization to e4m3 on the device (§7), Hopper constants.
 
-The per-row scales are torch ops on (rows,) tensors; the element op is one Triton kernel
-(noisy_kernel.py). Per row: l2f = max(l2, 2^-32), linf_f = max(linf, 2^-32) (NaN-propagating), nb = fma(δ√r, l2f,
-linf_f), α = bf16(448 / nb), β = bf16(bf16(α · l2f) · δ√r/256²). Per element:
+Both the per-row scales and the element op are Triton kernels (noisy_kernel.py). Per row:
+l2f = max(l2, 2^-32), linf_f = max(linf, 2^-32) (NaN-propagating), nb = fma(δ√r, l2f, linf_f), α = bf16(448 / nb), β = bf16(bf16(α · l2f) · δ√r/256²). Per element:
 code = e4m3(clamp(fma(α, X, bf16(β · N)), ±448)), with N = bf16 of the E@F noise dot computed by
 the mined GEMM itself (k = 32: one window of one group from +0, as the device's atom).
 proof.fp8.quantization is the reference.
@@ -13,11 +12,11 @@ from dataclasses import dataclass
 
 import torch
 
-from proof.fp8.quantization import MAX_E4M3_BF16, NORM_FLOOR_BF16, scale_constants
+from proof.fp8.quantization import scale_constants
 
+from . import noisy_kernel
 from .matmul import matmul
 from .noisy_kernel import noisy_codes
-from .numerics import bf16_div, bf16_fma, bf16_mul, from_bits16
 
 DELTA_R, DELTA_OVER_STD = scale_constants("hopper")
 
@@ -38,22 +37,9 @@ class NoisySide:
     e_lines: torch.Tensor
 
 
-def _const(bits: int, like: torch.Tensor) -> torch.Tensor:
-    return from_bits16(torch.full((1,), bits, dtype=torch.int32, device=like.device))
-
-
 def row_scales(l2: torch.Tensor, linf: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(α, β) bf16 per row from the raw bf16 norms."""
-    floor = _const(NORM_FLOOR_BF16, l2)
-    l2f = torch.maximum(l2, floor)
-    linf_f = torch.maximum(linf, floor)
-    bound = bf16_fma(_const(DELTA_R, l2).expand_as(l2f), l2f, linf_f)
-    alpha = bf16_div(_const(MAX_E4M3_BF16, l2), bound)
-    beta = bf16_mul(bf16_mul(alpha, l2f), _const(DELTA_OVER_STD, l2))
-    return alpha, beta
-
-
-ROW_CHUNK = 2048  # rows per pass of the torch FMA emulation (bounds its f64 temporaries)
+    """(α, β) bf16 per row from the raw bf16 norms (Hopper constants)."""
+    return noisy_kernel.row_scales(l2, linf, DELTA_R, DELTA_OVER_STD)
 
 
 def noisy_quantize(x: torch.Tensor, l2: torch.Tensor, linf: torch.Tensor, e_lines: torch.Tensor,
