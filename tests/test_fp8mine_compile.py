@@ -1,7 +1,7 @@
 """CPU compile check (no GPU needed: Triton's ptxas): the windowed FP8 GEMM compiles for sm_90 into
 the Hopper model's structure — four K = 32 e4m3 WGMMAs per 128-k window, the first zero-initialised,
 then one fp32 add per accumulator register; the noisy-quantization kernel has no contracted
-multiply-add; the row-scales, row-norms and short-message hash kernels compile."""
+multiply-add; the row-scales, row-norms, noise-line and short-message hash kernels compile."""
 import os
 import re
 import subprocess
@@ -16,7 +16,7 @@ SCRIPT = textwrap.dedent("""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    from kernels.fp8mine import hashing, matmul, noisy_kernel, norms_kernel
+    from kernels.fp8mine import hashing, matmul, noise, noisy_kernel, norms_kernel
     target = GPUTarget("cuda", 90, 128)
     gemm = triton.compile(ASTSource(fn=matmul._windowed_kernel, signature={
         "a_ptr": "*u8", "b_ptr": "*u8", "out_ptr": "*fp32", "tile_row_ptr": "*i32", "tile_expert_ptr": "*i32",
@@ -39,6 +39,10 @@ SCRIPT = textwrap.dedent("""
     triton.compile(ASTSource(fn=noisy_kernel._row_scales_kernel, signature={
         "l2_ptr": "*i16", "linf_ptr": "*i16", "alpha_ptr": "*i16", "beta_ptr": "*i16", "rows": "i32",
         "delta_r": "fp32", "delta_over_std": "fp32", "BLOCK": "constexpr"}, constexprs={"BLOCK": 1024}),
+        target=target, options={"enable_fp_fusion": False})
+    triton.compile(ASTSource(fn=noise._noise_kernel, signature={
+        "key_ptr": "*i32", "lines_ptr": "*i64", "out_ptr": "*u8", "count": "i32", "address": "i32",
+        "target": "fp32", "LANES": "constexpr"}, constexprs={"LANES": 32}),
         target=target, options={"enable_fp_fusion": False})
     triton.compile(ASTSource(fn=norms_kernel._norms_kernel, signature={
         "codes_ptr": "*i8", "scales_ptr": "*i16", "l2_ptr": "*i16", "linf_ptr": "*i16", "num_rows": "i32",

@@ -184,7 +184,7 @@ def test_noise_lines_match_reference(side, factor):
 
 def test_noise_rejects_bad_side():
     with pytest.raises(dev_noise.NoiseError, match="side"):
-        dev_noise.line_messages("C", "E", torch.arange(2))
+        dev_noise.noise_lines(words(PARENT), "C", "E", torch.arange(2))
 
 
 # ----------------------------------------------------------------------------------------- quantize

@@ -1,56 +1,89 @@
-"""Noise lines on the device (§6): keyed-BLAKE3 draws, exact isqrt normalisation, e4m3 entries.
+"""Noise lines on the device (§6), one Triton kernel: keyed-BLAKE3 draw, exact isqrt, e4m3.
 
 A line is one 64-byte block side u8 ‖ factor u8 ‖ line u32 LE ‖ 58 zero bytes hashed under the
-side's noise-line key (one keyed compression); the 32 digest bytes are the raw draw. Decoding
-and the normalisation follow proof.fp8.noise.normalize_draws: samples ±((b & 0x7F) + 1),
-c = isqrt(32² Σx²) (f64 estimate, then exact ±1 corrections), scale = bf16(8192 / bf16(c)),
-entry = e4m3(bf16(x · scale)).
+side's noise-line key (one keyed compression, flags CHUNK_START|CHUNK_END|ROOT|KEYED); its 32
+digest bytes are the raw draw. As proof.fp8.noise.normalize_draws: samples ±((b & 0x7F) + 1),
+c = isqrt(32² Σx²) (f64 estimate, then exact ±1 integer corrections), scale = bf16(8192 / bf16(c))
+(correctly rounded f32 division), entry = e4m3(bf16(x · scale)); entries never exceed 256.
 """
 from __future__ import annotations
 
 import torch
+import triton
+import triton.language as tl
 
+from kernels.int7._jit import jit
+from kernels.int7.blake3 import load_words8
 from proof.fp8.noise import NOISE_TARGET_NORM
 
-from .hashing import as_bytes, hash_short
-from .numerics import bf16_div, bf16_mul
+from .hashing import _compress_len
+from .noisy_kernel import _e4m3_code, _rne_bf16
 
 SIDES = {"A": 0, "B": 1}
 FACTORS = {"E": 0, "F": 1}
-_PRECISION = 32
+_LANES = 32
 
 
 class NoiseError(ValueError):
     """Bad input to the device noise lines."""
 
 
-def line_messages(side: str, factor: str, lines: torch.Tensor) -> torch.Tensor:
-    """The (N, 16) int32 XOF address blocks of the given line indices."""
-    if side not in SIDES or factor not in FACTORS:
-        raise NoiseError(f"side must be 'A'/'B' and factor 'E'/'F', got {side!r}, {factor!r}")
-    index = lines.to(torch.int64).reshape(-1)
-    words = torch.zeros((index.shape[0], 16), dtype=torch.int64, device=index.device)
-    words[:, 0] = SIDES[side] | (FACTORS[factor] << 8) | ((index & 0xFFFF) << 16)
-    words[:, 1] = (index >> 16) & 0xFFFF
-    return words.to(torch.int32)
+@jit
+def _add(a, b):
+    return a + b
+
+
+@jit
+def _pick_word(j, w0, w1, w2, w3, w4, w5, w6, w7):
+    """word j // 4 of the digest for every (line, byte j) cell."""
+    word = j // 4
+    out = tl.where(word == 0, w0[:, None], w1[:, None])
+    out = tl.where(word == 2, w2[:, None], out)
+    out = tl.where(word == 3, w3[:, None], out)
+    out = tl.where(word == 4, w4[:, None], out)
+    out = tl.where(word == 5, w5[:, None], out)
+    out = tl.where(word == 6, w6[:, None], out)
+    return tl.where(word == 7, w7[:, None], out)
+
+
+@jit
+def _noise_kernel(key_ptr, lines_ptr, out_ptr, count, address, target, LANES: tl.constexpr):
+    lane = tl.program_id(0) * LANES + tl.arange(0, LANES)
+    live = lane < count
+    line = tl.load(lines_ptr + lane, mask=live, other=0)
+    k0, k1, k2, k3, k4, k5, k6, k7 = load_words8(key_ptr + lane * 0, live)
+    zero = tl.full((LANES,), 0, tl.uint32)
+    m0 = (address + ((line & 0xFFFF) << 16)).to(tl.uint32)
+    m1 = ((line >> 16) & 0xFFFF).to(tl.uint32)
+    w0, w1, w2, w3, w4, w5, w6, w7 = _compress_len(
+        k0, k1, k2, k3, k4, k5, k6, k7,
+        m0, m1, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero,
+        64, 27)
+    j = tl.arange(0, 32)[None, :]
+    raw = ((_pick_word(j, w0, w1, w2, w3, w4, w5, w6, w7) >> (8 * (j % 4)).to(tl.uint32)) & 0xFF).to(tl.int32)
+    magnitude = (raw & 0x7F) + 1
+    sample = tl.where((raw & 0x80) != 0, -magnitude, magnitude)
+    square = (tl.reduce(sample * sample, 1, _add) * 1024).to(tl.int64)
+    root = tl.sqrt(square.to(tl.float64)).to(tl.int64)
+    root = tl.where(root * root > square, root - 1, root)
+    root = tl.where((root + 1) * (root + 1) <= square, root + 1, root)
+    root_bf16 = _rne_bf16(root.to(tl.float32).to(tl.int32, bitcast=True)).to(tl.float32, bitcast=True)
+    scale = _rne_bf16(tl.math.div_rn(tl.full((LANES,), 0.0, tl.float32) + target, root_bf16).to(tl.int32, bitcast=True))
+    entry = _rne_bf16((sample.to(tl.float32) * scale.to(tl.float32, bitcast=True)[:, None]).to(tl.int32, bitcast=True))
+    code = _e4m3_code(entry)
+    tl.store(out_ptr + lane.to(tl.int64)[:, None] * 32 + j, code.to(tl.uint8), mask=live[:, None])
 
 
 def noise_lines(key: torch.Tensor, side: str, factor: str, lines: torch.Tensor) -> torch.Tensor:
     """(N, 32) e4m3 noise lines for line indices `lines` under a side's noise-line key (1, 8)."""
-    draws = hash_short(key, line_messages(side, factor, lines).view(torch.uint8))
-    return normalize_draws(as_bytes(draws))
-
-
-def normalize_draws(raw: torch.Tensor) -> torch.Tensor:
-    """Raw draws (N, 32) uint8 → e4m3 lines with L2 norm ≈ 256."""
-    b = raw.to(torch.int64)
-    samples = torch.where((b & 0x80) != 0, -((b & 0x7F) + 1), (b & 0x7F) + 1)
-    square = (samples * samples).sum(dim=1) * _PRECISION**2
-    root = torch.sqrt(square.double()).floor().to(torch.int64)
-    root = torch.where(root * root > square, root - 1, root)
-    root = torch.where((root + 1) * (root + 1) <= square, root + 1, root)
-    numerator = torch.full_like(root, NOISE_TARGET_NORM * _PRECISION, dtype=torch.bfloat16)
-    scale = bf16_div(numerator, root.float().to(torch.bfloat16))
-    entries = bf16_mul(samples.float().to(torch.bfloat16), scale[:, None])
-    return entries.float().to(torch.float8_e4m3fn)
-
+    if side not in SIDES or factor not in FACTORS:
+        raise NoiseError(f"side must be 'A'/'B' and factor 'E'/'F', got {side!r}, {factor!r}")
+    if key.dtype != torch.int32 or key.shape != (1, 8):
+        raise NoiseError(f"the noise-line key must be (1, 8) int32 words, got {key.dtype} {tuple(key.shape)}")
+    index = lines.to(torch.int64).reshape(-1).contiguous()
+    out = torch.empty((index.shape[0], 32), dtype=torch.uint8, device=key.device)
+    if index.shape[0]:
+        _noise_kernel[(triton.cdiv(index.shape[0], _LANES),)](
+            key.contiguous(), index, out, index.shape[0], SIDES[side] | (FACTORS[factor] << 8),
+            float(NOISE_TARGET_NORM * 32), LANES=_LANES, enable_fp_fusion=False)
+    return out.view(torch.float8_e4m3fn)

@@ -1,29 +1,16 @@
-"""BF16 / e4m3 arithmetic on torch tensors with the protocol's exact rounding (§7).
+"""BF16 arithmetic on torch tensors with the protocol's exact rounding (§7), for the torch-side
+stages (the B peel) and the tests; the hot paths use the Triton kernels in noisy_kernel.py,
+which implement the same formulation on bit patterns.
 
-The protocol's scalar rule is "decode to f32, one op in f32, round RNE to BF16"; torch's f32 ops
-(CPU and CUDA without fast-math) are IEEE correctly rounded and its f32 → bf16 and f32 → e4m3fn
-casts are RNE, so mul/div are one f32 op plus a cast. The FMA rounds the exact a·b + c once; it
-is emulated in f64 (the bf16 product is exact in f64; TwoSum recovers the addition error; the
-exact sum is rounded to odd at f32 precision, then RNE to bf16 — round-to-odd at ≥ p + 2 bits
-followed by RNE at p bits is one correct rounding). The same formulation runs on CUDA, so no
-`fma.rn.bf16` intrinsic is needed; tests compare it with proof.fp8.bf16 on the edge cases.
-
-NaN payloads are not preserved (torch canonicalises them); only NaN-ness matters to the protocol.
+The FMA rounds the exact a·b + c once; it is emulated in f64: the bf16 product is exact in f64,
+TwoSum recovers the addition error, the exact sum is rounded to odd at f32 precision, then RNE to
+bf16 — round-to-odd at ≥ p + 2 bits followed by RNE at p bits is one correct rounding. The same
+formulation runs on CUDA, so no `fma.rn.bf16` intrinsic is needed; tests compare it with
+proof.fp8.bf16 on the edge cases. NaN payloads are not preserved (torch canonicalises them).
 """
 from __future__ import annotations
 
 import torch
-
-
-
-def bf16_mul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """RNE_bf16(f32(a) · f32(b))."""
-    return (a.float() * b.float()).to(torch.bfloat16)
-
-
-def bf16_div(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """RNE_bf16(f32(a) / f32(b)) with IEEE division."""
-    return (a.float() / b.float()).to(torch.bfloat16)
 
 
 def _round_to_odd_f32(hi: torch.Tensor, lo: torch.Tensor) -> torch.Tensor:
@@ -46,11 +33,6 @@ def bf16_fma(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     error = (product - back) + (c64 - (total - back))  # TwoSum: product + c = total + error
     error = torch.where(torch.isfinite(total), error, torch.zeros_like(error))
     return _round_to_odd_f32(total, error).to(torch.bfloat16)
-
-
-def bits16(x: torch.Tensor) -> torch.Tensor:
-    """The bf16 bit patterns of a bf16 tensor as int64 in [0, 0xFFFF]."""
-    return x.view(torch.int16).to(torch.int64) & 0xFFFF
 
 
 def from_bits16(bits: torch.Tensor) -> torch.Tensor:
