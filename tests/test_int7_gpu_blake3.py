@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from kernels.int7 import blake3 as device_blake3
 from kernels.int7.blake3 import Blake3Error, bytes_from_words, keyed_trees, level_counts, words_from_bytes
 from proof.blake3tree import MerkleTree
 
@@ -42,6 +43,18 @@ def test_kept_levels_give_pearl_siblings():
         siblings = [bytes_from_words(trees.levels[level][0, i]) for level, i in
                     _sibling_positions(opening, 11)]
         assert siblings == reference.siblings(opening)
+
+
+def test_level_by_level_path_equals_one_program_path(monkeypatch):
+    """Large trees build one level per launch, small ones all levels in one program: same tree."""
+    rng = np.random.default_rng(9)
+    data = torch.from_numpy(rng.integers(-128, 128, (2, 5 * 1024 + 8), dtype=np.int8)).to(DEVICE)
+    keys = _keys(KEY, rng.bytes(32))
+    small = keyed_trees(keys, data)
+    monkeypatch.setattr(device_blake3, "_ONE_PROGRAM_CHUNKS", 1)
+    large = keyed_trees(keys, data)
+    assert torch.equal(small.roots, large.roots)
+    assert all(torch.equal(a, b) for a, b in zip(small.levels, large.levels, strict=True))
 
 
 def test_bad_inputs_are_named():

@@ -15,7 +15,8 @@ def test_kernels_compile_for_sm90a_and_decode_kernel_does_not_spill():
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     results = {r["kernel"]: r for r in map(json.loads, run.stdout.splitlines())}
-    assert {"blake3_chunks", "blake3_parents", "blake3_blocks", "noise_uniform", "noise_sparse",
+    assert {"blake3_chunks", "blake3_parents", "blake3_upper_levels", "seeds_salted1_fold1",
+            "activations_quantise", "noised", "noise_uniform", "noise_sparse",
             "retain", "gemm_decode_mined_16x128x128", "gemm_prefill_mined_128x64x128"} <= set(results)
     assert results["gemm_decode_mined_16x128x128"]["stack_bytes"] == 0
     assert results["gemm_decode_unmined_16x128x128"]["stack_bytes"] == 0

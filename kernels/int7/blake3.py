@@ -29,6 +29,10 @@ ROOT = 8
 KEYED_HASH = 16
 IV = (0x6A09E667, 0xBB67AE85, 0x3C6EF372, 0xA54FF53A, 0x510E527F, 0x9B05688C, 0x1F83D9AB, 0x5BE0CD19)
 _LANES = 128  # chunks per program: one per thread of 4 warps
+# Trees of at most this many leaves build all parent levels in one program (one launch instead of
+# one per level: per-launch hashing of decode activations is latency-bound); larger ones go level
+# by level across the whole GPU.
+_ONE_PROGRAM_CHUNKS = 2048
 
 
 class Blake3Error(ValueError):
@@ -163,32 +167,57 @@ def _chunk_kernel(data_ptr, key_ptr, key_stride, out_ptr, words_per_instance, ch
 
 
 @jit
+def _parents(src, dst, p, count, live, k0, k1, k2, k3, k4, k5, k6, k7, flags):
+    """Parents p of a level of `count` nodes at src into dst: keyed PARENT compressions of pairs,
+    an odd last node promoted unchanged."""
+    paired = live & (2 * p + 1 < count)
+    left = src + 2 * p * 8
+    l0, l1, l2, l3, l4, l5, l6, l7 = load_words8(left, live)
+    r0, r1, r2, r3, r4, r5, r6, r7 = load_words8(left + 8, paired)
+    zero = tl.full(l0.shape, 0, tl.uint32)
+    c0, c1, c2, c3, c4, c5, c6, c7 = compress(
+        k0, k1, k2, k3, k4, k5, k6, k7,
+        l0, l1, l2, l3, l4, l5, l6, l7, r0, r1, r2, r3, r4, r5, r6, r7, zero, zero + flags)
+    store_words8(dst + p * 8, tl.where(paired, c0, l0), tl.where(paired, c1, l1),
+                 tl.where(paired, c2, l2), tl.where(paired, c3, l3), tl.where(paired, c4, l4),
+                 tl.where(paired, c5, l5), tl.where(paired, c6, l6), tl.where(paired, c7, l7), live)
+
+
+@jit
 def _parent_kernel(level_ptr, key_ptr, key_stride, out_ptr, count, parents, total, flags,
                    LANES: tl.constexpr):
-    """One tree level up: pair neighbours (keyed PARENT), promote an odd last node unchanged."""
+    """One tree level up for every instance (large trees: one launch per level)."""
     lane = tl.program_id(0) * LANES + tl.arange(0, LANES)
     live = lane < total
     inst = (lane // parents).to(tl.int64)
     p = (lane % parents).to(tl.int64)
-    paired = live & (2 * p + 1 < count)
-    left = level_ptr + (inst * count + 2 * p) * 8
-    l0, l1, l2, l3, l4, l5, l6, l7 = load_words8(left, live)
-    r0, r1, r2, r3, r4, r5, r6, r7 = load_words8(left + 8, paired)
     k0, k1, k2, k3, k4, k5, k6, k7 = load_words8(key_ptr + inst * key_stride, live)
-    f = tl.full(l0.shape, 0, tl.uint32) + flags
-    c0, c1, c2, c3, c4, c5, c6, c7 = compress(
-        k0, k1, k2, k3, k4, k5, k6, k7,
-        l0, l1, l2, l3, l4, l5, l6, l7, r0, r1, r2, r3, r4, r5, r6, r7,
-        tl.full(l0.shape, 0, tl.uint32), f)
-    c0 = tl.where(paired, c0, l0)
-    c1 = tl.where(paired, c1, l1)
-    c2 = tl.where(paired, c2, l2)
-    c3 = tl.where(paired, c3, l3)
-    c4 = tl.where(paired, c4, l4)
-    c5 = tl.where(paired, c5, l5)
-    c6 = tl.where(paired, c6, l6)
-    c7 = tl.where(paired, c7, l7)
-    store_words8(out_ptr + lane.to(tl.int64) * 8, c0, c1, c2, c3, c4, c5, c6, c7, live)
+    _parents(level_ptr + inst * count * 8, out_ptr + inst * parents * 8, p, count, live,
+             k0, k1, k2, k3, k4, k5, k6, k7, flags)
+
+
+@jit
+def _upper_levels_kernel(level_ptr, key_ptr, key_stride, flat_ptr, chunks, flat_nodes,
+                         LANES: tl.constexpr):
+    """Every parent level of one instance in one program (small trees): level after level into
+    flat (instances, flat_nodes, 8), a CTA barrier between levels; ROOT on the top compression."""
+    inst = tl.program_id(0).to(tl.int64)
+    lane = tl.arange(0, LANES).to(tl.int64)
+    every = lane >= 0
+    k0, k1, k2, k3, k4, k5, k6, k7 = load_words8(key_ptr + inst * key_stride + lane * 0, every)
+    src = level_ptr + inst * chunks * 8
+    dst = flat_ptr + inst * flat_nodes * 8
+    count = chunks
+    while count > 1:
+        parents = (count + 1) // 2
+        flags = tl.where(count == 2, 16 | 4 | 8, 16 | 4)  # KEYED_HASH | PARENT (| ROOT at the top)
+        for p0 in range(0, parents, LANES):
+            p = p0 + lane
+            _parents(src, dst, p, count, p < parents, k0, k1, k2, k3, k4, k5, k6, k7, flags)
+        tl.debug_barrier()
+        src = dst
+        dst = dst + parents * 8
+        count = parents
 
 
 def words_from_bytes(data: bytes, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -269,6 +298,13 @@ def keyed_trees(keys: torch.Tensor, data: torch.Tensor) -> KeyedTrees:
                                                   LANES=_LANES)
     if chunks == 1:
         return KeyedTrees([], cvs[:, 0, :], 1)
+    if chunks <= _ONE_PROGRAM_CHUNKS:
+        counts = level_counts(nbytes)[1:] + [1]
+        flat = torch.empty((instances, sum(counts), 8), dtype=torch.int32, device=data.device)
+        _upper_levels_kernel[(instances,)](cvs, keys, _key_stride(keys), flat, chunks, sum(counts),
+                                           LANES=_LANES)
+        views = list(torch.split(flat, counts, dim=1))
+        return KeyedTrees([cvs] + views[:-1], views[-1][:, 0, :], chunks)
     levels = [cvs]
     while levels[-1].shape[1] > 1:
         count = levels[-1].shape[1]

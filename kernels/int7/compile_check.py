@@ -44,6 +44,9 @@ def _variants() -> list[tuple[str, object, dict, dict, int, int]]:
         ("blake3_parents", blake3._parent_kernel,
          {"level_ptr": "*i32", "key_ptr": "*i32", "key_stride": "i32", "out_ptr": "*i32", "count": "i32",
           "parents": "i32", "total": "i32", "flags": "i32", "LANES": "constexpr"}, lanes, 4, 1),
+        ("blake3_upper_levels", blake3._upper_levels_kernel,
+         {"level_ptr": "*i32", "key_ptr": "*i32", "key_stride": "i32", "flat_ptr": "*i32", "chunks": "i32",
+          "flat_nodes": "i32", "LANES": "constexpr"}, lanes, 4, 1),
     ]
     for salted, fold in ((1, 0), (1, 1)):
         out.append((f"seeds_salted{salted}_fold{fold}", seeds._seed_kernel,

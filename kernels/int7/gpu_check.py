@@ -59,6 +59,7 @@ PREFILL_PLAIN_TILINGS = [Tiling(128, 128, 128, 8, 3), Tiling(128, 256, 128, 8, 3
 ITERATIONS = 15
 WARMUP = 3
 FLUSH_BYTES = 256 << 20  # > 3× the 60 MB L2
+ACCEPTED_RATIO = 1.10
 
 
 def config(experts: int = 0, top_k: int = 0, k: int = 2048) -> MiningConfig:
@@ -119,6 +120,16 @@ def markdown(results: dict) -> str:
                 "shape", "E", "M", "K", "N", "plain_us", "grouped_gemm_us", "mined_kernel_us",
                 "transcript_only_us", "mined_pass_us", "pass_over_best_unmined",
                 "pass_over_triton_unmined")) + " |")
+        lines += ["", "Acceptance (issue 7): whole mined pass ≤ 1.10 × the unmined int8 GEMM of the same run."]
+        for row in timing["rows"]:
+            ratio = row.get("pass_over_best_unmined")
+            if ratio is not None:
+                verdict = "meets" if ratio <= ACCEPTED_RATIO else "misses"
+                lines.append(f"- {row['shape']}: {ratio:.3f} × the fastest unmined baseline, {verdict} the "
+                             f"{ACCEPTED_RATIO:.2f} bound ({row.get('pass_over_triton_unmined')} × our "
+                             f"unmined Triton kernel)")
+            else:
+                lines.append(f"- {row['shape']}: {row.get('skipped') or 'failed: ' + row.get('error', '')[-300:]}")
     if "error" in timing:
         lines.append(f"\ntiming error:\n```\n{timing['error'][-1500:]}\n```")
     return "\n".join(lines) + "\n"

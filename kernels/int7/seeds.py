@@ -95,7 +95,8 @@ def _chain(parent: torch.Tensor, roots: torch.Tensor, salt: bytes, dim: int | No
     salt_words = constant_words(salt, roots.device)
     _seed_kernel[(triton.cdiv(total, _LANES),)](
         parent.contiguous(), 0 if parent.shape[0] == 1 else 8, roots.contiguous(), salt_words,
-        dim if salted else 0, routing_hash if fold else roots, offsets_hash if fold else roots, out,
+        dim if salted else 0, (routing_hash if fold else roots).contiguous(),
+        (offsets_hash if fold else roots).contiguous(), out,
         total, SALTED=int(salted), FOLD=int(fold), LANES=_LANES)
     return out
 
