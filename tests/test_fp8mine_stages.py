@@ -77,11 +77,12 @@ def test_prequantize_and_norms_match_reference():
     rng = np.random.default_rng(1)
     x = (rng.standard_normal((16, 256)) * np.exp2(rng.integers(-40, 40, (16, 1)))).astype(np.float32)
     x[0, :8] = 0
-    codes, scales = dev_prequant.prequantize(torch.from_numpy(x))
-    want_codes, want_scales = ref_prequant.prequantize(x)
-    assert np.array_equal(codes.numpy(), want_codes) and np.array_equal(u16(scales), want_scales)
-    assert np.array_equal(u16(dev_prequant.open_values(codes, scales)),
-                          ref_prequant.open_values(want_codes, want_scales))
+    x[1, :8] = [0.5, -0.5, 1.5, 2.5, -2.5, 127.0, 3.5, 1.0]  # RNE ties of q
+    for source in (torch.from_numpy(x), torch.from_numpy(x).to(torch.bfloat16)):
+        codes, scales, values = dev_prequant.prequantize_and_open(source)
+        want_codes, want_scales = ref_prequant.prequantize(source.float().numpy())
+        assert np.array_equal(codes.numpy(), want_codes) and np.array_equal(u16(scales), want_scales)
+        assert np.array_equal(u16(values), ref_prequant.open_values(want_codes, want_scales))
 
 
 @pytest.mark.parametrize("k", [16, 64, 1024])
@@ -108,7 +109,7 @@ def test_l2_pins(seed, k, expected):
 
 def test_prequant_rejects_bad_shapes():
     with pytest.raises(dev_prequant.PrequantError, match="multiple of 8"):
-        dev_prequant.prequantize(torch.zeros(2, 12))
+        dev_prequant.prequantize_and_open(torch.zeros(2, 12))
     with pytest.raises(dev_prequant.PrequantError, match="scales"):
         dev_prequant.row_norms(torch.zeros(2, 16, dtype=torch.int8), torch.zeros(2, 3, dtype=torch.bfloat16))
 

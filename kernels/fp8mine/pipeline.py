@@ -61,8 +61,7 @@ class BSide:
         self.experts, self.n_e, self.k = weights.shape
         self.device = weights.device
         flat = weights.reshape(-1, self.k)
-        self.codes, self.scales = prequant.prequantize(flat)
-        self.values = prequant.open_values(self.codes, self.scales)
+        self.codes, self.scales, self.values = prequant.prequantize_and_open(flat)
         self.l2, self.linf = prequant.row_norms(self.codes, self.scales)
         self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self.slots: list[BState | None] = [None, None]
@@ -145,8 +144,7 @@ class ASide:
 def prepare_a(x: torch.Tensor, key_a: torch.Tensor, state: BState, p_a: bytes,
               table: RoutingTable | None) -> ASide:
     """Planes, norms, HA (+ HR, HO), seedA, the keys, E_A, A′ and the A peel, on x's device."""
-    codes, scales = prequant.prequantize(x)
-    values = prequant.open_values(codes, scales)
+    codes, scales, values = prequant.prequantize_and_open(x)
     l2, linf = prequant.row_norms(codes, scales)
     hash_a = transcript.operand_digest(key_a, codes, scales)
     routing = None

@@ -2,37 +2,30 @@
 
 Same rules as proof.fp8.prequant, as torch tensor code without host syncs:
 - planes: per block of 8 along k, s = bf16(max(amax, 2^-100) · f32(1/127)), q = RNE(x · (1/s))
-  clamped to ±127; the opened value is RNE_bf16(q · s);
+  clamped to ±127, and the opened value RNE_bf16(q · s), in one Triton kernel (prequant_kernel.py);
 - the row norms (linf and the exact integer-frame l2) in one Triton kernel (norms_kernel.py).
 """
 from __future__ import annotations
 
-import numpy as np
 import torch
 
-from proof.fp8.prequant import BLOCK_SIZE, CODE_MAX, l2_frame_width
+from proof.fp8.prequant import BLOCK_SIZE, l2_frame_width
 
-from . import norms_kernel
+from . import norms_kernel, prequant_kernel
 
-_RECIP_127 = float(np.float32(1) / np.float32(CODE_MAX))
-_AMAX_FLOOR = 2.0**-100
 
 
 class PrequantError(ValueError):
     """Bad input to the device pre-quantization."""
 
 
-def prequantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(rows, k) activations or weights → (int8 codes (rows, k), bf16 scales (rows, k/8))."""
+def prequantize_and_open(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(rows, k) activations or weights (bf16 or fp32) → int8 codes (rows, k), bf16 scales
+    (rows, k/8) and the opened bf16 values RNE_bf16(q · s), in one Triton pass."""
     if x.dim() != 2 or x.shape[1] % BLOCK_SIZE or x.shape[1] == 0:
         raise PrequantError(f"x must be (rows, k) with k a positive multiple of {BLOCK_SIZE}, "
                             f"got {tuple(x.shape)}")
-    blocks = x.float().reshape(x.shape[0], -1, BLOCK_SIZE)
-    amax = blocks.abs().amax(dim=-1).clamp_min(_AMAX_FLOOR)
-    scales = (amax * _RECIP_127).to(torch.bfloat16)  # the f32 constant converts exactly
-    reciprocal = 1.0 / scales.float()
-    codes = torch.round(blocks * reciprocal[..., None]).clamp(-CODE_MAX, CODE_MAX)
-    return codes.to(torch.int8).reshape(x.shape), scales
+    return prequant_kernel.prequantize(x.to(torch.float32) if x.dtype != torch.bfloat16 else x)
 
 
 def _check_planes(codes: torch.Tensor, scales: torch.Tensor) -> None:
@@ -41,13 +34,6 @@ def _check_planes(codes: torch.Tensor, scales: torch.Tensor) -> None:
     if scales.dtype != torch.bfloat16 or scales.shape != (codes.shape[0], codes.shape[1] // BLOCK_SIZE):
         raise PrequantError(f"scales must be bf16 (rows, k/8) for codes {tuple(codes.shape)}, "
                             f"got {scales.dtype} {tuple(scales.shape)}")
-
-
-def open_values(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """The opened operand RNE_bf16(q · s), (rows, k) bf16."""
-    _check_planes(codes, scales)
-    blocks = codes.reshape(codes.shape[0], -1, BLOCK_SIZE).float() * scales.float()[..., None]
-    return blocks.reshape(codes.shape).to(torch.bfloat16)
 
 
 def row_norms(codes: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
