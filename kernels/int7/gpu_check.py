@@ -389,8 +389,6 @@ def _time_shape(timer: Timer, shape: tuple) -> dict:
     row["pass_over_best_unmined"] = round(row["mined_pass_us"] / min(unmined), 3)
     row["pass_over_triton_unmined"] = round(row["mined_pass_us"] / row["plain_us"], 3)
     row["weight_bytes_per_us_unmined_GBps"] = round(weights.numel() / row["plain_us"] / 1000, 1)
-    del job, passes, chosen
-    torch.cuda.empty_cache()
     return row
 
 
@@ -406,6 +404,7 @@ def section_timing(report: Report) -> dict:
             rows.append(_time_shape(timer, shape))
         except Exception:  # noqa: BLE001 — report the shape's failure and go on
             rows.append({"shape": shape[0], "error": traceback.format_exc()[-2000:]})
+        torch.cuda.empty_cache()  # the shape's buffers and graph pools are gone with its frame
         report.save()
     return {"rows": rows}
 
@@ -435,8 +434,6 @@ def section_breakdown() -> dict:
             "noised_A": lambda: noised(q, u_a, first, second),
         }
         result[name] = timer.median_us({stage: timer.graph(fn) for stage, fn in stages.items()})
-        del job
-        torch.cuda.empty_cache()
     return result
 
 

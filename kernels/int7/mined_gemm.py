@@ -21,7 +21,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import triton
 import triton.language as tl
 
 from ._jit import jit

@@ -13,8 +13,6 @@ import torch
 import triton
 import triton.language as tl
 
-from proof.int7.noise import LABEL_A, LABEL_B
-
 from ._jit import jit
 from .blake3 import compress, constant_words, load_words8
 

@@ -26,7 +26,8 @@ from ._jit import jit
 from .blake3 import bytes_from_words
 from .mined_gemm import RECORD_WORDS
 
-CLAIM, INSTANCE, TILE_ROW, TILE_COL, TICKET, RETAINED = 0, 1, 2, 3, 4, 12
+# Record words read on the host; the kernels also use [0] (claim) and [12] (snapshot taken).
+INSTANCE, TILE_ROW, TILE_COL, TICKET = 1, 2, 3, 4
 _BLOCK = 1024
 
 
