@@ -101,8 +101,6 @@ class Report:
 def markdown(results: dict) -> str:
     lines = ["# INT7 mined pass on the GPU: check results", ""]
     for name, result in results.items():
-        if name == "timing":
-            continue
         status = "ok" if result.get("ok") else ("skipped" if "skipped" in result else "FAILED")
         detail = {k: v for k, v in result.items() if k not in ("ok", "error", "rows")}
         lines.append(f"- **{name}**: {status} {json.dumps(detail, default=str)[:600]}")
