@@ -331,3 +331,37 @@ def test_lottery_threshold_below_every_ticket_publishes_nothing():
     assert latch.poll() is None
     with pytest.raises(dev_lottery.LotteryError, match="n_e % 64"):
         latch.run(torch.zeros(8, 32), tiles, words(PARENT), torch.zeros(8, dtype=torch.int32), words(PARENT), {})
+
+
+# -------------------------------------------------------------------------------------------- peel
+
+def test_peel_recovers_the_denoised_product():
+    """acc + A_peel·B_peelᵀ ≈ (A′ − β_A N_A)(B′ − β_B N_B)ᵀ, then unscaled by α_A α_B."""
+    from kernels.fp8mine.peel import a_peel, b_peel, peel_and_unscale
+    from kernels.fp8mine.quant import NoisySide
+    torch.manual_seed(0)
+    m, n, k = 8, 64, 128
+
+    def side(rows, seed):
+        g = torch.Generator().manual_seed(seed)
+        codes = (torch.randn(rows, k, generator=g) * 40).to(torch.float8_e4m3fn)
+        e = (torch.randn(rows, 32, generator=g) * 40).to(torch.float8_e4m3fn)
+        beta = (torch.rand(rows, generator=g) * 1e-3 + 1e-4).to(torch.bfloat16)
+        alpha = (torch.rand(rows, generator=g) + 0.5).to(torch.bfloat16)
+        return codes, e, beta, alpha
+
+    f_a = (torch.randn(k, 32) * 40).to(torch.float8_e4m3fn)
+    f_b = (torch.randn(k, 32) * 40).to(torch.float8_e4m3fn)
+    a_codes, e_a, beta_a, alpha_a = side(m, 1)
+    b_codes, e_b, beta_b, alpha_b = side(n, 2)
+    n_a = e_a.float() @ f_a.float().T
+    n_b = e_b.float() @ f_b.float().T
+    a = NoisySide(a_codes, alpha_a, beta_a, n_a.to(torch.bfloat16), e_a)
+    b = NoisySide(b_codes, alpha_b, beta_b, n_b.to(torch.bfloat16), e_b)
+    acc = a_codes.float() @ b_codes.float().T
+    table = dev_routing.dense_table(m, "cpu")
+    out = peel_and_unscale(acc, a_peel(a, f_b), alpha_a, b_peel(b, f_a).view(1, n, 64), alpha_b.view(1, n), table)
+    clean_a = a_codes.float() - beta_a.float()[:, None] * n_a
+    clean_b = b_codes.float() - beta_b.float()[:, None] * n_b
+    want = (clean_a @ clean_b.T) / alpha_a.float()[:, None] / alpha_b.float()[None, :]
+    assert float((out.float() - want).norm() / want.norm()) < 2e-2
