@@ -73,7 +73,7 @@ def _rows_kernel(x_ptr, q_ptr, scale_ptr, first_ptr, second_ptr, factor_stride, 
             second = tl.load(second_ptr + inst * factor_stride + k0 + ks)
             onehot = ((first[:, None] == ts[None, :]).to(tl.int8)
                       - (second[:, None] == ts[None, :]).to(tl.int8))
-            acc = tl.dot(q, onehot, acc)
+            acc = tl.dot(q, onehot, acc, out_dtype=tl.int32)
         rest = acc
         for limb in tl.static_range(3):
             low = ((rest + 128) & 255) - 128

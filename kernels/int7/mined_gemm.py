@@ -123,10 +123,10 @@ def _mined_gemm_kernel(an_ptr, ac_ptr, bt_ptr, limb_ptr, ub_ptr, key_ptr, bound_
         kk = step * BK + rk
         b = tl.load(bt_ptr + b_rows[:, None] + kk[None, :])
         a = tl.load(an_ptr + a_rows[:, None] + kk[None, :])
-        acc = tl.dot(a, tl.trans(b), acc)
+        acc = tl.dot(a, tl.trans(b), acc, out_dtype=tl.int32)
         if PEEL:
             a_clean = tl.load(ac_ptr + a_rows[:, None] + kk[None, :])
-            acc_clean = tl.dot(a_clean, tl.trans(b), acc_clean)
+            acc_clean = tl.dot(a_clean, tl.trans(b), acc_clean, out_dtype=tl.int32)
         if MINE:
             if ((step + 1) % steps_per_chunk == 0) & (step < mined_steps):
                 x = _tile_xor(acc, BM, BN, H, W)
@@ -143,7 +143,7 @@ def _mined_gemm_kernel(an_ptr, ac_ptr, bt_ptr, limb_ptr, ub_ptr, key_ptr, bound_
             ub = tl.load(ub_ptr + ub_rows[:, None] + kr[None, :])
             for limb in tl.static_range(3):
                 part = tl.load(limb_ptr + limb * limb_stride + limb_rows[:, None] + kr[None, :])
-                product = tl.dot(part, tl.trans(ub), tl.full((BM, BN), 0, tl.int32))
+                product = tl.dot(part, tl.trans(ub), tl.full((BM, BN), 0, tl.int32), out_dtype=tl.int32)
                 acc_clean -= product * (1 << (8 * limb))
         result = acc_clean
     else:
