@@ -204,7 +204,7 @@ def mine_blocks(worker: Worker, sizes: Sizes, prompts: Prompts, device: torch.de
     while time.monotonic() < deadline and worker.stats.accepted < sizes.blocks:
         serve_measured(worker, sizes, prompts, device)
         worker.check_blocks()
-        mode = worker.control.mode.value
+        mode = worker.status()["mode"]
         if mode != "off" and (not modes or modes[-1] != mode):
             modes.append(mode)
         if worker.stats.accepted and phase.get("first_block_s") is None:
@@ -228,7 +228,7 @@ def benchmark(worker: Worker, sizes: Sizes, prompts: Prompts, device: torch.devi
     """Tokens/s unmined (mining paused) vs mined, alternating batches; medians and ratios."""
     wait_for_mode(worker, deadline, QUIET_BITS)
     runs: dict[str, list[dict[str, float]]] = {"unmined": [], "mined": []}
-    bench: dict[str, Any] = {"mode": worker.control.mode.value, "bits": f"{QUIET_BITS:08x}", "runs": runs}
+    bench: dict[str, Any] = {"mode": worker.status()["mode"], "bits": f"{QUIET_BITS:08x}", "runs": runs}
     phase["bench"] = bench
     launches = worker.stats.launches_mined
     for i in range(sizes.warmup + sizes.reps):
@@ -319,12 +319,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--phases", nargs="+", help=f"devnet profiles (default {' '.join(PHASES)})")
     parser.add_argument("--budget", type=float, help="seconds for the whole run (default: the sizes')")
     parser.add_argument("--reps", type=int, help="measured batches per kind")
+    parser.add_argument("--blocks", type=int, help="accepted blocks to mine per phase before measuring")
     args = parser.parse_args(argv)
     sizes = SMOKE if args.cpu_smoke else H200
     if args.budget is not None:
         sizes = replace(sizes, budget_s=args.budget)
     if args.reps is not None:
         sizes = replace(sizes, reps=args.reps)
+    if args.blocks is not None:
+        sizes = replace(sizes, blocks=args.blocks)
     if args.cpu_smoke:
         device, dtype = torch.device("cpu"), torch.float32
     elif torch.cuda.is_available():
