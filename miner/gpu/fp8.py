@@ -27,6 +27,7 @@ from kernels.fp8mine.pipeline import MinedGemm
 from kernels.fp8mine.proofs import commit_b, take_winner
 from miner.backend import BuiltProof, LaunchResult, WinnerRecord
 from miner.gpu.layout import routing_counts
+from miner.gpu.streams import device_exclusive
 from miner.jobs import MiningJob
 from miner.model.moe import grouped_fc1
 from proof.fp8 import CommittedOperand, evaluate_plain_proof, verify_plain_proof
@@ -65,7 +66,7 @@ class GpuFp8Backend:
             raise ValueError(f"weights hold {experts} experts, the layer has {self.experts}")
         if n % TILE_COLS:
             raise ValueError(f"FC1 has {n} columns per expert; the FP8 lottery needs a multiple of {TILE_COLS}")
-        with self._lock, self._proof_lock:
+        with self._lock, self._proof_lock, device_exclusive(weights.device):
             if self._weights is None or self._weights.shape != weights.shape or \
                     self._weights.device != weights.device:
                 self._weights, self._gemms = weights.detach().to(torch.bfloat16).contiguous(), {}
@@ -77,7 +78,7 @@ class GpuFp8Backend:
             self._b_commits = {h: c for h, c in self._b_commits.items() if h in window}
 
     def mine_launch(self, activations: torch.Tensor, routing: torch.Tensor) -> LaunchResult:
-        with self._lock:
+        with self._lock, device_exclusive(activations.device):
             job, weights = self._job, self._weights
             if job is None or weights is None:
                 raise RuntimeError("mine_launch before prepare_job")
@@ -123,7 +124,7 @@ class GpuFp8Backend:
     def build_proof(self, record: WinnerRecord) -> BuiltProof:
         """The PlainProofV4 of the latched winner and its public data; re-arms the latch."""
         gemm: MinedGemm = record.retained
-        with self._proof_lock:
+        with self._proof_lock, device_exclusive(gemm.b.device):
             if gemm.header76 != record.job.header76:
                 raise RuntimeError(f"layer {self.layer_id}: the gemm moved on to another job")
             try:

@@ -27,7 +27,7 @@ from kernels.int7.pipeline import MiningJob as DeviceJob
 from kernels.int7.pipeline import prepare_job as prepare_device_job
 from miner.backend import BuiltProof, LaunchResult, WinnerRecord
 from miner.gpu.layout import Layout, layout
-from miner.gpu.streams import SideWork
+from miner.gpu.streams import SideWork, device_exclusive
 from miner.jobs import MiningJob
 from miner.modes import Mode
 from proof.int7 import MiningConfig, PlainProof, mining_bound, public_data, verify_plain_proof
@@ -99,7 +99,7 @@ class GpuInt7Backend:
         if n % ROW_BLOCK:
             raise ValueError(f"FC1 has {n} columns per expert; the mined GEMM needs a multiple of {ROW_BLOCK}")
         side = SideWork(weights.device)
-        with self._lock:
+        with self._lock, device_exclusive(weights.device):
             if self._device_job is not None and weights.device.type == "cuda":
                 # launches still in flight read the old job's tensors (allocated on a side stream):
                 # let them finish before those tensors can be freed and their memory reused
@@ -120,7 +120,7 @@ class GpuInt7Backend:
         return self._weights
 
     def mine_launch(self, activations: torch.Tensor, routing: torch.Tensor) -> LaunchResult:
-        with self._lock:
+        with self._lock, device_exclusive(activations.device):
             job, device_job, side = self._job, self._device_job, self._side
             if job is None or device_job is None or side is None:
                 raise RuntimeError("mine_launch before prepare_job")
@@ -165,6 +165,11 @@ class GpuInt7Backend:
     def build_proof(self, record: WinnerRecord) -> BuiltProof:
         """Open the held winner from the pass's snapshot and the job's B side; re-arm the pass."""
         mined: MinedPass = record.retained
+        with device_exclusive(mined.job.bt.device):
+            return self._open(mined, record)
+
+    def _open(self, mined: MinedPass, record: WinnerRecord) -> BuiltProof:
+        """The proof of the record the pass still holds (the ticket must match); re-arms the pass."""
         try:
             held = mined.winner_record()
             if held is None or held["ticket"] != record.ticket:

@@ -1,15 +1,29 @@
-"""Per-job preparation off the serving stream.
+"""Per-job preparation off the serving stream, and one interpreted launch at a time on the CPU.
 
 ``SideWork`` runs a block of device work on a side stream (CUDA) and records an event; the serving
 thread calls ``ready()`` before its first launch that uses the result, so the serving stream waits
 on the GPU (never the host) and only for work it needs. On the CPU both are no-ops.
+
+``device_exclusive(device)``: on the CPU the pipelines' Triton kernels run in Triton's interpreter,
+which keeps the launch grid in process-wide state, so the job thread preparing one backend and the
+serving thread launching another must not interpret kernels at the same time. CUDA launches need
+no such lock.
 """
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator
+from typing import ContextManager
 
 import torch
+
+_INTERPRETER = threading.RLock()
+
+
+def device_exclusive(device: torch.device) -> ContextManager[object]:
+    """A process-wide lock for CPU (interpreted) pipeline work; nothing to hold on CUDA."""
+    return contextlib.nullcontext() if device.type == "cuda" else _INTERPRETER
 
 
 class SideWork:
