@@ -1,8 +1,8 @@
 """CPU compile check (no GPU needed: Triton's ptxas): the windowed FP8 GEMM compiles for sm_90 into
 the Hopper model's structure — four K = 32 e4m3 WGMMAs per 128-k window, the first zero-initialised,
 then one fp32 add per accumulator register; the noisy-quantization kernel has no contracted
-multiply-add; the pre-quantization, row-scales, row-norms, noise-line, unscale and short-hash
-kernels compile."""
+multiply-add; the pre-quantization, row-scales, row-norms, noise-line, lottery, payload, unscale
+and short-hash kernels compile."""
 import os
 import re
 import subprocess
@@ -17,7 +17,8 @@ SCRIPT = textwrap.dedent("""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    from kernels.fp8mine import hashing, matmul, noise, noisy_kernel, norms_kernel, peel, prequant_kernel
+    from kernels.fp8mine import (hashing, lottery, matmul, noise, noisy_kernel, norms_kernel, peel,
+                                 prequant_kernel)
     target = GPUTarget("cuda", 90, 128)
     gemm = triton.compile(ASTSource(fn=matmul._windowed_kernel, signature={
         "a_ptr": "*u8", "b_ptr": "*u8", "out_ptr": "*fp32", "tile_row_ptr": "*i32", "tile_expert_ptr": "*i32",
@@ -55,6 +56,16 @@ SCRIPT = textwrap.dedent("""
         "acc_ptr": "*fp32", "corr_ptr": "*bf16", "alpha_a_ptr": "*bf16", "alpha_b_ptr": "*bf16",
         "expert_ptr": "*i32", "out_ptr": "*bf16", "rows": "i32", "n": "i32", "BR": "constexpr",
         "BN": "constexpr"}, constexprs={"BR": 16, "BN": 128}), target=target)
+    for store in (False, True):
+        triton.compile(ASTSource(fn=lottery._lottery_kernel, signature={
+            "acc_ptr": "*i32", "n": "i32", "tile_row_ptr": "*i32", "tile_expert_ptr": "*i32",
+            "tile_local_ptr": "*i32", "num_tiles": "i32", "key_ptr": "*i32", "thr_ptr": "*i32",
+            "seed_b_ptr": "*i32", "lock_ptr": "*i32", "record_ptr": "*i32", "fresh_ptr": "*i32",
+            "header_ptr": "*i32", "tickets_ptr": "*i32", "BT": "constexpr", "STORE_TICKETS": "constexpr"},
+            constexprs={"BT": 32, "STORE_TICKETS": store}), target=target)
+    triton.compile(ASTSource(fn=lottery._payload_kernel, signature={
+        "fresh_ptr": "*i32", "src_ptr": "*i32", "dst_ptr": "*i32", "nwords": "i32", "BLOCK": "constexpr"},
+        constexprs={"BLOCK": 1024}), target=target)
     triton.compile(ASTSource(fn=norms_kernel._norms_kernel, signature={
         "codes_ptr": "*i8", "scales_ptr": "*i16", "l2_ptr": "*i16", "linf_ptr": "*i16", "num_rows": "i32",
         "k": "i32", "wl2": "i32", "BR": "constexpr", "BB": "constexpr"}, constexprs={"BR": 16, "BB": 64}),

@@ -63,15 +63,24 @@ def _le256(h0, h1, h2, h3, h4, h5, h6, h7, t_ptr):
 
 
 @jit
-def _fold_lane(acc_ptr, row_base, col_base, live, n, ROW: tl.constexpr, GROUP: tl.constexpr):
-    """One lane: row ROW of each tile, columns 8·nb + 2·GROUP + c in (nb, c) order."""
-    lane = tl.full(row_base.shape, 0, tl.uint32)
-    ptr = acc_ptr + (row_base + ROW) * n + col_base + 2 * GROUP
+def _fold(acc_ptr, row_base, col_base, live, n, BT: tl.constexpr):
+    """The 16 lanes of BT tiles as a (BT, 16) uint32 tensor: lane j = 4·row + g folds row `row`
+    at columns 8·nb + 2·g + c, one (nb, c) step per load of all lanes."""
+    lane = tl.arange(0, 16)
+    cell = (row_base[:, None] + lane[None, :] // 4) * n + col_base + 2 * (lane[None, :] % 4)
+    mask = live[:, None] & (lane[None, :] >= 0)
+    lanes = tl.full((BT, 16), 0, tl.uint32)
     for step in tl.static_range(16):
-        word = tl.load(ptr + 8 * (step // 2) + (step % 2), mask=live, other=0).to(tl.uint32, bitcast=True)
-        x = lane * 0x9E3779B1 + word
-        lane = (x << 13) | (x >> 19)
-    return lane
+        word = tl.load(acc_ptr + cell + 8 * (step // 2) + (step % 2), mask=mask, other=0)
+        x = lanes * 0x9E3779B1 + word.to(tl.uint32, bitcast=True)
+        lanes = (x << 13) | (x >> 19)
+    return lanes
+
+
+@jit
+def _lane(lanes, j):
+    """Column j of the (BT, 16) lanes tensor."""
+    return tl.reduce(tl.where(tl.arange(0, 16)[None, :] == j, lanes, 0), 1, _add)
 
 
 @jit
@@ -102,22 +111,11 @@ def _lottery_kernel(acc_ptr, n, tile_row_ptr, tile_expert_ptr, tile_local_ptr, n
     live = in_range & (row_start >= 0)
     row_base = tl.where(live, row_start, 0).to(tl.int64)
     col_base = tl.program_id(1) * 64
-    m0 = _fold_lane(acc_ptr, row_base, col_base, live, n, 0, 0)
-    m1 = _fold_lane(acc_ptr, row_base, col_base, live, n, 0, 1)
-    m2 = _fold_lane(acc_ptr, row_base, col_base, live, n, 0, 2)
-    m3 = _fold_lane(acc_ptr, row_base, col_base, live, n, 0, 3)
-    m4 = _fold_lane(acc_ptr, row_base, col_base, live, n, 1, 0)
-    m5 = _fold_lane(acc_ptr, row_base, col_base, live, n, 1, 1)
-    m6 = _fold_lane(acc_ptr, row_base, col_base, live, n, 1, 2)
-    m7 = _fold_lane(acc_ptr, row_base, col_base, live, n, 1, 3)
-    m8 = _fold_lane(acc_ptr, row_base, col_base, live, n, 2, 0)
-    m9 = _fold_lane(acc_ptr, row_base, col_base, live, n, 2, 1)
-    m10 = _fold_lane(acc_ptr, row_base, col_base, live, n, 2, 2)
-    m11 = _fold_lane(acc_ptr, row_base, col_base, live, n, 2, 3)
-    m12 = _fold_lane(acc_ptr, row_base, col_base, live, n, 3, 0)
-    m13 = _fold_lane(acc_ptr, row_base, col_base, live, n, 3, 1)
-    m14 = _fold_lane(acc_ptr, row_base, col_base, live, n, 3, 2)
-    m15 = _fold_lane(acc_ptr, row_base, col_base, live, n, 3, 3)
+    lanes = _fold(acc_ptr, row_base, col_base, live, n, BT)
+    m0, m1, m2, m3 = _lane(lanes, 0), _lane(lanes, 1), _lane(lanes, 2), _lane(lanes, 3)
+    m4, m5, m6, m7 = _lane(lanes, 4), _lane(lanes, 5), _lane(lanes, 6), _lane(lanes, 7)
+    m8, m9, m10, m11 = _lane(lanes, 8), _lane(lanes, 9), _lane(lanes, 10), _lane(lanes, 11)
+    m12, m13, m14, m15 = _lane(lanes, 12), _lane(lanes, 13), _lane(lanes, 14), _lane(lanes, 15)
     zero = tl.full((BT,), 0, tl.uint32)
     k0 = zero + tl.load(key_ptr + 0).to(tl.uint32, bitcast=True)
     k1 = zero + tl.load(key_ptr + 1).to(tl.uint32, bitcast=True)
