@@ -1,8 +1,8 @@
 """CPU compile check (no GPU needed: Triton's ptxas): the windowed FP8 GEMM compiles for sm_90 into
 the Hopper model's structure — four K = 32 e4m3 WGMMAs per 128-k window, the first zero-initialised,
 then one fp32 add per accumulator register; the noisy-quantization kernel has no contracted
-multiply-add; the pre-quantization, row-scales, row-norms, noise-line, lottery, payload, unscale
-and short-hash kernels compile."""
+multiply-add; the pre-quantization, row-scales, row-norms, noise-line, tile-map, lottery, payload,
+unscale and short-hash kernels compile."""
 import os
 import re
 import subprocess
@@ -18,7 +18,7 @@ SCRIPT = textwrap.dedent("""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     from kernels.fp8mine import (hashing, lottery, matmul, noise, noisy_kernel, norms_kernel, peel,
-                                 prequant_kernel)
+                                 prequant_kernel, routing)
     target = GPUTarget("cuda", 90, 128)
     gemm = triton.compile(ASTSource(fn=matmul._windowed_kernel, signature={
         "a_ptr": "*u8", "b_ptr": "*u8", "out_ptr": "*fp32", "tile_row_ptr": "*i32", "tile_expert_ptr": "*i32",
@@ -66,6 +66,10 @@ SCRIPT = textwrap.dedent("""
     triton.compile(ASTSource(fn=lottery._payload_kernel, signature={
         "fresh_ptr": "*i32", "src_ptr": "*i32", "dst_ptr": "*i32", "nwords": "i32", "BLOCK": "constexpr"},
         constexprs={"BLOCK": 1024}), target=target)
+    triton.compile(ASTSource(fn=routing._tile_map_kernel, signature={
+        "ends_ptr": "*i32", "experts": "i32", "tile_rows": "i32", "partial": "i32", "row_start_ptr": "*i32",
+        "expert_ptr": "*i32", "local_ptr": "*i32", "slots": "i32", "BLOCK": "constexpr"},
+        constexprs={"BLOCK": 256}), target=target)
     triton.compile(ASTSource(fn=norms_kernel._norms_kernel, signature={
         "codes_ptr": "*i8", "scales_ptr": "*i16", "l2_ptr": "*i16", "linf_ptr": "*i16", "num_rows": "i32",
         "k": "i32", "wl2": "i32", "BR": "constexpr", "BB": "constexpr"}, constexprs={"BR": 16, "BB": 64}),

@@ -254,6 +254,12 @@ def test_routing_table_matches_reference_and_tiles():
     live = tiles.row_start >= 0
     got = list(zip(tiles.row_start[live].tolist(), tiles.expert[live].tolist(), tiles.local[live].tolist()))
     assert got == want
+    gemm_tiles = dev_routing.row_tiles(table, 8, partial=True)  # every row, short tails included
+    want = [(starts[w] + 8 * t, w, t) for w in range(5) for t in range(-(-(offsets[w] - starts[w]) // 8))]
+    live = gemm_tiles.row_start >= 0
+    assert gemm_tiles.row_start.shape[0] == 46 // 8 + 5
+    assert list(zip(gemm_tiles.row_start[live].tolist(), gemm_tiles.expert[live].tolist(),
+                    gemm_tiles.local[live].tolist())) == want
 
 
 def test_grouped_matmul_is_the_model_per_expert():

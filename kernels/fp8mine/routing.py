@@ -4,13 +4,20 @@ Rflat lists, expert by expert, the tokens routed to it (a stable sort of the fla
 so each list ascends); O[w] is the cumulative end offset of expert w. Both are u32 LE when hashed.
 The lottery lattice is expert-local: an expert with c rows has c // 4 row tiles, rows 4t..4t+3 of
 its list; a trailing partial tile is never mined. Everything is computed with static shapes, so
-nothing syncs: the tile map has a fixed upper bound of entries and marks unused ones with −1.
+nothing syncs: the tile map (one small Triton kernel) has a fixed upper bound of entries and marks
+unused ones with −1.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
+import triton
+import triton.language as tl
+
+from kernels.int7._jit import jit
+
+_MAP_BLOCK = 256
 
 
 class RoutingError(ValueError):
@@ -67,22 +74,43 @@ class RowTiles:
     local: torch.Tensor
 
 
-def row_tiles(table: RoutingTable, tile_rows: int = 4, partial: bool = False) -> RowTiles:
-    """Enumerate each expert's row tiles without a host sync.
+@jit
+def _tile_map_kernel(ends_ptr, experts, tile_rows, partial, row_start_ptr, expert_ptr, local_ptr,
+                     slots, BLOCK: tl.constexpr):
+    """Slot s → (first row, expert, expert-local index) of the s-th row tile; −1 past the end."""
+    slot = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    row_start = tl.full((BLOCK,), -1, tl.int32)
+    expert = tl.full((BLOCK,), 0, tl.int32)
+    local = tl.full((BLOCK,), 0, tl.int32)
+    start = 0
+    first_tile = 0
+    for w in range(experts):
+        end = tl.load(ends_ptr + w)
+        rows = end - start
+        tiles = tl.where(partial != 0, (rows + tile_rows - 1) // tile_rows, rows // tile_rows)
+        mine = (slot >= first_tile) & (slot < first_tile + tiles)
+        row_start = tl.where(mine, start + tile_rows * (slot - first_tile), row_start)
+        expert = tl.where(mine, w, expert)
+        local = tl.where(mine, slot - first_tile, local)
+        first_tile += tiles
+        start = end
+    live = slot < slots
+    tl.store(row_start_ptr + slot, row_start, mask=live)
+    tl.store(expert_ptr + slot, expert, mask=live)
+    tl.store(local_ptr + slot, local, mask=live)
 
-    Lottery tiles are whole (partial=False); GEMM tiles cover every row (partial=True, the last
-    tile of an expert may be short and T = total_rows // tile_rows + e bounds the count).
+
+def row_tiles(table: RoutingTable, tile_rows: int = 4, partial: bool = False) -> RowTiles:
+    """Enumerate each expert's row tiles without a host sync (one small kernel).
+
+    Lottery tiles are whole (partial=False: an expert's trailing rows < tile_rows are skipped);
+    GEMM tiles cover every row (partial=True, the last tile of an expert may be short). The slot
+    count is a static bound: rows // tile_rows (+ e when partial).
     """
     total = table.rflat.shape[0]
-    ends = table.offsets.to(torch.int64)
-    starts = table.starts()
-    rows = ends - starts
-    tiles_per_expert = (rows + tile_rows - 1) // tile_rows if partial else rows // tile_rows
-    tile_ends = torch.cumsum(tiles_per_expert, 0)
-    bound = total // tile_rows + (table.experts if partial else 0)
-    slots = torch.arange(bound, dtype=torch.int64, device=ends.device)
-    expert = torch.searchsorted(tile_ends, slots, right=True).clamp(max=table.experts - 1)
-    local = slots - (tile_ends[expert] - tiles_per_expert[expert])
-    live = slots < tile_ends[-1]
-    row_start = torch.where(live, starts[expert] + tile_rows * local, torch.full_like(slots, -1))
-    return RowTiles(row_start.to(torch.int32), expert.to(torch.int32), local.to(torch.int32))
+    slots = total // tile_rows + (table.experts if partial else 0)
+    out = torch.empty((3, max(slots, 1)), dtype=torch.int32, device=table.offsets.device)
+    _tile_map_kernel[(triton.cdiv(max(slots, 1), _MAP_BLOCK),)](
+        table.offsets, table.experts, tile_rows, int(partial), out[0], out[1], out[2], slots,
+        BLOCK=_MAP_BLOCK)
+    return RowTiles(out[0, :slots], out[1, :slots], out[2, :slots])
