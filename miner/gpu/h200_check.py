@@ -76,7 +76,7 @@ class Sizes:
 H200 = Sizes(preset("qwen3_moe", hidden_size=2048, num_layers=4, num_heads=16, num_kv_heads=4, head_dim=128,
                     num_experts=32, top_k=8, expert_intermediate=512, vocab_size=4096, max_seq_len=512),
              batch_size=8, prompt_len=256, max_new_tokens=16, min_mining_tokens=8, warmup=2, reps=5,
-             blocks=3, budget_s=330.0)
+             blocks=3, budget_s=300.0)
 # The smallest shapes both pipelines take; decode launches (2 tokens) serve unmined.
 SMOKE = Sizes(preset("qwen3_moe", hidden_size=2048, num_layers=1, num_heads=4, num_kv_heads=2, head_dim=64,
                      num_experts=4, top_k=2, expert_intermediate=32, vocab_size=256, max_seq_len=64),
@@ -112,8 +112,12 @@ class Results:
 def markdown(data: dict[str, Any]) -> str:
     """The results as the tables docs/perf/miner-h200.md quotes."""
     meta = data["meta"]
+    m = meta.get("model") or {}
+    model = (f"{m.get('style')}: hidden {m.get('hidden_size')}, {m.get('num_layers')} layers, "
+             f"{m.get('num_experts')} experts top-{m.get('top_k')}, FC1 {2 * (m.get('expert_intermediate') or 0)} "
+             f"columns per expert, {meta.get('dtype')}") if m else "?"
     lines = [f"# Miner acceptance run ({meta.get('device', '?')})", "",
-             f"torch {meta.get('torch')}, triton {meta.get('triton')}; model {meta.get('model')}; "
+             f"torch {meta.get('torch')}, triton {meta.get('triton')}; model {model}; "
              f"batch {meta.get('batch_size')} × prompt {meta.get('prompt_len')} + {meta.get('max_new_tokens')} "
              f"decode steps; median of {meta.get('reps')} after {meta.get('warmup')} warm-up.", "",
              "| profile | modes seen | accepted | submitted | rejected | winners | verify failed | "
