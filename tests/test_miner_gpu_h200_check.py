@@ -22,6 +22,7 @@ def test_cpu_smoke_mines_accepted_blocks_and_measures(tmp_path):
     assert bench["overall"]["unmined"] > 0 and bench["overall"]["mined"] > 0
     table = (tmp_path / "h200_check.md").read_text()
     assert "| mainnet@100000 | int7-dense |" in table and "mined / unmined" in table
+    assert "mainnet@100000: phase done" in (tmp_path / "h200_check.log").read_text()
 
 
 def test_markdown_reports_partial_results():

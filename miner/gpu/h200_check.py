@@ -25,12 +25,16 @@ the model moved to the device, and two devnets of the profile:
    warm-up first, median of ``--reps``.
 
 Every section is guarded: a failure is written into the results and the run goes on.
-Results: DIR/h200_check.json and DIR/h200_check.md, rewritten after every section.
+Results: DIR/h200_check.json and DIR/h200_check.md, rewritten after every section; the worker's
+log (mining failures, completion tracebacks) in DIR/h200_check.log.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import json
+import logging
 import platform
 import statistics
 import tempfile
@@ -50,6 +54,8 @@ from miner.model import ModelConfig, preset
 from miner.sources import GatewaySource
 from miner.worker import Worker, WorkerConfig
 from proof.chain import bits_from_target
+
+log = logging.getLogger(__name__)
 
 PHASES = ("regtest-fp8", "mainnet@91628", "mainnet@100000")
 SMOKE_PHASES = ("regtest-fp8", "mainnet@100000")
@@ -278,11 +284,13 @@ def run_phase(profile: str, sizes: Sizes, device: torch.device, dtype: torch.dty
         phase["model_build_s"] = time.monotonic() - started
         prompts = Prompts(sizes, seed=len(results.data["phases"]))
         events = worker.events.subscribe()
+        log.info("%s: worker started, model built and moved in %.1f s", profile, phase["model_build_s"])
         worker.start()
         try:
             mining_deadline = started + 0.6 * (deadline - started)
             results.guard("mining", phase, lambda: mine_blocks(worker, sizes, prompts, device, mining_deadline, phase))
             phase["mining_stats"] = worker.stats.snapshot()
+            log.info("%s: mining section done: %s", profile, phase["mining_stats"])
             source.current = sources[1]
             results.guard("benchmark", phase, lambda: benchmark(worker, sizes, prompts, device, deadline, phase))
         finally:
@@ -294,6 +302,7 @@ def run_phase(profile: str, sizes: Sizes, device: torch.device, dtype: torch.dty
             phase["mining"] = worker.stats.snapshot()
             phase["events"] = _drain(events)
             results.write()
+            log.info("%s: phase done: %s", profile, {k: phase.get(k) for k in ("modes", "bench", "errors")})
 
 
 def _drain(events: Any) -> list[str]:
@@ -340,18 +349,42 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("no CUDA device: use --cpu-smoke for the CPU run")
     phases = args.phases or (SMOKE_PHASES if args.cpu_smoke else PHASES)
     results = Results(args.out, meta(sizes, device, dtype))
+    with worker_log(args.out / "h200_check.log"):
+        run_phases(phases, sizes, device, dtype, results)
+    print((args.out / "h200_check.md").read_text(), flush=True)
+    return 0
+
+
+@contextlib.contextmanager
+def worker_log(path: Path) -> Iterator[None]:
+    """The worker's log (INFO and up, every thread) into ``path`` for the run's duration."""
+    root = logging.getLogger()
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(threadName)s %(name)s %(levelname)s %(message)s"))
+    level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+        handler.close()
+
+
+def run_phases(phases: list[str] | tuple[str, ...], sizes: Sizes, device: torch.device, dtype: torch.dtype,
+               results: Results) -> None:
+    """Each phase in turn, sharing what is left of the budget evenly."""
     start = time.monotonic()
     for i, profile in enumerate(phases):
         share = (start + sizes.budget_s - time.monotonic()) / (len(phases) - i)
         if share <= 0:
             results.data["errors"].append(f"{profile}: skipped, the time budget is spent")
             continue
-        results.guard(profile, results.data, lambda: run_phase(profile, sizes, device, dtype,
-                                                               time.monotonic() + share, results))
+        results.guard(profile, results.data,
+                      functools.partial(run_phase, profile, sizes, device, dtype, time.monotonic() + share, results))
     results.data["total_s"] = time.monotonic() - start
     results.write()
-    print((args.out / "h200_check.md").read_text(), flush=True)
-    return 0
 
 
 if __name__ == "__main__":
