@@ -128,11 +128,12 @@ class GpuInt7Backend:
             plan = layout(routing, self.experts, ROW_BLOCK, moe=self.moe)
             mined = self._pass(device_job, plan)
             x = activations.detach()
-            pad = x.new_zeros(max(1, plan.phantoms), x.shape[1])
-            if self.moe:
-                out = mined.run(torch.cat([x, pad[:plan.phantoms]]), plan.row_token.view(self.experts, -1).to(torch.int32))
-            else:
-                out = mined.run(torch.cat([x, pad[:1]]).index_select(0, plan.row_token).view(self.experts, plan.rows, -1))
+            if self.moe:  # the phantom tokens are zero rows after the real ones
+                tokens = torch.cat([x, x.new_zeros(plan.phantoms, x.shape[1])])
+                out = mined.run(tokens, plan.row_token.view(self.experts, -1).to(torch.int32))
+            else:  # row T is the zero row that pads each expert's instance
+                rows = torch.cat([x, x.new_zeros(1, x.shape[1])]).index_select(0, plan.row_token)
+                out = mined.run(rows.view(self.experts, plan.rows, -1))
             n = out.shape[-1]
             output = out.view(-1, n).index_select(0, plan.slot_of).view(*routing.shape, n).to(activations.dtype)
             winners = self._winners(job)
@@ -141,7 +142,8 @@ class GpuInt7Backend:
         return LaunchResult(output, winners, plan.credited_rows(TILE_H) * n * k, tickets)
 
     def _pass(self, device_job: DeviceJob, plan: Layout) -> MinedPass:
-        shape = (plan.rows, plan.tokens + plan.phantoms)
+        """The pass of this launch shape (rows per expert; MoE: and the instance's token count)."""
+        shape = (plan.rows, plan.tokens + plan.phantoms if self.moe else 0)
         mined = self._passes.get(shape)
         if mined is None:
             if len(self._passes) >= MAX_PASSES:
