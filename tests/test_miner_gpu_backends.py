@@ -1,10 +1,12 @@
-"""The GPU-pipeline backends on torch's CPU backend (Triton's interpreter runs the same kernels):
-served output, credited work, winners whose proofs verify and pass the chain's rules.
+"""The GPU-pipeline backends on CUDA when there is one, else on torch's CPU backend (Triton's
+interpreter runs the same kernels): served output, credited work, winners whose proofs verify and
+pass the chain's rules.
 
-Slow: the interpreter hashes and multiplies (about a minute per backend on two cores)."""
+Slow on the CPU: the interpreter hashes and multiplies (about a minute per backend on two cores)."""
 import pytest
 import torch
 
+from miner.backend import LaunchResult
 from miner.gpu import backend_factory
 from miner.jobs import MiningJob
 from miner.model import preset
@@ -16,6 +18,7 @@ from proof.chain import BlockHeader
 EASY = 0x1E010000  # the regtest pow limit (and of <network>@H rehearsals)
 LOOSE = 0x207FFFFF  # the largest target: every INT7 tile wins
 K, EXPERTS, TOP_K = 2048, 4, 2
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 class _Layer:
@@ -30,6 +33,17 @@ def _inputs(n: int, tokens: int, seed: int):
     x = torch.randn(tokens, K, generator=gen)
     ids = torch.stack([torch.randperm(EXPERTS, generator=gen)[:TOP_K] for _ in range(tokens)])
     return x, ids, w13
+
+
+def _mine(backend, x, ids) -> LaunchResult:
+    """One launch on DEVICE, its output on the CPU. On CUDA a doorbell may ring after the launch
+    returns (the backend never waits): the next launch reports the held winner."""
+    result = backend.mine_launch(x.to(DEVICE), ids.to(DEVICE))
+    winners = result.winners
+    if not winners and DEVICE.type == "cuda":
+        torch.cuda.synchronize()
+        winners = backend.mine_launch(x.to(DEVICE), ids.to(DEVICE)).winners
+    return LaunchResult(result.output.cpu(), winners, result.credited_work, result.tickets)
 
 
 def _int7_rows(values: torch.Tensor):
@@ -61,10 +75,10 @@ def _header(bits: int) -> bytes:
 def test_int7_backend_serves_the_int7_product_and_its_winner_verifies(mode):
     n = 32
     x, ids, w13 = _inputs(n, 6, seed=5)
-    backend = backend_factory(mode, _Layer(n // 2), "cpu")
+    backend = backend_factory(mode, _Layer(n // 2), DEVICE)
     job = MiningJob.of(_header(LOOSE), 1, 3, height=100_000)
-    backend.prepare_job(job, w13)
-    result = backend.mine_launch(x, ids)
+    backend.prepare_job(job, w13.to(DEVICE))
+    result = _mine(backend, x, ids)
     # the served output is the exact int7 product, dequantised, in bf16: within one bf16 ulp
     # (2^-7 relative; Triton's interpreter does not round the final cast to nearest)
     torch.testing.assert_close(result.output, _int7_reference(x, ids, w13), rtol=2**-7, atol=1e-6)
@@ -95,11 +109,11 @@ def test_fp8_backend_serves_the_layer_and_its_winner_verifies():
     parent = BlockHeader(1, b"\x01" * 32, b"\x02" * 32, 1_700_000_000, EASY).to_bytes()
     proposed = BlockHeader(1, BlockHeader.from_bytes(parent).block_hash(), b"\x03" * 32, 1_700_000_001, EASY)
     job = MiningJob.of(proposed.incomplete_bytes(), 2**240, 4, (parent,), height=2)
-    backend = backend_factory(Mode.FP8_MOE, _Layer(n // 2), "cpu")
+    backend = backend_factory(Mode.FP8_MOE, _Layer(n // 2), DEVICE)
     with pytest.raises(ValueError, match="cert V4"):
         backend.prepare_job(MiningJob.of(proposed.incomplete_bytes(), 1, 3), w13)
-    backend.prepare_job(job, w13)
-    result = backend.mine_launch(x, ids)
+    backend.prepare_job(job, w13.to(DEVICE))
+    result = _mine(backend, x, ids)
     reference = grouped_fc1(x, ids, w13)
     assert float((result.output - reference).norm() / reference.norm()) < 0.1
     counts = torch.bincount(ids.reshape(-1), minlength=EXPERTS).tolist()
@@ -110,6 +124,7 @@ def test_fp8_backend_serves_the_layer_and_its_winner_verifies():
     built = backend.build_proof(record)
     assert built.cert_version == 4 and backend.verify(record, built) == (True, "ok")
     rules.check_certificate("regtest-fp8", 2, 4, built.public_data, EASY)
-    small = backend.mine_launch(x[:3], ids[:3])  # too few rows for a lottery tile: served unmined
+    small = _mine(backend, x[:3], ids[:3])  # too few rows for a lottery tile: served unmined
     assert (small.credited_work, small.tickets) == (0, 0)
-    assert torch.allclose(small.output, grouped_fc1(x[:3], ids[:3], w13.to(torch.bfloat16).float()))
+    torch.testing.assert_close(small.output, grouped_fc1(x[:3], ids[:3], w13.to(torch.bfloat16).float()),
+                               rtol=1e-2, atol=1e-2)
