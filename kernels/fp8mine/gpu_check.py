@@ -277,7 +277,8 @@ def _parts(gemm: MinedGemm, x: torch.Tensor, topk, result) -> dict:
     from .pipeline import prepare_a
     state, table, a = gemm.state, result.table, result.a
     order = table.rflat.to(torch.int64)
-    codes = a.side.codes.index_select(0, order) if gemm.moe else a.side.codes
+    codes = a.side.codes.view(torch.uint8).index_select(0, order).view(torch.float8_e4m3fn) \
+        if gemm.moe else a.side.codes
     b_codes = state.side.codes.view(gemm.b.experts, gemm.b.n_e, gemm.b.k)
     tiles = row_tiles(table)
     stages = {

@@ -73,12 +73,17 @@ def peel_and_unscale(acc: torch.Tensor, a_peel_rows: torch.Tensor, alpha_a_rows:
     """out[i, j] = (acc[i, j] + A_peel[i] · B_peel[w, j]) / (α_A[i] α_B[w, j]) as BF16.
 
     acc (rows, n_e) fp32 and the A rows in expert order; b_peel_ (e, n_e, 64), alpha_b (e, n_e).
-    The correction is one grouped bf16 GEMM (torch._grouped_mm on CUDA, a loop on the CPU); the
+    The correction is one grouped bf16 GEMM (torch._grouped_mm on CUDA; a per-expert loop on the
+    CPU or where torch lacks it); the
     add and unscale are one Triton pass (approximate arithmetic: the output is not consensus).
     """
+    correction = None
     if acc.device.type == "cuda":
-        correction = torch._grouped_mm(a_peel_rows, b_peel_.transpose(-2, -1), offs=table.offsets)
-    else:
+        try:
+            correction = torch._grouped_mm(a_peel_rows, b_peel_.transpose(-2, -1), offs=table.offsets)
+        except (RuntimeError, AttributeError):  # no grouped bf16 GEMM in this torch build
+            correction = None
+    if correction is None:  # a per-expert loop: reads the offsets on the host (not graph-safe)
         correction = torch.empty_like(acc)
         start = 0
         for expert, end in enumerate(table.offsets.tolist()):

@@ -219,7 +219,8 @@ class MinedGemm:
         state = self.state
         a = prepare_a(x, self.key_a, state, self.job.p_a(), table if self.moe else None)
         order = table.rflat.to(torch.int64)
-        codes = a.side.codes.index_select(0, order) if self.moe else a.side.codes
+        codes = a.side.codes.view(torch.uint8).index_select(0, order).view(torch.float8_e4m3fn) \
+            if self.moe else a.side.codes
         b_codes = state.side.codes.view(self.b.experts, self.b.n_e, self.b.k)
         acc = grouped_matmul(codes, b_codes, table)
         self.latch.run(acc, row_tiles(table), a.pow_key, self.threshold, state.seed_b,
