@@ -274,7 +274,8 @@ def test_grouped_matmul_is_the_model_per_expert():
     assert np.array_equal(got[:4].view(np.uint32), fp8_matmul("hopper", a[:4], b[0]).view(np.uint32))
     assert np.array_equal(got[4:].view(np.uint32), fp8_matmul("hopper", a[4:], b[1]).view(np.uint32))
     with pytest.raises(MatmulError, match="multiple of 32"):
-        grouped_matmul(torch.zeros(2, 48, dtype=torch.float8_e4m3fn), torch.zeros(1, 2, 48, dtype=torch.float8_e4m3fn), table)
+        grouped_matmul(torch.zeros(2, 48, dtype=torch.float8_e4m3fn),
+                       torch.zeros(1, 2, 48, dtype=torch.float8_e4m3fn), table)
 
 
 # ---------------------------------------------------------------------------------------- lottery

@@ -102,7 +102,8 @@ def check_gemm() -> dict:
         out[name] = row
     e = rng.choice(FINITE_CODES, (256, 32)).astype(np.uint8)
     f = rng.choice(FINITE_CODES, (512, 32)).astype(np.uint8)
-    got = matmul(torch.from_numpy(e).to(DEVICE).view(torch.float8_e4m3fn), torch.from_numpy(f).to(DEVICE).view(torch.float8_e4m3fn))
+    got = matmul(torch.from_numpy(e).to(DEVICE).view(torch.float8_e4m3fn),
+                 torch.from_numpy(f).to(DEVICE).view(torch.float8_e4m3fn))
     out["noise dot K=32"] = {"triton windowed": _compare(got.cpu().numpy(), fp8_matmul("hopper", e, f))}
     return out
 
@@ -207,7 +208,8 @@ def check_planted() -> dict:
         tickets = torch.zeros((tiles.row_start.shape[0], first.acc.shape[1] // 64, 8), dtype=torch.int32, device=DEVICE)
         gemm.latch.run(first.acc, tiles, first.a.pow_key, gemm.threshold, gemm.state.seed_b, {}, tickets=tickets)
         values = {}
-        for slot, (row0, expert, local) in enumerate(zip(tiles.row_start.tolist(), tiles.expert.tolist(), tiles.local.tolist())):
+        slots = zip(tiles.row_start.tolist(), tiles.expert.tolist(), tiles.local.tolist())
+        for slot, (row0, expert, local) in enumerate(slots):
             if row0 >= 0:
                 for col in range(tickets.shape[1]):
                     values[(expert, local, col)] = tickets[slot, col].cpu().numpy().astype("<i4").tobytes()
@@ -301,14 +303,12 @@ def check_timing() -> dict:
             gemm, weights, x, topk, _ = _setup(experts, n_e, k, tokens, top_k, seed=11)
             result = gemm.forward(x, topk)
             rows = result.table.rflat.long()
-            expert_of_row = torch.searchsorted(result.table.offsets.long(), torch.arange(rows.numel(), device=DEVICE), right=True)
             ref = torch.empty_like(result.out, dtype=torch.float32)
             start = 0
             for w, end in enumerate(result.table.offsets.tolist()):
                 ref[start:end] = (x[rows[start:end]] @ weights[w].T).float()
                 start = end
             entry["output rel err vs bf16"] = float((result.out.float() - ref).norm() / ref.norm())
-            del expert_of_row
             xq = x[rows].to(torch.float8_e4m3fn)
             wq = weights.to(torch.float8_e4m3fn)
             offsets = torch.cat([torch.zeros(1, dtype=torch.int32, device=DEVICE), result.table.offsets])

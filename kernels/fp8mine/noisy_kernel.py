@@ -127,13 +127,18 @@ def noisy_codes(alpha: torch.Tensor, beta: torch.Tensor, x: torch.Tensor, noise:
     return out.view(torch.float8_e4m3fn)
 
 
-def row_scales(l2: torch.Tensor, linf: torch.Tensor, delta_r: int, delta_over_std: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _bf16_value(bits: int) -> float:
+    """The exact value of a bf16 bit pattern (a Python float holds it exactly)."""
+    return float(np.array([bits << 16], dtype=np.uint32).view(np.float32)[0])
+
+
+def row_scales(l2: torch.Tensor, linf: torch.Tensor, delta_r: int,
+               delta_over_std: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(α, β) bf16 per row from the raw bf16 norms and the device's bf16 scale constants."""
     rows = l2.shape[0]
     alpha = torch.empty(rows, dtype=torch.int16, device=l2.device)
     beta = torch.empty(rows, dtype=torch.int16, device=l2.device)
-    as_f32 = lambda bits: float(np.uint32(bits << 16).view(np.float32))  # noqa: E731  exact
     _row_scales_kernel[(max(1, triton.cdiv(rows, _BLOCK)),)](
         l2.contiguous().view(torch.int16), linf.contiguous().view(torch.int16), alpha, beta, rows,
-        as_f32(delta_r), as_f32(delta_over_std), BLOCK=_BLOCK, enable_fp_fusion=False)
+        _bf16_value(delta_r), _bf16_value(delta_over_std), BLOCK=_BLOCK, enable_fp_fusion=False)
     return alpha.view(torch.bfloat16), beta.view(torch.bfloat16)

@@ -1,7 +1,8 @@
 """Noisy quantization to e4m3 on the device (§7), Hopper constants.
 
 Both the per-row scales and the element op are Triton kernels (noisy_kernel.py). Per row:
-l2f = max(l2, 2^-32), linf_f = max(linf, 2^-32) (NaN-propagating), nb = fma(δ√r, l2f, linf_f), α = bf16(448 / nb), β = bf16(bf16(α · l2f) · δ√r/256²). Per element:
+l2f = max(l2, 2^-32), linf_f = max(linf, 2^-32) (NaN-propagating), nb = fma(δ√r, l2f, linf_f),
+α = bf16(448 / nb), β = bf16(bf16(α · l2f) · δ√r/256²). Per element:
 code = e4m3(clamp(fma(α, X, bf16(β · N)), ±448)), with N = bf16 of the E@F noise dot computed by
 the mined GEMM itself (k = 32: one window of one group from +0, as the device's atom).
 proof.fp8.quantization is the reference.

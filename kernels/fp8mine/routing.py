@@ -44,7 +44,8 @@ class RoutingTable:
 def routing_table(topk_ids: torch.Tensor, experts: int) -> RoutingTable:
     """From router top-k ids (m, top_k) — clamped to [0, e) — to (Rflat, O), without host syncs."""
     if topk_ids.dim() != 2 or topk_ids.dtype not in (torch.int32, torch.int64):
-        raise RoutingError(f"topk_ids must be an integer (m, top_k) tensor, got {topk_ids.dtype} {tuple(topk_ids.shape)}")
+        raise RoutingError(f"topk_ids must be an integer (m, top_k) tensor, "
+                           f"got {topk_ids.dtype} {tuple(topk_ids.shape)}")
     if not 1 <= experts <= 1024:
         raise RoutingError(f"experts must be in 1..1024, got {experts}")
     top_k = topk_ids.shape[1]
