@@ -228,9 +228,10 @@ def test_noisy_quantize_matches_reference():
     l2, linf = ref_prequant.row_norms(codes, scales)
     e = ref_noise.noise_lines(b"\x05" * 32, "A", "E", np.arange(8))
     f = ref_noise.noise_lines(b"\x06" * 32, "A", "F", np.arange(256))
-    got = dev_quant.noisy_quantize(bf16_tensor(values), bf16_tensor(l2), bf16_tensor(linf),
-                                   torch.from_numpy(e).view(torch.float8_e4m3fn),
-                                   torch.from_numpy(f).view(torch.float8_e4m3fn))
+    got, noise = dev_quant.noisy_quantize(bf16_tensor(values), bf16_tensor(l2), bf16_tensor(linf),
+                                          torch.from_numpy(e).view(torch.float8_e4m3fn),
+                                          torch.from_numpy(f).view(torch.float8_e4m3fn))
+    assert np.array_equal(noise.numpy().view(np.uint32), fp8_matmul("hopper", e, f).view(np.uint32))
     want = ref_quant.noisy_quantize("hopper", values, l2, linf, e, f)
     assert np.array_equal(got.codes.view(torch.uint8).numpy(), want.codes)
     assert np.array_equal(u16(got.alpha), want.alpha) and np.array_equal(u16(got.beta), want.beta)
@@ -363,11 +364,11 @@ def test_peel_recovers_the_denoised_product():
     b_codes, e_b, beta_b, alpha_b = side(n, 2)
     n_a = e_a.float() @ f_a.float().T
     n_b = e_b.float() @ f_b.float().T
-    a = NoisySide(a_codes, alpha_a, beta_a, n_a.to(torch.bfloat16), e_a)
-    b = NoisySide(b_codes, alpha_b, beta_b, n_b.to(torch.bfloat16), e_b)
+    a = NoisySide(a_codes, alpha_a, beta_a, e_a)
+    b = NoisySide(b_codes, alpha_b, beta_b, e_b)
     acc = a_codes.float() @ b_codes.float().T
     table = dev_routing.dense_table(m, "cpu")
-    out = peel_and_unscale(acc, a_peel(a, f_b), alpha_a, b_peel(b, f_a).view(1, n, 64), alpha_b.view(1, n), table)
+    out = peel_and_unscale(acc, a_peel(a, f_b), alpha_a, b_peel(b, n_b, f_a).view(1, n, 64), alpha_b.view(1, n), table)
     clean_a = a_codes.float() - beta_a.float()[:, None] * n_a
     clean_b = b_codes.float() - beta_b.float()[:, None] * n_b
     want = (clean_a @ clean_b.T) / alpha_a.float()[:, None] / alpha_b.float()[None, :]

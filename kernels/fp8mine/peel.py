@@ -34,13 +34,13 @@ def a_peel(side: NoisySide, f_b: torch.Tensor) -> torch.Tensor:
     return torch.cat([left, right], dim=1)
 
 
-def b_peel(side: NoisySide, f_a: torch.Tensor) -> torch.Tensor:
-    """(n, 64) bf16: [(β_B ⊙ N_B − B′) · F_Aᵀ | −β_B ⊙ E_B]."""
+def b_peel(side: NoisySide, noise: torch.Tensor, f_a: torch.Tensor) -> torch.Tensor:
+    """(n, 64) bf16: [(β_B ⊙ N_B − B′) · F_Aᵀ | −β_B ⊙ E_B], N_B the fp32 noise dot (n, k)."""
     left = torch.empty((side.codes.shape[0], f_a.shape[1]), dtype=torch.bfloat16, device=f_a.device)
     for r0 in range(0, side.codes.shape[0], ROW_CHUNK):
         rows = slice(r0, r0 + ROW_CHUNK)
-        noise = side.noise[rows]
-        residual = bf16_fma(side.beta[rows, None].expand_as(noise), noise, -_decoded(side.codes[rows]))
+        noise_rows = noise[rows].to(torch.bfloat16)
+        residual = bf16_fma(side.beta[rows, None].expand_as(noise_rows), noise_rows, -_decoded(side.codes[rows]))
         left[rows] = residual @ _decoded(f_a)
     right = (-side.beta.float()[:, None] * side.e_lines.float()).to(torch.bfloat16)
     return torch.cat([left, right], dim=1)

@@ -38,7 +38,7 @@ class BState:
     seed_b: torch.Tensor  # (1, 8) int32
     f_a: torch.Tensor  # (k, 32) e4m3
     f_b: torch.Tensor  # (k, 32) e4m3
-    side: quant.NoisySide  # B′ codes (n, k), α/β (n,), N_B, E_B
+    side: quant.NoisySide  # B′ codes (n, k), α/β (n,), E_B
     peel: torch.Tensor  # (n, 64) bf16
     ready: torch.cuda.Event | None = None
 
@@ -48,7 +48,7 @@ class BState:
             return
         stream.wait_event(self.ready)
         for t in (self.seed_b, self.f_a, self.f_b, self.side.codes, self.side.alpha, self.side.beta,
-                  self.side.noise, self.side.e_lines, self.peel):
+                  self.side.e_lines, self.peel):
             t.record_stream(stream)
 
 
@@ -98,9 +98,10 @@ class BSide:
             if state is not None and state.ancestor_header in window:
                 self._active = slot
                 return state, window.index(state.ancestor_header) + 1
-        self._prepare_into(self._active ^ 1 if active is not None else self._active, window[0])
-        self._active = self._active ^ 1 if active is not None else self._active
-        return self.slots[self._active], 1
+        target = self._active ^ 1 if active is not None else self._active  # never the active slot
+        self._prepare_into(target, window[0])
+        self._active = target
+        return self.slots[target], 1
 
     def _prepare_into(self, slot: int, ancestor_header: bytes) -> None:
         """Build σ_d's state into `slot`, on the side stream when on CUDA (never the active slot
@@ -125,8 +126,8 @@ class BSide:
         f_a = noise.noise_lines(line_key, "A", "F", rows_k)
         f_b = noise.noise_lines(line_key, "B", "F", rows_k)
         e_b = noise.noise_lines(line_key, "B", "E", torch.arange(self.codes.shape[0], device=self.device))
-        side = quant.noisy_quantize(self.values, self.l2, self.linf, e_b, f_b)
-        return BState(bytes(ancestor_header), seed_b, f_a, f_b, side, b_peel(side, f_a))
+        side, noise_b = quant.noisy_quantize(self.values, self.l2, self.linf, e_b, f_b)
+        return BState(bytes(ancestor_header), seed_b, f_a, f_b, side, b_peel(side, noise_b, f_a))
 
 
 @dataclass
@@ -152,7 +153,7 @@ def prepare_a(x: torch.Tensor, key_a: torch.Tensor, state: BState, p_a: bytes,
         routing = (transcript.tree_root(key_a, table.rflat), transcript.tree_root(key_a, table.offsets))
     seed_a = transcript.seed_a(hash_a, state.seed_b, key_a, p_a, routing)
     e_a = noise.noise_lines(transcript.noise_key(seed_a), "A", "E", torch.arange(x.shape[0], device=x.device))
-    side = quant.noisy_quantize(values, l2, linf, e_a, state.f_a)
+    side, _ = quant.noisy_quantize(values, l2, linf, e_a, state.f_a)
     return ASide(codes, scales, seed_a, transcript.jackpot_key(seed_a), side, a_peel(side, state.f_b))
 
 

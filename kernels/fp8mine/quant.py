@@ -28,13 +28,12 @@ class QuantError(ValueError):
 
 @dataclass
 class NoisySide:
-    """One operand after noisy quantization: codes (rows, k) e4m3, α/β (rows,) bf16, the bf16
-    noise N (rows, k) and the E lines (rows, 32) (the peel needs the last two)."""
+    """One operand after noisy quantization: codes (rows, k) e4m3, α/β (rows,) bf16 and the E
+    lines (rows, 32) (the peel needs them)."""
 
     codes: torch.Tensor
     alpha: torch.Tensor
     beta: torch.Tensor
-    noise: torch.Tensor
     e_lines: torch.Tensor
 
 
@@ -44,12 +43,15 @@ def row_scales(l2: torch.Tensor, linf: torch.Tensor) -> tuple[torch.Tensor, torc
 
 
 def noisy_quantize(x: torch.Tensor, l2: torch.Tensor, linf: torch.Tensor, e_lines: torch.Tensor,
-                   f_lines: torch.Tensor) -> NoisySide:
-    """A whole operand: x (rows, k) bf16, norms (rows,), E (rows, 32) and F (k, 32) e4m3 lines."""
+                   f_lines: torch.Tensor) -> tuple[NoisySide, torch.Tensor]:
+    """A whole operand: x (rows, k) bf16, norms (rows,), E (rows, 32) and F (k, 32) e4m3 lines.
+
+    Returns the noisy side and the fp32 noise dot N = E@Fᵀ (rows, k); only the B peel needs N,
+    so callers drop it afterwards."""
     rows, k = x.shape
     if x.dtype != torch.bfloat16 or e_lines.shape != (rows, 32) or f_lines.shape != (k, 32):
         raise QuantError(f"need x bf16 (rows, k), e_lines (rows, 32), f_lines (k, 32); got "
                          f"{x.dtype} {tuple(x.shape)}, {tuple(e_lines.shape)}, {tuple(f_lines.shape)}")
     noise = matmul(e_lines, f_lines)
     alpha, beta = row_scales(l2, linf)
-    return NoisySide(noisy_codes(alpha, beta, x, noise), alpha, beta, noise.to(torch.bfloat16), e_lines)
+    return NoisySide(noisy_codes(alpha, beta, x, noise), alpha, beta, e_lines), noise
