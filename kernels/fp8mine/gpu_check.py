@@ -273,7 +273,7 @@ def _unmined(xq, wq, offsets, xs, ws):
 
 def _parts(gemm: MinedGemm, x: torch.Tensor, topk, result) -> dict:
     """Where the mined pass spends its time: each stage alone, as a graph of one call."""
-    from kernels.timing import time_calls
+    from kernels.timing import time_methods
 
     from .peel import peel_and_unscale
     from .pipeline import prepare_a
@@ -291,11 +291,19 @@ def _parts(gemm: MinedGemm, x: torch.Tensor, topk, result) -> dict:
             result.acc, a.peel.index_select(0, order), a.side.alpha.index_select(0, order),
             state.peel.view(gemm.b.experts, gemm.b.n_e, -1), state.side.alpha.view(gemm.b.experts, gemm.b.n_e), table),
     }
-    return {name: time_calls([fn], target_ms=10.0, replays=3).median_us for name, fn in stages.items()}
+    timings = time_methods({name: [fn] for name, fn in stages.items()}, target_ms=10.0, replays=3)
+    return {name: _median_us(t) for name, t in timings.items()}
+
+
+def _median_us(timing) -> float:
+    """A Timing's median, or the error that kept the method from running."""
+    if isinstance(timing, Exception):
+        raise timing
+    return timing.median_us
 
 
 def check_timing() -> dict:
-    from kernels.timing import time_calls
+    from kernels.timing import time_methods
     out = {}
     for name, experts, n_e, k, tokens, top_k in TIMED:
         entry: dict = {}
@@ -315,11 +323,11 @@ def check_timing() -> dict:
             xs = torch.ones(xq.shape[0], device=DEVICE)
             ws = torch.ones(experts, n_e, device=DEVICE)
             label, unmined = _unmined(xq, wq, offsets, xs, ws)
-            mined_t = time_calls([lambda: gemm.forward(x, topk)], target_ms=20.0, replays=5)
-            base_t = time_calls([unmined], target_ms=20.0, replays=5)
-            entry.update({"unmined": label, "unmined median us": base_t.median_us,
-                          "mined median us": mined_t.median_us, "mined graph": mined_t.graph,
-                          "slowdown": mined_t.median_us / base_t.median_us})
+            timings = time_methods({"mined": [lambda: gemm.forward(x, topk)], "unmined": [unmined]},
+                                   target_ms=20.0, replays=5)
+            mined_us, base_us = _median_us(timings["mined"]), _median_us(timings["unmined"])
+            entry.update({"unmined": label, "unmined median us": base_us, "mined median us": mined_us,
+                          "mined graph": timings["mined"].graph, "slowdown": mined_us / base_us})
             entry["parts median us"] = _parts(gemm, x, topk, result)
             gemm.b.slots = [None, None]
         except Exception as exc:

@@ -211,7 +211,7 @@ class LotteryLatch:
         self.fresh = torch.zeros(1, dtype=torch.int32, device=self.device)
         self.record = torch.zeros(RECORD_WORDS, dtype=torch.int32, device=self.device)
         pinned = self.device.type == "cuda"
-        self.host = torch.zeros(RECORD_WORDS, dtype=torch.int32, pin_memory=pinned)
+        self.host = torch.zeros(RECORD_WORDS, dtype=torch.int32, device="cpu", pin_memory=pinned)
         self.payload = {name: torch.zeros(shape, dtype=dtype, device=self.device)
                         for name, (shape, dtype) in payload_shapes.items()}
         self.header = torch.zeros(16, dtype=torch.int32, device=self.device)

@@ -59,8 +59,8 @@ class WinnerSlot:
     def __init__(self, device: torch.device, retained_words: dict[str, int]) -> None:
         pin = device.type == "cuda"
         self.record = torch.zeros(RECORD_WORDS, dtype=torch.int32, device=device)
-        self.host_record = torch.zeros(RECORD_WORDS, dtype=torch.int32, pin_memory=pin)
-        self.host_doorbell = torch.zeros(1, dtype=torch.int32, pin_memory=pin)
+        self.host_record = torch.zeros(RECORD_WORDS, dtype=torch.int32, device="cpu", pin_memory=pin)
+        self.host_doorbell = torch.zeros(1, dtype=torch.int32, device="cpu", pin_memory=pin)
         self.retained = {name: torch.zeros(words, dtype=torch.int32, device=device)
                          for name, words in retained_words.items()}
 
