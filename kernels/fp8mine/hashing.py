@@ -4,7 +4,7 @@ kernels.int7.blake3 provides the compression rounds and the 1024-byte-leaf chunk
 transcript also hashes short messages, often with a partial last block (labels of 20–23 bytes,
 headers of 76/108 bytes, seed messages of 85/107/173 bytes, 64-byte digests and noise-line
 addresses), which needs the compression's block-length word. `hash_short` adds that (one chunk,
-up to 16 blocks), reusing int7's round function.
+up to 16 blocks), through int7's compression with an explicit block length.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from kernels.int7._jit import jit
-from kernels.int7.blake3 import IV, _round, load_words8, store_words8, words_from_bytes
+from kernels.int7.blake3 import IV, compress_block, load_words8, store_words8, words_from_bytes
 
 MAX_SHORT_BYTES = 1024
 _LANES = 64
@@ -24,29 +24,6 @@ _LANES = 64
 
 class HashError(ValueError):
     """Bad input to the device hashing helpers."""
-
-
-@jit
-def _compress_len(k0, k1, k2, k3, k4, k5, k6, k7,
-                  m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15,
-                  block_len, flags):
-    """The BLAKE3 compression with counter 0 and an explicit block length (chaining value out)."""
-    v0, v1, v2, v3, v4, v5, v6, v7 = k0, k1, k2, k3, k4, k5, k6, k7
-    v8 = tl.full(m0.shape, 0x6A09E667, tl.uint32)
-    v9 = tl.full(m0.shape, 0xBB67AE85, tl.uint32)
-    v10 = tl.full(m0.shape, 0x3C6EF372, tl.uint32)
-    v11 = tl.full(m0.shape, 0xA54FF53A, tl.uint32)
-    v12 = tl.full(m0.shape, 0, tl.uint32)
-    v13 = tl.full(m0.shape, 0, tl.uint32)
-    v14 = tl.full(m0.shape, 0, tl.uint32) + block_len
-    v15 = tl.full(m0.shape, 0, tl.uint32) + flags
-    for _ in tl.static_range(7):
-        v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11, v12, v13, v14, v15 = _round(
-            v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11, v12, v13, v14, v15,
-            m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15)
-        m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15 = (
-            m2, m6, m3, m10, m7, m0, m4, m13, m1, m11, m12, m5, m9, m14, m15, m8)
-    return v0 ^ v8, v1 ^ v9, v2 ^ v10, v3 ^ v11, v4 ^ v12, v5 ^ v13, v6 ^ v14, v7 ^ v15
 
 
 @jit
@@ -67,10 +44,10 @@ def _short_kernel(key_ptr, key_stride, msg_ptr, out_ptr, total, nbytes, blocks, 
         last = block == blocks - 1
         flags = keyed_flag | tl.where(block == 0, 1, 0).to(tl.uint32) | tl.where(last, 2 | 8, 0).to(tl.uint32)
         block_len = tl.where(last, nbytes - 64 * (blocks - 1), 64).to(tl.uint32)
-        c0, c1, c2, c3, c4, c5, c6, c7 = _compress_len(
+        c0, c1, c2, c3, c4, c5, c6, c7 = compress_block(
             c0, c1, c2, c3, c4, c5, c6, c7,
             m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15,
-            block_len, flags)
+            0, block_len, flags)
     store_words8(out_ptr + row * 8, c0, c1, c2, c3, c4, c5, c6, c7, live)
 
 

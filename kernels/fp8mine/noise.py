@@ -13,10 +13,9 @@ import triton
 import triton.language as tl
 
 from kernels.int7._jit import jit
-from kernels.int7.blake3 import load_words8
+from kernels.int7.blake3 import compress_block, load_words8
 from proof.fp8.noise import NOISE_TARGET_NORM
 
-from .hashing import _compress_len
 from .noisy_kernel import _e4m3_code, _rne_bf16
 
 SIDES = {"A": 0, "B": 1}
@@ -55,10 +54,10 @@ def _noise_kernel(key_ptr, lines_ptr, out_ptr, count, address, target, LANES: tl
     zero = tl.full((LANES,), 0, tl.uint32)
     m0 = (address + ((line & 0xFFFF) << 16)).to(tl.uint32)
     m1 = ((line >> 16) & 0xFFFF).to(tl.uint32)
-    w0, w1, w2, w3, w4, w5, w6, w7 = _compress_len(
+    w0, w1, w2, w3, w4, w5, w6, w7 = compress_block(
         k0, k1, k2, k3, k4, k5, k6, k7,
         m0, m1, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero,
-        64, 27)
+        0, 64, 27)
     j = tl.arange(0, 32)[None, :]
     raw = ((_pick_word(j, w0, w1, w2, w3, w4, w5, w6, w7) >> (8 * (j % 4)).to(tl.uint32)) & 0xFF).to(tl.int32)
     magnitude = (raw & 0x7F) + 1

@@ -75,7 +75,17 @@ def _round(v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11, v12, v13, v14, v15,
 def compress(k0, k1, k2, k3, k4, k5, k6, k7,
              m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15,
              counter, flags):
-    """One BLAKE3 compression of a full 64-byte block: the 8-word chaining value.
+    """One BLAKE3 compression of a full 64-byte block: the 8-word chaining value."""
+    return compress_block(k0, k1, k2, k3, k4, k5, k6, k7,
+                          m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15,
+                          counter, 64, flags)
+
+
+@jit
+def compress_block(k0, k1, k2, k3, k4, k5, k6, k7,
+                   m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15,
+                   counter, block_len, flags):
+    """One BLAKE3 compression of a block of `block_len` bytes (zero-padded words): the 8-word CV.
 
     All inputs are uint32 tensors of one shape (a lane per independent compression); the counter's
     high word is zero (fewer than 2^32 chunks per instance).
@@ -85,10 +95,10 @@ def compress(k0, k1, k2, k3, k4, k5, k6, k7,
     v9 = tl.full(m0.shape, 0xBB67AE85, tl.uint32)
     v10 = tl.full(m0.shape, 0x3C6EF372, tl.uint32)
     v11 = tl.full(m0.shape, 0xA54FF53A, tl.uint32)
-    v12 = counter
+    v12 = tl.full(m0.shape, 0, tl.uint32) + counter
     v13 = tl.full(m0.shape, 0, tl.uint32)
-    v14 = tl.full(m0.shape, 64, tl.uint32)
-    v15 = flags
+    v14 = tl.full(m0.shape, 0, tl.uint32) + block_len
+    v15 = tl.full(m0.shape, 0, tl.uint32) + flags
     for _ in range(7):  # a runtime loop: the permutation is register renaming, the code stays small
         v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11, v12, v13, v14, v15 = _round(
             v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11, v12, v13, v14, v15,
