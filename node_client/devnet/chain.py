@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
-import os
-import struct
 import threading
 import time
 from pathlib import Path
@@ -27,6 +24,7 @@ from node_client.devnet.validate import (
     check_connect_block,
 )
 from node_client.devnet.placeholder import PlainProofStore
+from node_client.devnet.records import RecordFile
 from node_client.forks import NetworkParams
 from proof.chain import (
     Block,
@@ -39,7 +37,6 @@ from proof.chain import (
 )
 from proof.certificate import CertificateV1
 
-log = logging.getLogger(__name__)
 
 GENESIS_TIME = 1776675600
 GENESIS_BITS = 0x1E010000
@@ -119,26 +116,14 @@ class Chain:
                 )
         else:
             meta_path.write_text(json.dumps(self._meta(), indent=1))
-        path = self._datadir / BLOCKS_FILE
-        good_length = 0
-        if path.exists():
-            data = path.read_bytes()
-            offset = 0
-            while offset + 4 <= len(data):
-                (size,) = struct.unpack_from("<I", data, offset)
-                if offset + 4 + size > len(data):
-                    break
-                raw = data[offset + 4:offset + 4 + size]
-                rejection = self._process(raw, persist=False)
-                if rejection is not None:
-                    raise ChainStoreError(f"stored block at height {self.height + 1} fails validation: {rejection}")
-                offset += 4 + size
-            good_length = offset
-            if good_length != len(data):
-                log.warning("devnet: dropping %d bytes of a partly written block in %s", len(data) - good_length, path)
-                with open(path, "r+b") as f:
-                    f.truncate(good_length)
-        self._store = open(path, "ab")
+        store = RecordFile(self._datadir / BLOCKS_FILE)
+        for raw in store.records:
+            rejection = self._process(raw, persist=False)
+            if rejection is not None:
+                store.close()
+                raise ChainStoreError(f"stored block at height {self.height + 1} fails validation: {rejection}")
+        store.records.clear()  # replayed into the chain; no second copy kept
+        self._store = store
 
     def close(self) -> None:
         with self._lock:
@@ -151,9 +136,7 @@ class Chain:
     def _append(self, raw: bytes) -> None:
         if self._datadir is None:
             return
-        self._store.write(struct.pack("<I", len(raw)) + raw)
-        self._store.flush()
-        os.fsync(self._store.fileno())
+        self._store.append(raw)
 
     # --- queries -----------------------------------------------------------------------------------
 

@@ -16,10 +16,10 @@ ancestor chain). A real node rejects these certificates.
 from __future__ import annotations
 
 import hashlib
-import struct
 import threading
 from pathlib import Path
 
+from node_client.devnet.records import RecordFile
 from proof import int7
 from proof.certificate import MAX_ZK_PROOF_SIZE, Certificate, CertificateV1, CertificateV2, CertificateV3, CertificateV4
 from proof.chain import BlockHeader, display_hex
@@ -48,20 +48,9 @@ class PlainProofStore:
         self._lock = threading.Lock()
         self._file = None
         if path is not None:
-            if path.exists():
-                data = path.read_bytes()
-                offset = 0
-                while offset + 4 <= len(data):
-                    (size,) = struct.unpack_from("<I", data, offset)
-                    if offset + 4 + size > len(data):
-                        break
-                    proof = data[offset + 4:offset + 4 + size]
-                    self._proofs[hashlib.sha256(proof).digest()] = proof
-                    offset += 4 + size
-                if offset != len(data):
-                    with open(path, "r+b") as f:
-                        f.truncate(offset)
-            self._file = open(path, "ab")
+            self._file = RecordFile(path)
+            self._proofs = {hashlib.sha256(proof).digest(): proof for proof in self._file.records}
+            self._file.records.clear()
 
     def add(self, plain_proof: bytes) -> bytes:
         digest = hashlib.sha256(plain_proof).digest()
@@ -69,8 +58,7 @@ class PlainProofStore:
             if digest not in self._proofs:
                 self._proofs[digest] = bytes(plain_proof)
                 if self._file is not None:
-                    self._file.write(struct.pack("<I", len(plain_proof)) + plain_proof)
-                    self._file.flush()
+                    self._file.append(self._proofs[digest])
         return digest
 
     def get(self, digest: bytes) -> bytes | None:
