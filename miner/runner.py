@@ -10,6 +10,7 @@ from pathlib import Path
 from types import FrameType
 
 import torch
+from node_client.forks import get_params
 from node_client.pearld import PearldClient
 
 from miner.metrics import start_metrics
@@ -55,6 +56,7 @@ def run_worker(args: argparse.Namespace, stack: ExitStack) -> int:
         pearld = PearldClient(args.pearld, args.pearld_user, args.pearld_password, cafile=args.pearld_cafile,
                               retries=0, timeout=5.0) if args.pearld else None
     network = args.network or network
+    get_params(network)  # an unknown network is an error now, not at the first winner
     source = GatewaySource(gateway_address, pearld)
     stack.callback(source.close)
     config = WorkerConfig(

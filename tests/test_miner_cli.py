@@ -35,6 +35,9 @@ def test_run_argument_errors_are_named(tmp_path, capsys) -> None:
     assert "--network is required" in capsys.readouterr().err
     assert cli.main(["run", "--model", "no-such-model", "--data-dir", str(tmp_path)]) == 2
     assert "neither a preset" in capsys.readouterr().err
+    assert cli.main(["run", "--gateway", "tcp://127.0.0.1:1", "--network", "no-such-net",
+                     "--data-dir", str(tmp_path)]) == 2
+    assert "unknown network 'no-such-net'" in capsys.readouterr().err
 
 
 def test_devnet_subcommand_is_the_node_clients_cli(tmp_path) -> None:
