@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from kernels.int7._jit import jit
-from kernels.int7.blake3 import compress, words_from_bytes
+from kernels.int7.blake3 import compress, store_words8, words_from_bytes
 from proof.fp8.lottery import threshold, threshold_bytes
 
 from .routing import RowTiles
@@ -130,14 +130,7 @@ def _lottery_kernel(acc_ptr, n, tile_row_ptr, tile_expert_ptr, tile_local_ptr, n
         m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15, zero, zero + 27)
     if STORE_TICKETS:  # checks only: every tile's ticket at [slot, column tile, word]
         base = tickets_ptr + (slots.to(tl.int64) * tl.num_programs(1) + tl.program_id(1)) * 8
-        tl.store(base + 0, h0.to(tl.int32, bitcast=True), mask=live)
-        tl.store(base + 1, h1.to(tl.int32, bitcast=True), mask=live)
-        tl.store(base + 2, h2.to(tl.int32, bitcast=True), mask=live)
-        tl.store(base + 3, h3.to(tl.int32, bitcast=True), mask=live)
-        tl.store(base + 4, h4.to(tl.int32, bitcast=True), mask=live)
-        tl.store(base + 5, h5.to(tl.int32, bitcast=True), mask=live)
-        tl.store(base + 6, h6.to(tl.int32, bitcast=True), mask=live)
-        tl.store(base + 7, h7.to(tl.int32, bitcast=True), mask=live)
+        store_words8(base, h0, h1, h2, h3, h4, h5, h6, h7, live)
     wins = _le256(h0, h1, h2, h3, h4, h5, h6, h7, thr_ptr) & live
     slot = tl.reduce(tl.where(wins, slot_ids, BT), 0, _minimum)
     if slot < BT:
