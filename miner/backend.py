@@ -73,3 +73,21 @@ def expert_token_lists(topk_ids: torch.Tensor, experts: int) -> list[list[int]]:
     """Routing R: for each expert, the ascending tokens routed to it (the stable sort of top-k)."""
     ids = topk_ids.to(torch.int64)
     return [torch.nonzero((ids == e).any(dim=1)).flatten().tolist() for e in range(experts)]
+
+
+FP8_CERT_VERSION = 4
+
+
+def check_fp8_job(job: MiningJob, weights: torch.Tensor, experts: int) -> tuple[int, int, int]:
+    """The checks every FP8 (V4) backend makes on a new job and its weights; returns (e, n, k).
+
+    V4 needs the ancestor headers because the B seed is keyed by the chosen ancestor σ_d.
+    """
+    if job.cert_version != FP8_CERT_VERSION:
+        raise ValueError(f"FP8 mining needs a cert V4 job, got V{job.cert_version}")
+    if not job.ancestor_headers:
+        raise ValueError("a V4 job must carry its ancestor headers (σ_d = the parent)")
+    found, n, k = weights.shape
+    if found != experts:
+        raise ValueError(f"weights hold {found} experts, the layer has {experts}")
+    return found, n, k

@@ -15,13 +15,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from miner.backend import BuiltProof, LaunchResult, WinnerRecord
+from miner.backend import FP8_CERT_VERSION, BuiltProof, LaunchResult, WinnerRecord, check_fp8_job
 from miner.jobs import MiningJob
 from miner.modes import Mode
 from proof.fp8 import Device, mine_cpu, open_values, prequantize, verify_plain_proof
 from proof.fp8.bf16 import bf16_to_f32
 
-CERT_VERSION = 4
 
 
 def opened(values: np.ndarray) -> np.ndarray:
@@ -40,13 +39,7 @@ class CpuFp8Backend:
         self.b_opened: np.ndarray | None = None
 
     def prepare_job(self, job: MiningJob, weights: torch.Tensor) -> None:
-        if job.cert_version != CERT_VERSION:
-            raise ValueError(f"FP8 mining needs a cert V4 job, got V{job.cert_version}")
-        if not job.ancestor_headers:
-            raise ValueError("a V4 job must carry its ancestor headers (σ_d = the parent)")
-        experts, n_out, k = weights.shape
-        if experts != self.experts:
-            raise ValueError(f"weights hold {experts} experts, the layer has {self.experts}")
+        experts, n_out, k = check_fp8_job(job, weights, self.experts)
         self.b_values = weights.detach().reshape(experts * n_out, k).float().numpy()
         self.b_opened = opened(self.b_values)
         self.job = job
@@ -78,7 +71,7 @@ class CpuFp8Backend:
 
     def build_proof(self, record: WinnerRecord) -> BuiltProof:
         proof, statement = record.retained
-        return BuiltProof(proof.to_base64(), statement.to_bytes(), CERT_VERSION)
+        return BuiltProof(proof.to_base64(), statement.to_bytes(), FP8_CERT_VERSION)
 
     def verify(self, record: WinnerRecord, built: BuiltProof) -> tuple[bool, str]:
         return verify_plain_proof(record.job.header76, built.proof_b64, target=record.job.target,

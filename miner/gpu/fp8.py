@@ -25,7 +25,7 @@ import torch
 from kernels.fp8mine.lottery import TILE_COLS, TILE_ROWS
 from kernels.fp8mine.pipeline import MinedGemm
 from kernels.fp8mine.proofs import commit_b, take_winner
-from miner.backend import BuiltProof, LaunchResult, WinnerRecord
+from miner.backend import FP8_CERT_VERSION, BuiltProof, LaunchResult, WinnerRecord, check_fp8_job
 from miner.gpu.layout import routing_counts
 from miner.gpu.streams import device_exclusive
 from miner.jobs import MiningJob
@@ -34,7 +34,6 @@ from proof.fp8 import CommittedOperand, evaluate_plain_proof, verify_plain_proof
 from proof.fp8.lottery import credited_work_moe
 from proof.fp8.verify import Rejected
 
-CERT_VERSION = 4
 MAX_GEMMS = 4  # launch sizes kept (each holds a B side of its own)
 
 
@@ -57,13 +56,7 @@ class GpuFp8Backend:
 
     def prepare_job(self, job: MiningJob, weights: torch.Tensor) -> None:
         """Adopt the job: re-target (and re-arm) every kept gemm."""
-        if job.cert_version != CERT_VERSION:
-            raise ValueError(f"FP8 mining needs a cert V4 job, got V{job.cert_version}")
-        if not job.ancestor_headers:
-            raise ValueError("a V4 job must carry its ancestor headers (σ_d = the parent)")
-        experts, n, k = weights.shape
-        if experts != self.experts:
-            raise ValueError(f"weights hold {experts} experts, the layer has {self.experts}")
+        experts, n, k = check_fp8_job(job, weights, self.experts)
         if n % TILE_COLS:
             raise ValueError(f"FC1 has {n} columns per expert; the FP8 lottery needs a multiple of {TILE_COLS}")
         with self._lock, self._proof_lock, device_exclusive(weights.device):
@@ -141,7 +134,7 @@ class GpuFp8Backend:
             public = evaluate_plain_proof(record.job.header76, winner.proof).to_bytes()
         except Rejected:  # inadmissible tile (jackpot policy): verify() names the reason
             public = b""
-        return BuiltProof(winner.proof.to_base64(), public, CERT_VERSION)
+        return BuiltProof(winner.proof.to_base64(), public, FP8_CERT_VERSION)
 
     def verify(self, record: WinnerRecord, built: BuiltProof) -> tuple[bool, str]:
         return verify_plain_proof(record.job.header76, built.proof_b64, target=record.job.target,
