@@ -7,14 +7,14 @@ import torch
 from kernels.int7 import noise as device_noise
 from kernels.int7.activations import prepare_rows
 from kernels.int7.blake3 import bytes_from_words
-from kernels.int7.mined_gemm import (DUMP_WORDS, RECORD_WORDS, MinedGemmError, Tiling, mined_gemm,
-                                     plain_gemm)
+from kernels.int7.mined_gemm import (DUMP_WORDS, RECORD_WORDS, MinedGemmError, Tiling, lottery_tile,
+                                     mined_gemm, plain_gemm)
 from kernels.int7.pipeline import bound_words
 from proof.int7 import LABEL_A, LABEL_B, ticket, ticket_value, tile_transcripts
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-E, M, N, K, RANK, H, W = 2, 32, 32, 1024 + 64, 64, 4, 8  # k mod r = 0 chunk tail of 64 columns
-TILING = Tiling(16, 32, 64)
+E, M, N, K, RANK, H, W = 2, 32, 64, 1024 + 64, 64, 4, 32  # k mod r = 64: an untranscribed tail
+TILING = Tiling(16, W, 64)  # a lottery tile spans the block's width
 
 
 def _operands(seed):
@@ -38,8 +38,9 @@ def _run(ops, bound, rows_valid=M, dump=True):
     dumped = torch.zeros((E, M // H, N // W, DUMP_WORDS), dtype=torch.int32, device=DEVICE) if dump else None
     scale_a = torch.linspace(0.5, 2.0, E * M, device=DEVICE).view(E, M)
     scale_b = torch.linspace(0.01, 0.1, E * N, device=DEVICE).view(E, N)
-    _, _, limbs = prepare_rows(ops["a"], *ops["p_b"], RANK, rows_per_instance=M, scale=scale_a)
-    mined_gemm(ops["a_noised"], ops["a"], ops["bt_noised"], limbs.contiguous(), ops["u_b"], ops["s_a"],
+    _, _, apb = prepare_rows(ops["a"], device_noise.dense_sparse_factor(*ops["p_b"], RANK),
+                             rows_per_instance=M, scale=scale_a)
+    mined_gemm(ops["a_noised"], ops["a"], ops["bt_noised"], apb, ops["u_b"], ops["s_a"],
                bound_words(bound, DEVICE), torch.full((E,), rows_valid, dtype=torch.int32, device=DEVICE),
                record, scale_a, scale_b, rank=RANK, tile_h=H, tile_w=W, out=out, out_i32=out_i32,
                dump=dumped, tiling=TILING)
@@ -109,3 +110,21 @@ def test_bad_shapes_are_named():
         plain_gemm(ops["a"], ops["bt"], ones_a, ones_b, out=out, tiling=Tiling(16, 48, 64))
     with pytest.raises(MinedGemmError, match="bt must be contiguous"):
         plain_gemm(ops["a"], ops["bt"].transpose(1, 2), ones_a, ones_b, out=out)
+    apb = torch.zeros((E, M, RANK), dtype=torch.int32, device=DEVICE)
+    args = (ops["a"], ops["a"], ops["bt"], apb, ops["u_b"], ops["s_a"], ops["s_a"][0],
+            torch.full((E,), M, dtype=torch.int32, device=DEVICE),
+            torch.zeros(RECORD_WORDS, dtype=torch.int32, device=DEVICE), ones_a, ones_b)
+    with pytest.raises(MinedGemmError, match="tile width 16 must equal block_n=32"):
+        mined_gemm(*args, rank=RANK, tile_h=2, tile_w=16, out=out, tiling=Tiling(16, 32, 64))
+    with pytest.raises(MinedGemmError, match="tile height 6 must be even and divide block_m=16"):
+        mined_gemm(*args, rank=RANK, tile_h=6, tile_w=32, out=out, tiling=Tiling(16, 32, 64))
+
+
+@pytest.mark.parametrize("n, k, rank, tile", [
+    (4096, 6144, 128, (2, 128)), (3072, 4096, 128, (2, 128)), (96, 2048, 128, (2, 32)),
+    (4096, 32768, 128, (2, 64)),  # (2 + 128)·D > 2^22: the next width that fits
+])
+def test_lottery_tile_is_the_widest_block_that_fits(n, k, rank, tile):
+    assert lottery_tile(n, k, rank) == tile
+    with pytest.raises(MinedGemmError, match="no lottery tile"):
+        lottery_tile(40, 2048, 128)

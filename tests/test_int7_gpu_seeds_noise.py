@@ -6,6 +6,7 @@ import torch
 
 from kernels.int7 import noise as device_noise
 from kernels.int7.blake3 import bytes_from_words, words_from_bytes
+from kernels.int7 import activations
 from kernels.int7.activations import ActivationError, prepare_rows
 from kernels.int7.seeds import SeedError, noise_seed_a, noise_seed_b
 from proof.int7 import noise as ref_noise
@@ -75,11 +76,6 @@ def _dense_p(first: np.ndarray, second: np.ndarray, rank: int) -> np.ndarray:
     return p
 
 
-def _combine(limbs: torch.Tensor) -> np.ndarray:
-    parts = limbs.cpu().numpy().astype(np.int64)
-    return parts[0] + 256 * parts[1] + 65536 * parts[2]
-
-
 def test_prepare_rows_quantises_like_torch_round_and_computes_a_times_p_b():
     rng = np.random.default_rng(12)
     rank, k, instances, rows = 64, 1024 + 64, 2, 16
@@ -90,7 +86,8 @@ def test_prepare_rows_quantises_like_torch_round_and_computes_a_times_p_b():
     x[1, 5, :4] = torch.tensor([1.0, 0.5 / 64, 1.5 / 64, -2.5 / 64])  # exact halves: ties to even
     x[1, 5, 4:] = 0.0
     x = x.bfloat16()
-    q, scale, limbs = prepare_rows(x, first, second, rank, rows_per_instance=rows)
+    p_b = device_noise.dense_sparse_factor(first, second, rank)
+    q, scale, apb = prepare_rows(x, p_b, rows_per_instance=rows)
     values = x.float()
     amax = values.abs().amax(-1)
     expected_scale = torch.where(amax > 0, amax / 64, torch.ones_like(amax))
@@ -99,21 +96,27 @@ def test_prepare_rows_quantises_like_torch_round_and_computes_a_times_p_b():
     assert q[1, 5, :4].tolist() == [64, 0, 2, -2]
     for i in range(instances):
         p = _dense_p(first[i].cpu().numpy(), second[i].cpu().numpy(), rank)
-        assert np.array_equal(_combine(limbs[:, i]), q[i].cpu().numpy().astype(np.int64) @ p)
+        assert np.array_equal(p_b[i].cpu().numpy(), p)
+        assert np.array_equal(apb[i].cpu().numpy(), q[i].cpu().numpy().astype(np.int64) @ p)
 
 
-def test_prepare_rows_on_int7_codes_with_a_shared_factor():
+@pytest.mark.parametrize("target_programs", [264, 1])  # k-split with atomics; one split, plain stores
+def test_prepare_rows_on_int7_codes_with_a_shared_factor(monkeypatch, target_programs):
+    monkeypatch.setattr(activations, "_TARGET_PROGRAMS", target_programs)
     rng = np.random.default_rng(13)
     rank, k = 32, 1024
     first = torch.from_numpy(rng.integers(0, rank, (1, k), dtype=np.int32)).to(DEVICE)
     second = first ^ 1
+    p_b = device_noise.dense_sparse_factor(first, second, rank)
     codes = torch.from_numpy(rng.integers(-64, 65, (32, k), dtype=np.int8)).to(DEVICE)
     scale = torch.rand(32, device=DEVICE)
-    q, out_scale, limbs = prepare_rows(codes, first, second, rank, rows_per_instance=32, scale=scale)
+    q, out_scale, apb = prepare_rows(codes, p_b, rows_per_instance=32, scale=scale)
     assert q is codes and out_scale is scale
     p = _dense_p(first[0].cpu().numpy(), second[0].cpu().numpy(), rank)
-    assert np.array_equal(_combine(limbs), codes.cpu().numpy().astype(np.int64) @ p)
+    assert np.array_equal(apb.cpu().numpy(), codes.cpu().numpy().astype(np.int64) @ p)
     with pytest.raises(ActivationError, match="multiple of 16"):
-        prepare_rows(codes, first, second, rank, rows_per_instance=24, scale=scale)
+        prepare_rows(codes, p_b, rows_per_instance=24, scale=scale)
     with pytest.raises(ActivationError, match="with their scale"):
-        prepare_rows(codes, first, second, rank, rows_per_instance=32)
+        prepare_rows(codes, p_b, rows_per_instance=32)
+    with pytest.raises(ActivationError, match="int8 P_B"):
+        prepare_rows(codes, p_b[:, :512], rows_per_instance=32, scale=scale)

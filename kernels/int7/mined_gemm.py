@@ -2,14 +2,14 @@
 one pass over the weights.
 
 Per program: a BM × BN output block of one instance (an expert's dense instance, or an expert of
-an MoE instance), looping over k in BK steps. After every multiple of the rank r (c·r ≤ D) each
-h × w lottery tile of the noised accumulator is XOR-reduced and folded into its 16 words with
-rotl13; after D one keyed BLAKE3 compression per tile under s_A and a compare with the bound (8 LE
-u32 words, most significant first). The first winner claims the device record with an atomic CAS
-and writes (instance, tile row, tile column, ticket).
-
-Lottery tiles are contiguous h × w blocks (patterns 0..h−1 and 0..w−1), so a tile lies inside one
-accumulator block and the XOR is a reshape + reduction in registers.
+an MoE instance), looping over k in BK steps. Lottery tiles are contiguous h rows × w = BN columns
+(patterns 0..h−1 and 0..w−1): a tile is h whole rows of the block. After every multiple of the
+rank r (c·r ≤ D) each row of the noised accumulator is XOR-reduced along the columns (no layout
+change of the accumulator) and folded into that row's 16 words with rotl13. Folding is linear over
+XOR, so after D the h rows' words XOR into the tile's transcript; then one keyed BLAKE3
+compression per tile under s_A and a compare with the bound (8 LE u32 words, most significant
+first). The first winner claims the device record with an atomic CAS and writes (instance, tile
+row, tile column, ticket).
 
 The peel ("stacked" option): the program also multiplies the clean A rows by B' (same B' tile, a
 second MMA) and subtracts (A·P_B)·U_Bᵀ with three int8 limb MMAs of depth r, giving A·B exactly
@@ -23,9 +23,13 @@ from dataclasses import dataclass
 import torch
 import triton.language as tl
 
+from proof.int7.config import MAX_WORKER_INPUT
+
 from ._jit import jit
 from .blake3 import compress
 
+TILE_H = 2  # lottery tile rows: the protocol's smallest even height, so a tile spans the block width
+TILE_WIDTHS = (128, 64, 32, 16)  # block_n options = lottery tile widths, widest first
 RECORD_WORDS = 16  # [0] claim, [1] instance, [2] tile row, [3] tile column, [4:12] ticket words
 DUMP_WORDS = 24  # per tile: 16 transcript words, 8 ticket words
 _NO_TILE = tl.constexpr(2**31 - 1)  # a global read inside a kernel must be constexpr
@@ -84,25 +88,37 @@ def _fold(j0, j1, j2, j3, j4, j5, j6, j7, j8, j9, j10, j11, j12, j13, j14, j15, 
 
 
 @jit
-def _tile_xor(acc, BM: tl.constexpr, BN: tl.constexpr, H: tl.constexpr, W: tl.constexpr):
-    """XOR of each h × w tile of the accumulator block: (BM/h, BN/w) uint32."""
-    bits = tl.reshape(acc.to(tl.uint32, bitcast=True), (BM // H, H, BN // W, W))
-    return tl.reduce(tl.reduce(bits, 3, _xor_combine), 1, _xor_combine)
+def _row_xor(acc):
+    """XOR of each accumulator row across the block's columns: (BM,) uint32.
+
+    A reduction along the column axis only: in-thread XORs and warp shuffles (plus a few words
+    through shared memory where warps split the columns); the accumulator keeps its MMA layout.
+    """
+    return tl.reduce(acc.to(tl.uint32, bitcast=True), 1, _xor_combine)
+
+
+@jit
+def _tile_rows(words, BM: tl.constexpr, H: tl.constexpr):
+    """A tile's transcript word from its H rows' words: (BM,) → (BM/H,) by XOR.
+
+    Folding (rotl13, XOR) is linear over XOR, so XOR-combining the rows' finished transcripts
+    equals the transcript of the rows' XOR at every chunk.
+    """
+    return tl.reduce(tl.reshape(words, (BM // H, H)), 1, _xor_combine)
 
 
 @jit
 def _pick(values, selected):
-    """The value at the single selected position of a 2-D tile grid."""
-    chosen = tl.where(selected, values, tl.full(values.shape, 0, tl.uint32))
-    return tl.reduce(tl.reduce(chosen, 1, _xor_combine), 0, _xor_combine)
+    """The value at the single selected position of a 1-D tile vector."""
+    return tl.reduce(tl.where(selected, values, tl.full(values.shape, 0, tl.uint32)), 0, _xor_combine)
 
 
 @jit
-def _mined_gemm_kernel(an_ptr, ac_ptr, bt_ptr, limb_ptr, ub_ptr, key_ptr, bound_ptr, mvalid_ptr,
+def _mined_gemm_kernel(an_ptr, ac_ptr, bt_ptr, apb_ptr, ub_ptr, key_ptr, bound_ptr, mvalid_ptr,
                        record_ptr, sa_ptr, sb_ptr, out_ptr, out32_ptr, dump_ptr,
-                       E, M, N, K, NC,
+                       M, N, K, NC,
                        R: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                       H: tl.constexpr, W: tl.constexpr, MINE: tl.constexpr, PEEL: tl.constexpr,
+                       H: tl.constexpr, MINE: tl.constexpr, PEEL: tl.constexpr,
                        WRITE_I32: tl.constexpr, DUMP: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -114,7 +130,7 @@ def _mined_gemm_kernel(an_ptr, ac_ptr, bt_ptr, limb_ptr, ub_ptr, key_ptr, bound_
     b_rows = (e * N + rn).to(tl.int64) * K
     acc = tl.full((BM, BN), 0, tl.int32)
     acc_clean = tl.full((BM, BN), 0, tl.int32)
-    zero = tl.full((BM // H, BN // W), 0, tl.uint32)
+    zero = tl.full((BM,), 0, tl.uint32)  # per-row transcripts; a tile = H rows × the block's BN columns
     j0, j1, j2, j3, j4, j5, j6, j7 = zero, zero, zero, zero, zero, zero, zero, zero
     j8, j9, j10, j11, j12, j13, j14, j15 = zero, zero, zero, zero, zero, zero, zero, zero
     steps_per_chunk = R // BK
@@ -129,66 +145,73 @@ def _mined_gemm_kernel(an_ptr, ac_ptr, bt_ptr, limb_ptr, ub_ptr, key_ptr, bound_
             acc_clean = tl.dot(a_clean, tl.trans(b), acc_clean, out_dtype=tl.int32)
         if MINE:
             if ((step + 1) % steps_per_chunk == 0) & (step < mined_steps):
-                x = _tile_xor(acc, BM, BN, H, W)
                 j0, j1, j2, j3, j4, j5, j6, j7, j8, j9, j10, j11, j12, j13, j14, j15 = _fold(
                     j0, j1, j2, j3, j4, j5, j6, j7, j8, j9, j10, j11, j12, j13, j14, j15,
-                    x, (step // steps_per_chunk) % 16)
+                    _row_xor(acc), (step // steps_per_chunk) % 16)
     if PEEL:
-        # A·B = A·B' − (A·P_B)·U_Bᵀ; A·P_B arrives as three signed base-256 int8 limbs.
+        # A·B = A·B' − (A·P_B)·U_Bᵀ; A·P_B (int32) is split here into three signed base-256
+        # int8 limbs (|A·P_B| ≤ 64·k ≤ 2^22, so the top limb stays within ±65).
         ub_rows = (e * N + rn).to(tl.int64) * R
-        limb_rows = (e * M + rm).to(tl.int64) * R
-        limb_stride = E * M * R
+        apb_rows = (e * M + rm).to(tl.int64) * R
         for rr in range(0, R // BK):
             kr = rr * BK + rk
             ub = tl.load(ub_ptr + ub_rows[:, None] + kr[None, :])
+            rest = tl.load(apb_ptr + apb_rows[:, None] + kr[None, :])
             for limb in tl.static_range(3):
-                part = tl.load(limb_ptr + limb * limb_stride + limb_rows[:, None] + kr[None, :])
-                product = tl.dot(part, tl.trans(ub), tl.full((BM, BN), 0, tl.int32), out_dtype=tl.int32)
+                low = ((rest + 128) & 255) - 128
+                product = tl.dot(low.to(tl.int8), tl.trans(ub), tl.full((BM, BN), 0, tl.int32),
+                                 out_dtype=tl.int32)
                 acc_clean -= product * (1 << (8 * limb))
+                rest = (rest - low) >> 8
         result = acc_clean
     else:
         result = acc
     if MINE:
+        t0, t1, t2, t3 = _tile_rows(j0, BM, H), _tile_rows(j1, BM, H), _tile_rows(j2, BM, H), _tile_rows(j3, BM, H)
+        t4, t5, t6, t7 = _tile_rows(j4, BM, H), _tile_rows(j5, BM, H), _tile_rows(j6, BM, H), _tile_rows(j7, BM, H)
+        t8, t9, t10, t11 = _tile_rows(j8, BM, H), _tile_rows(j9, BM, H), _tile_rows(j10, BM, H), _tile_rows(j11, BM, H)
+        t12, t13, t14, t15 = (_tile_rows(j12, BM, H), _tile_rows(j13, BM, H), _tile_rows(j14, BM, H),
+                              _tile_rows(j15, BM, H))
+        tzero = tl.full((BM // H,), 0, tl.uint32)
         kw = key_ptr + e * 8
         c0, c1, c2, c3, c4, c5, c6, c7 = compress(
-            zero + tl.load(kw).to(tl.uint32, bitcast=True),
-            zero + tl.load(kw + 1).to(tl.uint32, bitcast=True),
-            zero + tl.load(kw + 2).to(tl.uint32, bitcast=True),
-            zero + tl.load(kw + 3).to(tl.uint32, bitcast=True),
-            zero + tl.load(kw + 4).to(tl.uint32, bitcast=True),
-            zero + tl.load(kw + 5).to(tl.uint32, bitcast=True),
-            zero + tl.load(kw + 6).to(tl.uint32, bitcast=True),
-            zero + tl.load(kw + 7).to(tl.uint32, bitcast=True),
-            j0, j1, j2, j3, j4, j5, j6, j7, j8, j9, j10, j11, j12, j13, j14, j15,
-            zero, zero + 27)  # CHUNK_START | CHUNK_END | ROOT | KEYED_HASH
+            tzero + tl.load(kw).to(tl.uint32, bitcast=True),
+            tzero + tl.load(kw + 1).to(tl.uint32, bitcast=True),
+            tzero + tl.load(kw + 2).to(tl.uint32, bitcast=True),
+            tzero + tl.load(kw + 3).to(tl.uint32, bitcast=True),
+            tzero + tl.load(kw + 4).to(tl.uint32, bitcast=True),
+            tzero + tl.load(kw + 5).to(tl.uint32, bitcast=True),
+            tzero + tl.load(kw + 6).to(tl.uint32, bitcast=True),
+            tzero + tl.load(kw + 7).to(tl.uint32, bitcast=True),
+            t0, t1, t2, t3, t4, t5, t6, t7, t8, t9, t10, t11, t12, t13, t14, t15,
+            tzero, tzero + 27)  # CHUNK_START | CHUNK_END | ROOT | KEYED_HASH
         ticket = (c0, c1, c2, c3, c4, c5, c6, c7)
-        below = zero != zero
-        equal = zero == zero
+        below = tzero != tzero
+        equal = tzero == tzero
         for i in tl.static_range(8):
             word = ticket[7 - i]
             limit = tl.load(bound_ptr + (7 - i)).to(tl.uint32, bitcast=True)
             below = below | (equal & (word < limit))
             equal = equal & (word == limit)
-        tiles_n = N // W
+        tiles_n = N // BN
         tr = pid_m * (BM // H) + tl.arange(0, BM // H)
-        tc = pid_n * (BN // W) + tl.arange(0, BN // W)
         eligible = (tr + 1) * H <= tl.load(mvalid_ptr + e)
-        wins = (below | equal) & eligible[:, None]
-        linear = tr[:, None] * tiles_n + tc[None, :]
+        wins = (below | equal) & eligible
+        linear = tr * tiles_n + pid_n
         if DUMP:
             slot = dump_ptr + ((e * (M // H) * tiles_n + linear.to(tl.int64)) * 24)
-            words = (j0, j1, j2, j3, j4, j5, j6, j7, j8, j9, j10, j11, j12, j13, j14, j15)
+            words = (t0, t1, t2, t3, t4, t5, t6, t7, t8, t9, t10, t11, t12, t13, t14, t15)
             for i in tl.static_range(16):
                 tl.store(slot + i, words[i].to(tl.int32, bitcast=True))
             for i in tl.static_range(8):
                 tl.store(slot + 16 + i, ticket[i].to(tl.int32, bitcast=True))
-        best = tl.reduce(tl.reduce(tl.where(wins, linear, _NO_TILE), 1, _min_combine), 0, _min_combine)
+        best = tl.reduce(tl.where(wins, linear, _NO_TILE), 0, _min_combine)
         if best < _NO_TILE:
             if tl.atomic_cas(record_ptr, 0, 1) == 0:
                 selected = linear == best
                 tl.store(record_ptr + 1, e.to(tl.int32))
                 tl.store(record_ptr + 2, (best // tiles_n) * H)
-                tl.store(record_ptr + 3, (best % tiles_n) * W)
+                tl.store(record_ptr + 3, (best % tiles_n) * BN)
                 for i in tl.static_range(8):
                     tl.store(record_ptr + 4 + i, _pick(ticket[i], selected).to(tl.int32, bitcast=True))
     out_offsets = (e * M + rm).to(tl.int64)[:, None] * N + rn[None, :]
@@ -200,17 +223,34 @@ def _mined_gemm_kernel(an_ptr, ac_ptr, bt_ptr, limb_ptr, ub_ptr, key_ptr, bound_
     tl.store(out_ptr + out_offsets, value.to(tl.bfloat16))
 
 
-def default_tiling(m: int, n: int, k: int, rank: int, tile_h: int = 2, tile_w: int = 2) -> Tiling:
-    """Decode (few rows per instance): 16-row blocks; prefill: 128 × 128; k steps of 128 or 64.
+def lottery_tile(n: int, k: int, rank: int) -> tuple[int, int]:
+    """The lottery tile (h, w) for N output columns: h = 2 rows × w = the program's block width.
 
-    Picks the largest block sizes that divide the problem and hold whole lottery tiles; the
-    _check_tiling error names what does not fit when none does.
+    w is the widest of 128, 64, 32, 16 that divides N and keeps the protocol's limits
+    (h·w ≤ 256, (h + w)·D ≤ 2^22 with D = k − k mod r); 2 × 128 = 256 cells is the protocol
+    maximum, the fewest BLAKE3 compressions per output.
+    """
+    d = k - k % rank
+    for w in TILE_WIDTHS:
+        if n % w == 0 and (TILE_H + w) * d <= MAX_WORKER_INPUT:
+            return TILE_H, w
+    raise MinedGemmError(f"no lottery tile of width {'/'.join(map(str, TILE_WIDTHS))} fits N={n}, "
+                         f"K={k}, rank={rank}")
+
+
+def default_tiling(m: int, n: int, k: int, rank: int, tile_h: int = TILE_H,
+                   tile_w: int | None = None) -> Tiling:
+    """Decode (few rows per instance): 16-row blocks; prefill: 128-row blocks; k steps of 128 or 64.
+
+    block_n is the lottery tile width when mining (the widest of 128..16 dividing N otherwise);
+    block_m the largest option dividing M that holds whole tile rows. _check_tiling names what
+    does not fit when none does.
     """
     def largest(extent: int, options: tuple[int, ...], multiple: int) -> int:
         return next((b for b in options if extent % b == 0 and b % multiple == 0), options[-1])
 
     block_k = 128 if rank % 128 == 0 and k % 128 == 0 else 64
-    block_n = largest(n, (128, 64, 32, 16), tile_w)
+    block_n = tile_w if tile_w is not None else largest(n, TILE_WIDTHS, 1)
     if m <= 32:
         return Tiling(largest(m, (16, 32), tile_h), block_n, block_k, num_warps=4, num_stages=4)
     return Tiling(largest(m, (128, 64, 32, 16), tile_h), block_n, block_k, num_warps=8, num_stages=3)
@@ -222,21 +262,25 @@ def _check_operand(name: str, t: torch.Tensor, shape: tuple[int, ...], dtype: to
                              f"{tuple(t.shape)}{'' if t.is_contiguous() else ' (not contiguous)'}")
 
 
-def _check_tiling(tiling: Tiling, m: int, n: int, k: int, rank: int, h: int, w: int) -> None:
+def _check_tiling(tiling: Tiling, m: int, n: int, k: int, rank: int,
+                  tile: tuple[int, int] | None) -> None:
+    """Block shape against the problem; when mining, the tile (h, w) against the block."""
     bm, bn, bk = tiling.block_m, tiling.block_n, tiling.block_k
     problems = [(m % bm, f"M={m} is not a multiple of block_m={bm}"),
                 (n % bn, f"N={n} is not a multiple of block_n={bn}"),
                 (k % bk, f"K={k} is not a multiple of block_k={bk}"),
-                (rank % bk, f"rank={rank} is not a multiple of block_k={bk}"),
-                (bm % h, f"block_m={bm} is not a multiple of the tile height {h}"),
-                (bn % w, f"block_n={bn} is not a multiple of the tile width {w}")]
+                (rank % bk, f"rank={rank} is not a multiple of block_k={bk}")]
+    if tile is not None:
+        h, w = tile
+        problems += [(w != bn, f"the tile width {w} must equal block_n={bn} (a tile spans the block)"),
+                     (h % 2 or bm % h, f"the tile height {h} must be even and divide block_m={bm}")]
     for bad, message in problems:
         if bad:
             raise MinedGemmError(message)
 
 
 def mined_gemm(a_noised: torch.Tensor, a_clean: torch.Tensor, bt_noised: torch.Tensor,
-               apb_limbs: torch.Tensor, u_b: torch.Tensor, s_a: torch.Tensor,
+               apb: torch.Tensor, u_b: torch.Tensor, s_a: torch.Tensor,
                bound_words: torch.Tensor, rows_valid: torch.Tensor, record: torch.Tensor,
                scale_a: torch.Tensor, scale_b: torch.Tensor, *, rank: int, tile_h: int,
                tile_w: int, out: torch.Tensor, out_i32: torch.Tensor | None = None,
@@ -244,20 +288,21 @@ def mined_gemm(a_noised: torch.Tensor, a_clean: torch.Tensor, bt_noised: torch.T
                peel: bool = True) -> None:
     """Mined GEMM of E instances: out[e] = dequant(A_e·B_e) from the noised operands.
 
-    a_noised/a_clean: (E, M, K) int8 (A' and A); bt_noised: (E, N, K) int8 (B'ᵀ); apb_limbs:
-    (3, E, M, r) int8 limbs of A·P_B; u_b: (E, N, r) int8; s_a: (E, 8) int32 ticket keys;
+    a_noised/a_clean: (E, M, K) int8 (A' and A); bt_noised: (E, N, K) int8 (B'ᵀ); apb:
+    (E, M, r) int32 A·P_B; u_b: (E, N, r) int8; s_a: (E, 8) int32 ticket keys;
     bound_words: (8,) int32 LE words of the bound; rows_valid: (E,) int32 rows that may hold
     lottery tiles (a multiple of tile_h); record: (16,) int32, [0] = 0 arms it; scale_a (E, M)
     and scale_b (E, N) float32; out (E, M, N) bf16; out_i32 optional exact A·B; dump optional
-    (E, M/h, N/w, 24) int32 per-tile transcript words and tickets (for checks). peel=False
-    skips the peel (the output is then A'·B'): only for measuring what the peel costs.
+    (E, M/h, N/w, 24) int32 per-tile transcript words and tickets (for checks). Lottery tiles are
+    tile_h rows × tile_w = block_n columns. peel=False skips the peel (the output is then
+    A'·B'): only for measuring what the peel costs.
     """
     e, m, k = a_noised.shape
     n = bt_noised.shape[1]
     _check_operand("a_noised", a_noised, (e, m, k), torch.int8)
     _check_operand("a_clean", a_clean, (e, m, k), torch.int8)
     _check_operand("bt_noised", bt_noised, (e, n, k), torch.int8)
-    _check_operand("apb_limbs", apb_limbs, (3, e, m, rank), torch.int8)
+    _check_operand("apb", apb, (e, m, rank), torch.int32)
     _check_operand("u_b", u_b, (e, n, rank), torch.int8)
     _check_operand("s_a", s_a, (e, 8), torch.int32)
     _check_operand("bound_words", bound_words, (8,), torch.int32)
@@ -271,13 +316,13 @@ def mined_gemm(a_noised: torch.Tensor, a_clean: torch.Tensor, bt_noised: torch.T
     if dump is not None:
         _check_operand("dump", dump, (e, m // tile_h, n // tile_w, DUMP_WORDS), torch.int32)
     tiling = tiling or default_tiling(m, n, k, rank, tile_h, tile_w)
-    _check_tiling(tiling, m, n, k, rank, tile_h, tile_w)
+    _check_tiling(tiling, m, n, k, rank, (tile_h, tile_w))
     grid = (n // tiling.block_n, m // tiling.block_m, e)
     _mined_gemm_kernel[grid](
-        a_noised, a_clean, bt_noised, apb_limbs, u_b, s_a, bound_words, rows_valid, record,
+        a_noised, a_clean, bt_noised, apb, u_b, s_a, bound_words, rows_valid, record,
         scale_a, scale_b, out, out if out_i32 is None else out_i32, out if dump is None else dump,
-        e, m, n, k, k // rank,
-        R=rank, BM=tiling.block_m, BN=tiling.block_n, BK=tiling.block_k, H=tile_h, W=tile_w,
+        m, n, k, k // rank,
+        R=rank, BM=tiling.block_m, BN=tiling.block_n, BK=tiling.block_k, H=tile_h,
         MINE=1, PEEL=int(peel), WRITE_I32=int(out_i32 is not None), DUMP=int(dump is not None),
         num_warps=tiling.num_warps, num_stages=tiling.num_stages)
 
@@ -296,11 +341,11 @@ def plain_gemm(a: torch.Tensor, bt: torch.Tensor, scale_a: torch.Tensor, scale_b
     if out_i32 is not None:
         _check_operand("out_i32", out_i32, (e, m, n), torch.int32)
     tiling = tiling or default_tiling(m, n, k, 128)
-    _check_tiling(tiling, m, n, k, tiling.block_k, 2, 2)
+    _check_tiling(tiling, m, n, k, tiling.block_k, None)
     grid = (n // tiling.block_n, m // tiling.block_m, e)
     _mined_gemm_kernel[grid](
         a, a, bt, a, a, a, a, a, a, scale_a, scale_b, out, out if out_i32 is None else out_i32, out,
-        e, m, n, k, 0,
-        R=tiling.block_k, BM=tiling.block_m, BN=tiling.block_n, BK=tiling.block_k, H=2, W=2,
+        m, n, k, 0,
+        R=tiling.block_k, BM=tiling.block_m, BN=tiling.block_n, BK=tiling.block_k, H=2,
         MINE=0, PEEL=0, WRITE_I32=int(out_i32 is not None), DUMP=0,
         num_warps=tiling.num_warps, num_stages=tiling.num_stages)

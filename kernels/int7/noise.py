@@ -3,11 +3,14 @@
 The PRNG block G(index, label, key, slot) is one keyed BLAKE3 compression of (eight i32 slots with
 slot `slot` = index + 1) ‖ label; a Triton kernel computes one block per lane. The uniform factor
 U (rows × rank, [−32, 31]) takes byte f of the flat row-major stream from block f // 32; the sparse
-±1 factor P (k × rank) is stored as two index vectors (first, second). Applying them is a second
-kernel: X' = X + U[:, first] − U[:, second] row by row (gathers from the small U), the same rule
-for A (rows = tokens) and for Bᵀ (rows = output columns).
+±1 factor P (k × rank) is stored as two index vectors (first, second) (and, for the job's P_B, also
+dense for the A·P_B kernel). Applying them is a second kernel: X' = X + U[:, first] − U[:, second]
+row by row (gathers from the small U), the same rule for A (rows = tokens) and for Bᵀ (rows =
+output columns).
 """
 from __future__ import annotations
+
+import math
 
 import torch
 import triton
@@ -17,8 +20,8 @@ from ._jit import jit
 from .blake3 import compress, constant_words, load_words8
 
 _LANES = 128  # PRNG blocks per program: one per thread of 4 warps
-_ROWS = 16  # rows per program of the noised-operand kernel
-_COLS = 256  # k per program (masked at the end)
+_ROWS = 16  # rows per program of the noised-operand kernel (at most; a divisor of the instance's)
+_COLS = 1024  # k per program (masked at the end)
 _SINGLE_BLOCK_KEYED = tl.constexpr(1 | 2 | 8 | 16)  # a global read inside a kernel must be constexpr
 
 
@@ -107,23 +110,39 @@ def sparse_factor(keys: torch.Tensor, label: bytes, k: int, rank: int) -> tuple[
     return first, second
 
 
+def dense_sparse_factor(first: torch.Tensor, second: torch.Tensor, rank: int) -> torch.Tensor:
+    """P stored dense: (instances, k, rank) int8 with +1 at (l, first[l]) and −1 at (l, second[l])
+    (first ≠ second always). Per job, for the A·P_B kernel's tensor-core operand."""
+    if first.shape != second.shape or first.dim() != 2 or first.dtype != torch.int32:
+        raise NoiseError(f"first/second must be int32 (instances, k), got {first.dtype} "
+                         f"{tuple(first.shape)} and {tuple(second.shape)}")
+    dense = torch.zeros((*first.shape, rank), dtype=torch.int8, device=first.device)
+    dense.scatter_(2, first.long().unsqueeze(2), 1)
+    dense.scatter_(2, second.long().unsqueeze(2), -1)
+    return dense
+
+
 @jit
-def _noised_kernel(x_ptr, u_ptr, first_ptr, second_ptr, out_ptr, rows_total, rows_per_instance, K,
+def _noised_kernel(x_ptr, u_ptr, first_ptr, second_ptr, out_ptr, rows_per_instance, factor_stride, K,
                    R: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr):
-    """out[i][l] = x[i][l] + U[i][first[l]] − U[i][second[l]] (U and P of row i's instance)."""
-    rows = tl.program_id(0) * BR + tl.arange(0, BR)
+    """out[i][l] = x[i][l] + U[i][first[l]] − U[i][second[l]] (U and P of row i's instance).
+
+    The BR rows of a program share one instance (BR divides rows_per_instance), so the index
+    vectors are loaded once per column block and broadcast over the rows; U comes from each
+    row's r bytes (L1-resident); x and out are contiguous int8 rows (16-byte vector accesses).
+    """
+    rows = (tl.program_id(0) * BR + tl.arange(0, BR)).to(tl.int64)
     ks = tl.program_id(1) * BK + tl.arange(0, BK)
-    live = (rows < rows_total)[:, None] & (ks < K)[None, :]
-    inst = (rows // rows_per_instance).to(tl.int64)
-    factor = inst[:, None] * K + ks[None, :]
-    first = tl.load(first_ptr + factor, mask=live, other=0)
-    second = tl.load(second_ptr + factor, mask=live, other=0)
-    row_u = u_ptr + rows.to(tl.int64)[:, None] * R
-    plus = tl.load(row_u + first, mask=live, other=0).to(tl.int16)
-    minus = tl.load(row_u + second, mask=live, other=0).to(tl.int16)
-    at = rows.to(tl.int64)[:, None] * K + ks[None, :]
-    value = tl.load(x_ptr + at, mask=live, other=0).to(tl.int16) + plus - minus
-    tl.store(out_ptr + at, value.to(tl.int8), mask=live)
+    inst = ((tl.program_id(0) * BR) // rows_per_instance).to(tl.int64)
+    live = ks < K
+    first = tl.load(first_ptr + inst * factor_stride + ks, mask=live, other=0)
+    second = tl.load(second_ptr + inst * factor_stride + ks, mask=live, other=0)
+    row_u = u_ptr + rows[:, None] * R
+    plus = tl.load(row_u + first[None, :]).to(tl.int16)
+    minus = tl.load(row_u + second[None, :]).to(tl.int16)
+    at = rows[:, None] * K + ks[None, :]
+    value = tl.load(x_ptr + at, mask=live[None, :], other=0).to(tl.int16) + plus - minus
+    tl.store(out_ptr + at, value.to(tl.int8), mask=live[None, :])
 
 
 def noised(x: torch.Tensor, uniform: torch.Tensor, first: torch.Tensor,
@@ -138,9 +157,10 @@ def noised(x: torch.Tensor, uniform: torch.Tensor, first: torch.Tensor,
                          f"{tuple(uniform.shape)}, first {first.dtype} {tuple(first.shape)} do not agree")
     rank = uniform.shape[2]
     out = torch.empty_like(x)
-    total = instances * rows
-    per_instance = rows if first.shape[0] == instances else total
-    grid = (triton.cdiv(total, _ROWS), triton.cdiv(k, _COLS))
+    block_rows = math.gcd(rows, _ROWS)  # a program's rows share one instance
+    block_k = min(_COLS, triton.next_power_of_2(k))
+    grid = (instances * rows // block_rows, triton.cdiv(k, block_k))
     _noised_kernel[grid](x.contiguous(), uniform.contiguous(), first.contiguous(), second.contiguous(),
-                         out, total, per_instance, k, R=rank, BR=_ROWS, BK=_COLS)
+                         out, rows, 0 if first.shape[0] == 1 else k, k, R=rank, BR=block_rows,
+                         BK=block_k)
     return out

@@ -9,7 +9,7 @@ Two instance layouts (ARCHITECTURE.md's mode table):
 
 `prepare_job` (per job: new header or config) hashes and noises the weights on a side stream and
 records an event that the serving stream waits on before the first launch. `MinedPass.run`
-(per launch) quantises (with A·P_B for the peel, one kernel), hashes A, derives s_A (one kernel),
+(per launch) quantises, computes A·P_B for the peel, hashes A, derives s_A (one kernel),
 noises A, runs the mined GEMM, snapshots a winner and publishes the record: about a dozen launches
 of device work and no host syncs, so it captures in a CUDA graph.
 """
@@ -30,8 +30,8 @@ from proof.int7.seeds import job_key, salted_for
 
 from .activations import prepare_rows
 from .blake3 import KeyedTrees, bytes_from_words, keyed_trees, words_from_bytes
-from .mined_gemm import Tiling, mined_gemm
-from .noise import noised, sparse_factor, uniform_factor
+from .mined_gemm import TILE_WIDTHS, Tiling, mined_gemm
+from .noise import dense_sparse_factor, noised, sparse_factor, uniform_factor
 from .seeds import noise_seed_a, noise_seed_b
 from .winner import INSTANCE, TICKET, TILE_COL, TILE_ROW, WinnerSlot, row_opening
 
@@ -47,10 +47,14 @@ def bound_words(bound: int, device: torch.device | str) -> torch.Tensor:
     return words_from_bytes(bound.to_bytes(32, "little"), device)
 
 
-def _check_contiguous_patterns(config: MiningConfig) -> None:
+def _check_tiles(config: MiningConfig, n: int) -> None:
+    """The GPU pass's lottery tiles: contiguous h × w with w a block width (see mined_gemm)."""
     if tuple(config.rows) != tuple(range(config.h)) or tuple(config.cols) != tuple(range(config.w)):
         raise PipelineError("the GPU miner needs contiguous lottery tiles (rows 0..h−1, cols 0..w−1), "
                             f"got rows {list(config.rows)} cols {list(config.cols)}")
+    if config.w not in TILE_WIDTHS or n % config.w:
+        raise PipelineError(f"the tile width {config.w} must be one of {TILE_WIDTHS} (the GEMM's block "
+                            f"width) and divide N={n}")
 
 
 @dataclass
@@ -70,6 +74,7 @@ class MiningJob:
     u_b: torch.Tensor  # (E, N, r) int8
     first_b: torch.Tensor  # (E, K) int32; MoE (1, K)
     second_b: torch.Tensor
+    p_b: torch.Tensor  # (E, K, r) int8 P_B stored dense (the A·P_B kernel's operand); MoE (1, K, r)
     bt_noised: torch.Tensor  # (E, N, K) int8
     bound: torch.Tensor  # (8,) int32
     ready: torch.cuda.Event | None
@@ -88,11 +93,11 @@ def prepare_job(weights: torch.Tensor, scale_b: torch.Tensor, *, header76: bytes
     On CUDA the work runs on `stream` (a side stream by default) and `job.ready` marks completion.
     """
     config.check_limits()
-    _check_contiguous_patterns(config)
     if weights.dtype != torch.int8 or weights.dim() != 3 or not weights.is_contiguous():
         raise PipelineError(f"weights must be contiguous int8 (E, N, K), got {weights.dtype} "
                             f"{tuple(weights.shape)}")
     experts, n, k = weights.shape
+    _check_tiles(config, n)
     if k != config.common_dim:
         raise PipelineError(f"weights have K={k} but the config's common_dim is {config.common_dim}")
     if moe != config.is_moe or (moe and config.experts != experts):
@@ -118,7 +123,8 @@ def prepare_job(weights: torch.Tensor, scale_b: torch.Tensor, *, header76: bytes
         bt_noised = noised(weights.view(instances, -1, k), u_b, first, second).view(experts, n, k)
         job = MiningJob(bytes(header76), config, cert_version, moe, key, key_words, weights,
                         scale_b, trees, s_b.expand(experts, 8).contiguous() if moe else s_b,
-                        u_b.view(experts, n, rank), first, second, bt_noised,
+                        u_b.view(experts, n, rank), first, second,
+                        dense_sparse_factor(first, second, rank), bt_noised,
                         bound_words(bound, weights.device), None)
         if side is not None:
             job.ready = torch.cuda.Event()
@@ -191,8 +197,7 @@ class MinedPass:
             if x.shape != (self.tokens, k) or routing is None or routing.shape != (experts, self.rows):
                 raise PipelineError(f"MoE pass needs activations ({self.tokens}, {k}) and routing "
                                     f"({experts}, {self.rows})")
-            q, scale, limbs = prepare_rows(x, job.first_b, job.second_b, rank,
-                                           rows_per_instance=self.tokens, scale=scale)
+            q, scale, apb = prepare_rows(x, job.p_b, rows_per_instance=self.tokens, scale=scale)
             a_trees = keyed_trees(job.key_words, q.view(1, -1))
             flat_routing = routing.to(torch.int32).contiguous().view(1, -1)
             r_trees = keyed_trees(job.key_words, flat_routing.view(torch.int8))
@@ -203,20 +208,19 @@ class MinedPass:
             a_noised = noised(q.view(1, self.tokens, k), uniform_factor(s_a1, LABEL_A, self.tokens, rank),
                               first, second)[0]
             index = routing.long()
-            a_noised, a_clean, limbs, scale = a_noised[index], q[index], limbs[:, index], scale[index]
+            a_noised, a_clean, apb, scale = a_noised[index], q[index], apb[index], scale[index]
             s_a = s_a1.expand(experts, 8).contiguous()
         else:
             if x.shape != (experts, self.rows, k):
                 raise PipelineError(f"dense pass needs activations ({experts}, {self.rows}, {k}), "
                                     f"got {tuple(x.shape)}")
-            q, scale, limbs = prepare_rows(x, job.first_b, job.second_b, rank,
-                                           rows_per_instance=self.rows, scale=scale)
+            q, scale, apb = prepare_rows(x, job.p_b, rows_per_instance=self.rows, scale=scale)
             a_trees = keyed_trees(job.key_words, q.view(experts, -1))
             s_a = noise_seed_a(job.s_b, a_trees.roots, salted_seeds=job.salted, m=self.rows)
             first, second = sparse_factor(s_a, LABEL_A, k, rank)
             a_noised = noised(q, uniform_factor(s_a, LABEL_A, self.rows, rank), first, second)
             a_clean = q
-        mined_gemm(a_noised.contiguous(), a_clean.contiguous(), job.bt_noised, limbs.contiguous(),
+        mined_gemm(a_noised.contiguous(), a_clean.contiguous(), job.bt_noised, apb.contiguous(),
                    job.u_b, s_a, job.bound, self.rows_valid, self.slot.record,
                    scale.float().contiguous(), job.scale_b, rank=rank, tile_h=config.h,
                    tile_w=config.w, out=self.out, out_i32=self.out_i32, dump=self.dump,
