@@ -13,6 +13,10 @@ COUNTERS = ("credited_work", "tickets", "launches_mined", "launches_unmined", "w
             "proofs_built", "verify_failed", "refused_by_rules", "submitted", "accepted",
             "rejected", "persisted", "resubmitted", "dropped_stale", "dropped_backlog", "oom_events",
             "mining_errors")
+# Counted where a layer's GEMM runs (every expert-parallel rank) vs where winners are handled.
+LAUNCH_COUNTERS = ("credited_work", "tickets", "launches_mined", "launches_unmined", "oom_events",
+                   "mining_errors")
+SUBMISSION_COUNTERS = tuple(name for name in COUNTERS if name not in LAUNCH_COUNTERS)
 
 
 @dataclass

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from miner.accounting import MiningStats
+from miner.accounting import LAUNCH_COUNTERS, SUBMISSION_COUNTERS, MiningStats
 from miner.events import EventBus
 from miner.expert_parallel.distributed import EPContext
 from miner.expert_parallel.host import HostSide
@@ -35,9 +35,8 @@ from miner.worker import BackendFactory, WorkerConfig, cpu_backend
 
 log = logging.getLogger(__name__)
 
-HOST_COUNTERS = ("winners", "proofs_built", "verify_failed", "refused_by_rules", "submitted", "accepted",
-                 "rejected", "persisted", "resubmitted", "dropped_stale")
-MINING_FIGURES = ("credited_work", "tickets", "launches_mined", "launches_unmined", "oom_events", "mining_errors")
+HOST_COUNTERS = SUBMISSION_COUNTERS
+MINING_FIGURES = LAUNCH_COUNTERS
 SERVING_FIGURES = ("requests", "prefill_tokens", "decode_tokens", "prefill_ms", "decode_ms")
 RANK_FIGURES = SERVING_FIGURES + MINING_FIGURES  # what every rank reports with every step
 
