@@ -1,6 +1,9 @@
 """`python -m kernels.bench`: the grouped GEMM against its baselines on grouped-gemm-anchors.md
 §6 shapes, in one process (CUDA graphs, L2-cold rotation, medians); a table on stdout, JSON out.
 
+Variants (--precisions): bf16, fp8 (scaled, bf16 out), int8 (int32 out) and int8s (int8 with
+scales, bf16 out; it runs on the int8 configs and is not swept itself).
+
 Methods per case: ours (the selector's config, or with --autotune the sweep's winner, whose
 candidate timings and winners are recorded too), torch.nn.functional.grouped_mm (bf16),
 torch._scaled_grouped_mm (fp8, rowwise scales), quack's varlen gemm when importable (default
@@ -23,6 +26,8 @@ from kernels.grouped_gemm_config import (
     Precision,
     TunedEntry,
     candidates,
+    output_for,
+    primary_output,
     regime_for,
     save_tuned,
     schedule_variants,
@@ -43,6 +48,9 @@ PROJECTIONS = [
     ("Qwen3-235B", "FC2", 16, 1536, 4096),
 ]
 CASES = {"decode": 16, "ridge": 256, "prefill": 2048}
+# --precisions names: (operand precision, scaled).
+VARIANTS = {"bf16": (Precision.BF16, False), "fp8": (Precision.FP8, True),
+            "int8": (Precision.INT8, False), "int8s": (Precision.INT8, True)}
 SKEWED = [Routing.PM50, Routing.ZIPF, Routing.HOT]
 
 
@@ -56,13 +64,24 @@ class BenchCase:
     k: int
     n: int
     precision: Precision
+    scaled: bool
     routing: Routing = Routing.UNIFORM
+
+    @property
+    def variant(self) -> str:
+        """The --precisions name of (precision, scaled)."""
+        return next(name for name, v in VARIANTS.items() if v == (self.precision, self.scaled))
+
+    @property
+    def is_primary(self) -> bool:
+        """The precision's primary output variant, the one the autotune sweep times."""
+        return output_for(self.precision, self.scaled) is primary_output(self.precision)
 
     @property
     def name(self) -> str:
         tail = "" if self.routing is Routing.UNIFORM else f" {self.routing.value}"
         return (f"{self.model} {self.proj} {self.case} {self.num_experts}x{self.tokens_per_expert}"
-                f" {self.k}->{self.n} {self.precision.value}{tail}")
+                f" {self.k}->{self.n} {self.variant}{tail}")
 
     @property
     def total_m(self) -> int:
@@ -72,12 +91,12 @@ class BenchCase:
         return group_sizes(self.routing, self.num_experts, self.tokens_per_expert, seed=0)
 
     def min_bytes(self) -> int:
-        """Each input read once, the output written once (scales included for fp8); only the
-        experts that received tokens have their weights read."""
+        """Each input read once, the output written once (scales included when scaled); only
+        the experts that received tokens have their weights read."""
         ab = 1 if self.precision is not Precision.BF16 else 2
-        out = output_dtype(self.precision).itemsize
+        out = output_dtype(self.precision, self.scaled).itemsize
         active = sum(1 for s in self.sizes() if s > 0)
-        scales = 4 * (self.total_m + active * self.n) if self.precision is Precision.FP8 else 0
+        scales = 4 * (self.total_m + active * self.n) if self.scaled else 0
         return (ab * (active * self.n * self.k + self.total_m * self.k)
                 + out * self.total_m * self.n + scales)
 
@@ -85,13 +104,14 @@ class BenchCase:
         return 2 * self.total_m * self.n * self.k
 
 
-def all_cases(precisions: list[Precision]) -> list[BenchCase]:
-    cases = [BenchCase(model, proj, case, e, m, k, n, p)
-             for p in precisions for model, proj, e, k, n in PROJECTIONS
+def all_cases(variants: list[str]) -> list[BenchCase]:
+    cases = [BenchCase(model, proj, case, e, m, k, n, *VARIANTS[v])
+             for v in variants for model, proj, e, k, n in PROJECTIONS
              for case, m in CASES.items()]
     glm_fc1 = PROJECTIONS[0]
-    cases += [BenchCase(glm_fc1[0], glm_fc1[1], "decode", glm_fc1[2], 16, glm_fc1[3], glm_fc1[4], p, r)
-              for p in precisions for r in SKEWED]
+    cases += [BenchCase(glm_fc1[0], glm_fc1[1], "decode", glm_fc1[2], 16, glm_fc1[3], glm_fc1[4],
+                        *VARIANTS[v], r)
+              for v in variants for r in SKEWED]
     return cases
 
 
@@ -114,17 +134,19 @@ def make_inputs(case: BenchCase, sets: int, seed: int = 0) -> list[InputSet]:
         xf = torch.randn(case.total_m, case.k, device="cuda", generator=gen)
         wf = torch.randn(case.num_experts, case.n, case.k, device="cuda", generator=gen)
         if case.precision is Precision.BF16:
-            x, w, xs, ws = xf.bfloat16(), wf.bfloat16(), None, None
+            x, w = xf.bfloat16(), wf.bfloat16()
         elif case.precision is Precision.FP8:
             x, w = xf.to(torch.float8_e4m3fn), wf.to(torch.float8_e4m3fn)
-            xs = torch.rand(case.total_m, device="cuda", generator=gen) + 0.5
-            ws = torch.rand(case.num_experts, case.n, device="cuda", generator=gen) * 0.01 + 0.005
         else:
             x = torch.randint(-127, 128, xf.shape, device="cuda", generator=gen, dtype=torch.int8)
             w = torch.randint(-127, 128, wf.shape, device="cuda", generator=gen, dtype=torch.int8)
-            xs = ws = None
+        xs = ws = None
+        if case.scaled:
+            xs = torch.rand(case.total_m, device="cuda", generator=gen) + 0.5
+            ws = torch.rand(case.num_experts, case.n, device="cuda", generator=gen) * 0.01 + 0.005
         del xf, wf
-        out = torch.empty(case.total_m, case.n, device="cuda", dtype=output_dtype(case.precision))
+        out = torch.empty(case.total_m, case.n, device="cuda",
+                          dtype=output_dtype(case.precision, case.scaled))
         result.append(InputSet(x, w, torch.from_numpy(offs).cuda(), [int(v) for v in offs], out, xs, ws))
     return result
 
@@ -197,7 +219,8 @@ def run_case(case: BenchCase, autotune: bool, tuned: list[TunedEntry]) -> dict:
                     "name": case.name, "min_bytes": case.min_bytes(), "flops": case.flops(),
                     "sets": len(sets), "times_us": {}, "errors": {}}
     regime = regime_for(case.total_m, case.num_experts)
-    if autotune and case.routing is Routing.UNIFORM:
+    # The sweep runs on each precision's primary variant; int8s reuses the int8 winners.
+    if autotune and case.routing is Routing.UNIFORM and case.is_primary:
         sweep = _sweep(case, sets, candidates(case.precision, regime), record)
         if sweep:
             best = GroupedGemmConfig.from_key(min(sweep, key=sweep.get))
@@ -254,19 +277,23 @@ def print_table(records: list[dict]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--precisions", default="bf16,fp8,int8")
+    ap.add_argument("--precisions", default="bf16,fp8,int8",
+                    help=f"comma-separated, of {', '.join(VARIANTS)}")
     ap.add_argument("--only", default="", help="substring filter on case names")
     ap.add_argument("--autotune", action="store_true", help="sweep candidates, record winners")
     ap.add_argument("--tuned-out", type=Path, help="where to write the winners (JSON)")
     ap.add_argument("--json", type=Path, help="where to write all results (JSON)")
     args = ap.parse_args(argv)
+    variants = [v for v in args.precisions.split(",") if v]
+    unknown = sorted(set(variants) - set(VARIANTS))
+    if unknown:
+        ap.error(f"unknown --precisions {unknown}; choose from {', '.join(VARIANTS)}")
     if not torch.cuda.is_available():
         print("kernels.bench needs a CUDA GPU", file=sys.stderr)
         return 2
-    precisions = [Precision(p) for p in args.precisions.split(",") if p]
-    cases = [c for c in all_cases(precisions) if args.only in c.name]
-    if Precision.INT8 in precisions:  # int8 is timed on decode and prefill shapes, ours only
-        cases = [c for c in cases if c.precision is not Precision.INT8 or c.case != "ridge"]
+    cases = [c for c in all_cases(variants) if args.only in c.name]
+    # int8 (both outputs) is timed on decode and prefill shapes, ours only
+    cases = [c for c in cases if c.precision is not Precision.INT8 or c.case != "ridge"]
     tuned: list[TunedEntry] = []
     records = []
     for case in cases:

@@ -13,7 +13,13 @@ import functools
 
 import torch
 
-from kernels.grouped_gemm_config import GroupedGemmConfig, Precision, select_config
+from kernels.grouped_gemm_config import (
+    GroupedGemmConfig,
+    Output,
+    Precision,
+    output_for,
+    select_config,
+)
 
 # TMA needs 16-byte aligned row strides: K and N elements per row.
 _ALIGN_BYTES = 16
@@ -33,12 +39,29 @@ def precision_of(x: torch.Tensor) -> Precision:
     raise GroupedGemmError(f"x.dtype must be bfloat16, float8_e4m3fn or int8, got {x.dtype}")
 
 
-def output_dtype(precision: Precision) -> torch.dtype:
-    return torch.int32 if precision is Precision.INT8 else torch.bfloat16
+_TORCH_DTYPES = {Output.BF16: torch.bfloat16, Output.INT32: torch.int32, Output.FP32: torch.float32}
+
+
+def output_dtype(precision: Precision, scaled: bool) -> torch.dtype:
+    """The output dtype of a launch of this precision with or without scales."""
+    return _TORCH_DTYPES[output_for(precision, scaled)]
+
+
+def _output(precision: Precision, x_scale: torch.Tensor | None,
+            w_scale: torch.Tensor | None) -> Output:
+    """The variant the scales select (both: scaled bf16; neither: the precision's plain output)."""
+    if (x_scale is None) != (w_scale is None):
+        given = "x_scale" if x_scale is not None else "w_scale"
+        raise GroupedGemmError(f"{given} given alone: x_scale (total_M,) and w_scale (E, N) go "
+                               "together (scaled bf16 out) or are both left out")
+    try:
+        return output_for(precision, scaled=x_scale is not None)
+    except ValueError as exc:
+        raise GroupedGemmError(f"scales apply to fp8 and int8 only: {exc}") from None
 
 
 def _check(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, x_scale: torch.Tensor | None,
-           w_scale: torch.Tensor | None, out: torch.Tensor | None) -> Precision:
+           w_scale: torch.Tensor | None, out: torch.Tensor | None) -> tuple[Precision, Output]:
     precision = precision_of(x)
     if w.dtype != x.dtype:
         raise GroupedGemmError(f"w.dtype {w.dtype} must equal x.dtype {x.dtype}")
@@ -48,18 +71,19 @@ def _check(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, x_scale: tor
     num_experts, n, k = w.shape
     if x.shape[1] != k:
         raise GroupedGemmError(f"x has K={x.shape[1]} but w has K={k}")
+    if k == 0:
+        raise GroupedGemmError("K must be positive")
     if not (x.is_contiguous() and w.is_contiguous()):
         raise GroupedGemmError("x and w must be contiguous (row-major, K innermost)")
-    elem = x.element_size()
-    if (k * elem) % _ALIGN_BYTES or (n * output_dtype(precision).itemsize) % _ALIGN_BYTES:
+    output = _output(precision, x_scale, w_scale)
+    out_dtype = _TORCH_DTYPES[output]
+    if (k * x.element_size()) % _ALIGN_BYTES or (n * out_dtype.itemsize) % _ALIGN_BYTES:
         raise GroupedGemmError(f"K={k} and N={n} rows must be multiples of {_ALIGN_BYTES} bytes")
     if offsets.dtype != torch.int32 or offsets.shape != (num_experts + 1,):
         raise GroupedGemmError(f"offsets must be int32 of shape ({num_experts + 1},), got "
                                f"{offsets.dtype} {tuple(offsets.shape)}")
     devices = {x.device, w.device, offsets.device}
-    if precision is Precision.FP8:
-        if x_scale is None or w_scale is None:
-            raise GroupedGemmError("fp8 needs x_scale (total_M,) and w_scale (E, N), float32")
+    if x_scale is not None:
         if x_scale.dtype != torch.float32 or x_scale.shape != (x.shape[0],):
             raise GroupedGemmError(f"x_scale must be float32 ({x.shape[0]},), got "
                                    f"{x_scale.dtype} {tuple(x_scale.shape)}")
@@ -69,18 +93,17 @@ def _check(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, x_scale: tor
         if not (x_scale.is_contiguous() and w_scale.is_contiguous()):
             raise GroupedGemmError("x_scale and w_scale must be contiguous")
         devices |= {x_scale.device, w_scale.device}
-    elif x_scale is not None or w_scale is not None:
-        raise GroupedGemmError(f"scales apply to fp8 only, not {precision.value}")
     if out is not None:
-        if out.dtype != output_dtype(precision) or out.shape != (x.shape[0], n):
-            raise GroupedGemmError(f"out must be {output_dtype(precision)} ({x.shape[0]}, {n}), "
-                                   f"got {out.dtype} {tuple(out.shape)}")
+        if out.dtype != out_dtype or out.shape != (x.shape[0], n):
+            scales = "with" if x_scale is not None else "without"
+            raise GroupedGemmError(f"out must be {out_dtype} ({x.shape[0]}, {n}) for {precision.value} "
+                                   f"{scales} scales, got {out.dtype} {tuple(out.shape)}")
         if not out.is_contiguous():
             raise GroupedGemmError("out must be contiguous")
         devices.add(out.device)
     if len(devices) != 1 or next(iter(devices)).type != "cuda":
         raise GroupedGemmError(f"all tensors must be on one CUDA device, got {sorted(map(str, devices))}")
-    return precision
+    return precision, output
 
 
 @functools.lru_cache(maxsize=None)
@@ -92,13 +115,15 @@ def _max_active_clusters(cluster_size: int, device_index: int) -> int:
 def launch(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, out: torch.Tensor,
            config: GroupedGemmConfig, x_scale: torch.Tensor | None = None,
            w_scale: torch.Tensor | None = None) -> None:
-    """Launch one compiled variant on the current stream; arguments are assumed checked."""
+    """Launch one compiled variant on the current stream; arguments are assumed checked (the
+    variant follows from x's dtype and the scales, as in `grouped_gemm`)."""
     from quack.gemm_default_epi import GemmDefaultEpiMixin
     from quack.gemm_tvm_ffi_utils import make_scheduler_args, make_varlen_args
 
     from kernels.grouped_gemm_sm90 import compile_grouped_gemm
 
-    fn = compile_grouped_gemm(precision_of(x), config)
+    precision = precision_of(x)
+    fn = compile_grouped_gemm(precision, config, output_for(precision, x_scale is not None))
     clusters = _max_active_clusters(config.cluster_m * config.cluster_n, x.device.index or 0)
     epi_args = GemmDefaultEpiMixin.EpilogueArguments(
         alpha=None, beta=None, mRowVecBroadcast=w_scale, mColVecBroadcast=x_scale,
@@ -115,15 +140,24 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, *,
 
     x: (total_M, K) rows sorted by expert; w: (E, N, K); offsets: (E+1,) int32 on the device,
     offsets[0] = 0, non-decreasing, offsets[E] = total_M (not checked: that would sync).
-    bf16 -> bf16; fp8 e4m3 with x_scale (total_M,) and w_scale (E, N) fp32 -> bf16
-    (out = (x @ w^T) * x_scale[:, None] * w_scale[e]); int8 -> int32 (exact).
-    config: a fixed variant; by default the selector picks by shape.
+    The scales select the output (x_scale (total_M,) and w_scale (E, N) fp32 come together):
+
+    - bf16 -> bf16 (no scales);
+    - fp8 e4m3 with scales -> bf16, out = (x @ w^T) * x_scale[:, None] * w_scale[e];
+    - fp8 e4m3 without scales -> float32: the raw accumulator, summed in 128-k promotion windows
+      exactly as the Hopper model (`proof.fp8.fp8_matmul("hopper", ...)`) does, a zero as +0;
+      the FP8 mining pass hashes these values;
+    - int8 without scales -> int32, exact;
+    - int8 with scales -> bf16, out = float32(exact int32 x @ w^T) * x_scale[row] * w_scale[e, col].
+
+    out: optional preallocated output of that dtype, (total_M, N), filled and returned.
+    config: a fixed variant; by default the selector picks by shape (the output does not matter).
     """
-    precision = _check(x, w, offsets, x_scale, w_scale, out)
+    precision, output = _check(x, w, offsets, x_scale, w_scale, out)
     total_m = x.shape[0]
     num_experts, n, k = w.shape
     if out is None:
-        out = torch.empty((total_m, n), dtype=output_dtype(precision), device=x.device)
+        out = torch.empty((total_m, n), dtype=_TORCH_DTYPES[output], device=x.device)
     if total_m == 0:
         return out
     if config is None:

@@ -8,6 +8,10 @@ is memory-bound, so decode configurations use 64-row tiles (one WGMMA row block,
 m=16) and let the kernel fill shared memory with as many TMA stages as fit (8+ at 64x128x64 bf16),
 which keeps >= 32 KB per SM in flight. Prefill configurations use 128/256-row tiles and 2-CTA
 clusters so B tiles are multicast to both M tiles of a cluster.
+
+Configs are chosen by precision and shape only: the output variants of one precision (int8 ->
+s32 or scaled bf16; fp8 -> scaled bf16 or the raw fp32 accumulator) share a mainloop and differ
+in the epilogue alone.
 """
 from __future__ import annotations
 
@@ -28,11 +32,48 @@ FP8_PROMOTION_WINDOW_K = 128
 
 
 class Precision(str, Enum):
-    """Operand/output type family of one grouped GEMM."""
+    """Operand type of one grouped GEMM; it alone picks the configs (see `Output`)."""
 
     BF16 = "bf16"  # bf16 x bf16 -> bf16
-    FP8 = "fp8"  # e4m3 x e4m3, per-token x per-channel fp32 scales -> bf16
-    INT8 = "int8"  # s8 x s8 -> s32, exact
+    FP8 = "fp8"  # e4m3 x e4m3 -> scaled bf16, or the raw fp32 accumulator
+    INT8 = "int8"  # s8 x s8 -> exact s32, or scaled bf16
+
+
+class Output(str, Enum):
+    """What the epilogue writes; it follows from the precision and whether scales are given."""
+
+    BF16 = "bf16"  # bf16 in; or 8-bit in times x_scale[row] * w_scale[e, col]
+    INT32 = "int32"  # int8 in, no scales: the exact s32 accumulator
+    FP32 = "fp32"  # fp8 in, no scales: the raw window-promoted fp32 accumulator (mining)
+
+
+# (precision, scaled) -> output; bf16 takes no scales.
+_OUTPUTS = {
+    (Precision.BF16, False): Output.BF16,
+    (Precision.FP8, True): Output.BF16,
+    (Precision.FP8, False): Output.FP32,
+    (Precision.INT8, True): Output.BF16,
+    (Precision.INT8, False): Output.INT32,
+}
+
+
+def output_for(precision: Precision, scaled: bool) -> Output:
+    """The output of a launch with (scaled) or without per-token x per-channel scales."""
+    try:
+        return _OUTPUTS[(precision, scaled)]
+    except KeyError:
+        raise ValueError(f"{precision.value} takes no scales") from None
+
+
+def is_scaled(precision: Precision, output: Output) -> bool:
+    """Whether the (precision, output) variant multiplies by scales in its epilogue."""
+    return output is Output.BF16 and precision is not Precision.BF16
+
+
+def primary_output(precision: Precision) -> Output:
+    """Each precision's first variant (bf16 -> bf16, fp8 scaled -> bf16, int8 -> int32): the one
+    the autotune sweep times; the other variant of the same precision reuses its configs."""
+    return output_for(precision, precision is Precision.FP8)
 
 
 class Regime(str, Enum):

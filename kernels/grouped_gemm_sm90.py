@@ -8,7 +8,10 @@ tile scheduler, varlen-M over experts through `cu_seqlens_m` read on the device)
 - fp8: quack's promoted ("slow") accumulation with tile_k = 128, i.e. each pipeline stage's
   WGMMAs start from a zeroed window accumulator and the window is added into the fp32 total
   (`acc_slow += acc`) before the next stage: exactly 128-k promotion windows;
-- int8: IGMMA s8 x s8 -> s32 with an s32 accumulator and s32 output (see `_int_accumulator_shim`).
+- int8: IGMMA s8 x s8 -> s32 with an s32 accumulator (see `_int_accumulator_shim`), written as
+  s32, or converted to fp32 in the epilogue, scaled, and written as bf16;
+- fp8 without scales: the window-promoted fp32 accumulator written as it is (the FP8 mining pass
+  hashes exactly these values), with a zero written as +0 like the Hopper model.
 
 Compilation uses fake tensors only, so it runs on a CPU-only machine with CUTE_DSL_ARCH=sm_90a.
 This module imports cutlass and quack at import time; the host op (kernels.grouped_gemm) imports
@@ -34,16 +37,18 @@ from quack.gemm_tvm_ffi_utils import (
 )
 from quack.tile_scheduler import RasterOrderOption, TileSchedulerOptions
 
-from kernels.grouped_gemm_config import GroupedGemmConfig, Precision
+from kernels.grouped_gemm_config import (
+    GroupedGemmConfig,
+    Output,
+    Precision,
+    is_scaled,
+    primary_output,
+)
 
 SM90 = (9, 0)
 
-# (A/B dtype, D dtype, has scales) per precision.
-DTYPES = {
-    Precision.BF16: (BFloat16, BFloat16, False),
-    Precision.FP8: (Float8E4M3FN, BFloat16, True),
-    Precision.INT8: (Int8, Int32, False),
-}
+AB_DTYPES = {Precision.BF16: BFloat16, Precision.FP8: Float8E4M3FN, Precision.INT8: Int8}
+D_DTYPES = {Output.BF16: BFloat16, Output.INT32: Int32, Output.FP32: Float32}
 
 
 def _int_accumulator_shim() -> None:
@@ -96,6 +101,21 @@ class GroupedGemmSm90(ScaledEpilogueMixin, GemmSm90):
     """bf16 and fp8 grouped GEMM (fp32 accumulation; fp8 with 128-k promotion windows)."""
 
 
+class GroupedGemmFp32AccSm90(GemmDefaultEpiMixin, GemmSm90):
+    """fp8 grouped GEMM writing the unscaled fp32 accumulator (128-k promotion windows).
+
+    quack copies the first window into the total (`acc_slow = acc`) where the Hopper model adds
+    it to +0, so an all-zero (-0) sum would keep its sign; adding +0 (IEEE: -0 + +0 = +0, every
+    other value unchanged) writes it as +0, as the model does.
+    """
+
+    @cute.jit
+    def epi_visit_subtile(self, params, epi_loop_tensors, tRS_rD: cute.Tensor, tRS_rC=None):
+        for i in cutlass.range(cute.size(tRS_rD), unroll_full=True):
+            tRS_rD[i] = tRS_rD[i] + Float32(0.0)
+        return ()
+
+
 class GroupedGemmInt8Sm90(ScaledEpilogueMixin, GemmSm90):
     """int8 grouped GEMM: s32 accumulation and s32 output, exact."""
 
@@ -103,8 +123,32 @@ class GroupedGemmInt8Sm90(ScaledEpilogueMixin, GemmSm90):
         super().__init__(Int32, *args, **kwargs)
 
 
-def kernel_class(precision: Precision) -> type:
-    return GroupedGemmInt8Sm90 if precision is Precision.INT8 else GroupedGemmSm90
+class GroupedGemmInt8ScaledSm90(GroupedGemmInt8Sm90):
+    """int8 grouped GEMM with scaled bf16 output: the exact s32 accumulator, converted to fp32
+    subtile by subtile in the epilogue, times the scales, rounded to bf16.
+
+    quack's epilogue fragment (tRS_rD) has the accumulator's type and is converted to D's type
+    only after `epi_visit_subtile`; here it is fp32 instead, filled from the s32 accumulator.
+    """
+
+    def epilog_smem_store_and_partition(self, tiled_mma, d_layout, dtype, sD, tidx):
+        tiled_copy_r2s, tRS_rD, tRS_sD = super().epilog_smem_store_and_partition(
+            tiled_mma, d_layout, dtype, sD, tidx)
+        return tiled_copy_r2s, cute.make_rmem_tensor(tRS_rD.layout, Float32), tRS_sD
+
+    @cute.jit
+    def epi_load_acc_subtile(self, tRS_rAcc: cute.Tensor, tRS_rD: cute.Tensor, epi_coord,
+                             no_release: cutlass.Constexpr[bool] = False):
+        tRS_rD.store(tRS_rAcc[None, None, None, epi_coord].load().to(Float32))
+
+
+_KERNEL_CLASSES = {
+    (Precision.BF16, Output.BF16): GroupedGemmSm90,
+    (Precision.FP8, Output.BF16): GroupedGemmSm90,
+    (Precision.FP8, Output.FP32): GroupedGemmFp32AccSm90,
+    (Precision.INT8, Output.INT32): GroupedGemmInt8Sm90,
+    (Precision.INT8, Output.BF16): GroupedGemmInt8ScaledSm90,
+}
 
 
 def compile_key(config: GroupedGemmConfig) -> GroupedGemmConfig:
@@ -112,20 +156,28 @@ def compile_key(config: GroupedGemmConfig) -> GroupedGemmConfig:
     return dataclasses.replace(config, swizzle=8)
 
 
-def compile_grouped_gemm(precision: Precision, config: GroupedGemmConfig) -> Callable:
-    """`_compile` for the config's compile-time fields (swizzle is passed at launch)."""
-    return _compile(precision, compile_key(config))
+def compile_grouped_gemm(precision: Precision, config: GroupedGemmConfig,
+                         output: Output | None = None) -> Callable:
+    """`_compile` for the config's compile-time fields (swizzle is passed at launch).
+
+    output: the epilogue variant; by default the precision's primary one (`primary_output`).
+    """
+    output = primary_output(precision) if output is None else output
+    if (precision, output) not in _KERNEL_CLASSES:
+        raise ValueError(f"no {precision.value} -> {output.value} variant")
+    return _compile(precision, output, compile_key(config))
 
 
 @functools.lru_cache(maxsize=None)
-def _compile(precision: Precision, config: GroupedGemmConfig) -> Callable:
+def _compile(precision: Precision, output: Output, config: GroupedGemmConfig) -> Callable:
     """Trace, lower and assemble one variant for sm_90a; shapes stay symbolic.
 
     The returned TVM-FFI function takes (A, B, D, C, epilogue args, scheduler args, varlen args,
     SFA, SFB) with A (total_M, K), B (E, N, K), D (total_M, N), C None, SFA/SFB None.
     """
-    ab_dtype, d_dtype, scaled = DTYPES[precision]
-    cls = kernel_class(precision)
+    ab_dtype, d_dtype = AB_DTYPES[precision], D_DTYPES[output]
+    scaled = is_scaled(precision, output)
+    cls = _KERNEL_CLASSES[(precision, output)]
     mA, mB, mD, mC, m, n, _k, num_experts = make_fake_gemm_tensors(
         ab_dtype, ab_dtype, d_dtype, None, "k", "k", "n", None, varlen_m=True)
     epi_args = cls.EpilogueArguments(

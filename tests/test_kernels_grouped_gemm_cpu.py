@@ -1,18 +1,32 @@
 """CPU tests of the grouped GEMM's host side: configs and their keys, the selector, routings,
-the torch reference against a literal row-by-row loop, and argument errors."""
+the torch reference against a literal row-by-row loop, argument errors and the output variants;
+and sm_90a compile checks (SASS) of the int8 -> scaled bf16 and fp8 -> raw fp32 variants (the
+primary variants are compiled by tests/test_kernels_compile.py)."""
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 
-from kernels.grouped_gemm import GroupedGemmError, grouped_gemm
+from kernels.grouped_gemm import GroupedGemmError, grouped_gemm, output_dtype, precision_of
 from kernels.grouped_gemm_config import (
     GroupedGemmConfig,
+    Output,
     Precision,
     Regime,
     TunedEntry,
     candidates,
     default_config,
+    is_scaled,
     load_tuned,
+    output_for,
+    primary_output,
     regime_for,
     save_tuned,
     schedule_variants,
@@ -153,15 +167,71 @@ def test_bad_arguments_raise_clear_errors(over, match) -> None:
         grouped_gemm(**_args(**over))
 
 
-def test_fp8_needs_its_scales_and_bf16_refuses_them() -> None:
-    x8 = torch.zeros(4, 64, dtype=torch.float8_e4m3fn)
-    w8 = torch.zeros(2, 32, 64, dtype=torch.float8_e4m3fn)
-    with pytest.raises(GroupedGemmError, match="x_scale"):
-        grouped_gemm(**_args(x=x8, w=w8))
+def _eight_bit(dtype: torch.dtype) -> dict:
+    return dict(x=torch.zeros(4, 64, dtype=dtype), w=torch.zeros(2, 32, 64, dtype=dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.int8])
+def test_scales_come_together_and_are_checked(dtype) -> None:
+    with pytest.raises(GroupedGemmError, match="x_scale given alone"):
+        grouped_gemm(**_args(**_eight_bit(dtype)), x_scale=torch.ones(4))
+    with pytest.raises(GroupedGemmError, match="w_scale given alone"):
+        grouped_gemm(**_args(**_eight_bit(dtype)), w_scale=torch.ones(2, 32))
     with pytest.raises(GroupedGemmError, match="w_scale must be"):
-        grouped_gemm(**_args(x=x8, w=w8), x_scale=torch.ones(4), w_scale=torch.ones(32))
-    with pytest.raises(GroupedGemmError, match="fp8 only"):
-        grouped_gemm(**_args(), x_scale=torch.ones(4))
+        grouped_gemm(**_args(**_eight_bit(dtype)), x_scale=torch.ones(4), w_scale=torch.ones(32))
+    with pytest.raises(GroupedGemmError, match="x_scale must be"):
+        grouped_gemm(**_args(**_eight_bit(dtype)), x_scale=torch.ones(4, dtype=torch.float64),
+                     w_scale=torch.ones(2, 32))
+
+
+def test_bf16_refuses_scales() -> None:
+    with pytest.raises(GroupedGemmError, match="fp8 and int8 only"):
+        grouped_gemm(**_args(), x_scale=torch.ones(4), w_scale=torch.ones(2, 32))
+
+
+@pytest.mark.parametrize("dtype,scaled,expected", [
+    (torch.bfloat16, False, torch.bfloat16),
+    (torch.float8_e4m3fn, True, torch.bfloat16),
+    (torch.float8_e4m3fn, False, torch.float32),  # the raw accumulator (FP8 mining)
+    (torch.int8, True, torch.bfloat16),
+    (torch.int8, False, torch.int32),
+])
+def test_scales_select_the_output_dtype(dtype, scaled, expected) -> None:
+    x, w = torch.zeros(4, 64, dtype=dtype), torch.zeros(2, 32, 64, dtype=dtype)
+    scales = dict(x_scale=torch.ones(4), w_scale=torch.ones(2, 32)) if scaled else {}
+    assert output_dtype(precision_of(x), scaled) == expected
+    # the right out passes every check but the device one; any other dtype names the right one
+    with pytest.raises(GroupedGemmError, match="CUDA device"):
+        grouped_gemm(**_args(x=x, w=w), **scales, out=torch.empty(4, 32, dtype=expected))
+    wrong = torch.float16
+    with pytest.raises(GroupedGemmError, match=f"out must be {expected}"):
+        grouped_gemm(**_args(x=x, w=w), **scales, out=torch.empty(4, 32, dtype=wrong))
+
+
+def test_output_variants_and_their_scaling() -> None:
+    assert {(p, s): output_for(p, s) for p in Precision for s in (False, True)
+            if (p, s) != (Precision.BF16, True)} == {
+        (Precision.BF16, False): Output.BF16, (Precision.FP8, True): Output.BF16,
+        (Precision.FP8, False): Output.FP32, (Precision.INT8, True): Output.BF16,
+        (Precision.INT8, False): Output.INT32}
+    with pytest.raises(ValueError, match="bf16 takes no scales"):
+        output_for(Precision.BF16, True)
+    for (p, s), o in [((Precision.BF16, False), Output.BF16), ((Precision.FP8, True), Output.BF16),
+                      ((Precision.FP8, False), Output.FP32), ((Precision.INT8, True), Output.BF16),
+                      ((Precision.INT8, False), Output.INT32)]:
+        assert is_scaled(p, o) == s
+    # the primary variants (what the sweep times) are the pre-existing ones
+    assert {p: primary_output(p) for p in Precision} == {
+        Precision.BF16: Output.BF16, Precision.FP8: Output.BF16, Precision.INT8: Output.INT32}
+
+
+def test_fp32_out_needs_n_aligned_for_four_byte_rows() -> None:
+    # 36 fp32 columns are 144 bytes (aligned); 34 are 136 bytes (not a multiple of 16)
+    x, w = torch.zeros(4, 64, dtype=torch.float8_e4m3fn), torch.zeros(2, 34, 64, dtype=torch.float8_e4m3fn)
+    with pytest.raises(GroupedGemmError, match="N=34"):
+        grouped_gemm(**_args(x=x, w=w))
+    with pytest.raises(GroupedGemmError, match="K must be positive"):
+        grouped_gemm(**_args(x=torch.zeros(4, 0, dtype=torch.int8), w=torch.zeros(2, 32, 0, dtype=torch.int8)))
 
 
 def test_host_modules_import_without_cutlass_or_cuda() -> None:
@@ -177,3 +247,64 @@ def test_host_modules_import_without_cutlass_or_cuda() -> None:
             "torch.cuda.is_initialized())\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[] False"
+
+
+# --- sm_90a compile checks of the added output variants (cpu-compile-check.md) ---------------
+# A decode and a prefill config each. They compile in a child process: the DSL reads
+# CUTE_DSL_KEEP (needed for SASS) once, when cutlass is first imported, which in this process
+# may already have happened without it.
+VARIANT_CASES = [(p, o, default_config(p, r)) for p, o in [(Precision.INT8, Output.BF16),
+                                                          (Precision.FP8, Output.FP32)]
+                 for r in Regime]
+_COMPILE_SCRIPT = """
+import json, os, sys
+import kernels  # sets CUTE_DSL_ARCH=sm_90a before cutlass is imported
+from kernels.grouped_gemm_config import GroupedGemmConfig, Output, Precision
+from kernels.grouped_gemm_sm90 import compile_grouped_gemm
+out_dir, cases = sys.argv[1], json.loads(sys.argv[2])
+for i, (precision, output, key) in enumerate(cases):
+    fn = compile_grouped_gemm(Precision(precision), GroupedGemmConfig.from_key(key), Output(output))
+    with open(os.path.join(out_dir, f"{i}.sass"), "w") as f:
+        f.write(fn.__sass__ or "")
+"""
+_MMA_SASS = {Precision.INT8: r"IGMMA\.64x(\d+)x32\.S8\.S8",
+             Precision.FP8: r"QGMMA\.64x(\d+)x32\.F32\.E4M3\.E4M3"}
+
+
+@pytest.fixture(scope="module")
+def variant_sass(tmp_path_factory) -> list[str]:
+    if any(importlib.util.find_spec(m) is None for m in ("cutlass", "quack")):
+        pytest.skip("needs nvidia-cutlass-dsl and quack-kernels")
+    out_dir = tmp_path_factory.mktemp("variant_sass")
+    repo = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "CUTE_DSL_ARCH": "sm_90a", "CUTE_DSL_KEEP": "sass",
+           "CUTE_DSL_DUMP_DIR": str(out_dir),
+           "PYTHONPATH": os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")]))}
+    cases = json.dumps([(p.value, o.value, c.key) for p, o, c in VARIANT_CASES])
+    run = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT, str(out_dir), cases], env=env,
+                         capture_output=True, text=True, timeout=600)
+    if run.returncode:
+        pytest.fail(f"compiling the output variants failed:\n{run.stderr[-4000:]}")
+    return [(out_dir / f"{i}.sass").read_text() for i in range(len(VARIANT_CASES))]
+
+
+@pytest.mark.parametrize("index", range(len(VARIANT_CASES)),
+                         ids=[f"{p.value}-{o.value}-{c.key}" for p, o, c in VARIANT_CASES])
+def test_output_variant_compiles_to_warpgroup_mma_and_its_epilogue(variant_sass, index) -> None:
+    precision, output, config = VARIANT_CASES[index]
+    sass = variant_sass[index]
+    assert sass, "no SASS kept"
+    assert {int(n) for n in re.findall(_MMA_SASS[precision], sass)} == {config.tile_n}
+    assert "UTMALDG" in sass and "UTMASTG" in sass  # TMA loads and TMA stores of D
+    assert not re.search(r"\b(LDL|STL)\b", sass), "registers spilled to local memory"
+    # Both configs give each warpgroup 64 rows (64-row pingpong, 128-row cooperative), so a
+    # thread holds 64 * tile_n / 128 accumulator values.
+    assert config.tile_m == (64 if config.pingpong else 128)
+    acc_values = config.tile_n // 2
+    if output is Output.BF16:  # int8: s32 -> fp32, two scale multiplies, packed to bf16
+        assert len(re.findall(r"\bI2FP\.F32\.S32\b", sass)) >= acc_values
+        assert len(re.findall(r"\bFMUL\b", sass)) >= 2 * acc_values
+        assert len(re.findall(r"\bF2FP\.BF16\.F32\.PACK_AB\b", sass)) == acc_values // 2
+    else:  # fp8 raw: fp32 written as is, after one +0 add per value (-0 -> +0)
+        assert "F2FP" not in sass
+        assert len(re.findall(r"\bFADD R\d+, (?:RZ, R\d+|R\d+, RZ)", sass)) == acc_values
