@@ -1,5 +1,6 @@
 """Every kernels.int7 Triton kernel compiles for sm_90a on a machine without a GPU, and the mined
-decode kernel keeps everything in registers (no local-memory spills)."""
+kernels (decode and prefill tilings) and the noised-operand kernel keep everything in registers
+(no local-memory spills)."""
 import json
 import os
 import subprocess
@@ -9,15 +10,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_kernels_compile_for_sm90a_and_decode_kernel_does_not_spill():
+def test_kernels_compile_for_sm90a_and_mined_kernels_do_not_spill():
     env = dict(os.environ, PEARL_INT7_INTERPRET="0", PYTHONPATH=str(ROOT))
     run = subprocess.run([sys.executable, "-m", "kernels.int7.compile_check"], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     results = {r["kernel"]: r for r in map(json.loads, run.stdout.splitlines())}
     assert {"blake3_chunks", "blake3_parents", "blake3_upper_levels", "seeds_salted1_fold1",
-            "activations_quantise", "noised", "noise_uniform", "noise_sparse",
-            "retain", "gemm_decode_mined_16x128x128", "gemm_prefill_mined_128x64x128"} <= set(results)
+            "activations_quantise", "activations_apb_decode",
+            "activations_apb_prefill", "noised", "noise_uniform", "noise_sparse",
+            "retain", "gemm_decode_mined_16x128x128", "gemm_prefill_mined_64x128x128"} <= set(results)
     assert results["gemm_decode_mined_16x128x128"]["stack_bytes"] == 0
     assert results["gemm_decode_unmined_16x128x128"]["stack_bytes"] == 0
+    assert results["gemm_prefill_mined_64x128x128"]["stack_bytes"] == 0
     assert all(r["registers"] <= 255 for r in results.values())
+    assert results["noised"]["stack_bytes"] == 0

@@ -126,5 +126,6 @@ def test_bad_shapes_are_named():
 ])
 def test_lottery_tile_is_the_widest_block_that_fits(n, k, rank, tile):
     assert lottery_tile(n, k, rank) == tile
+    assert lottery_tile(128, 2048, 128, moe=True) == (2, 64)  # MoE opens fewer than N columns
     with pytest.raises(MinedGemmError, match="no lottery tile"):
         lottery_tile(40, 2048, 128)

@@ -25,11 +25,11 @@ from ._jit import INTERPRETING
 
 TARGET = GPUTarget("cuda", 90, 32)
 _GEMM_SIGNATURE = {
-    "an_ptr": "*i8", "ac_ptr": "*i8", "bt_ptr": "*i8", "limb_ptr": "*i8", "ub_ptr": "*i8",
+    "an_ptr": "*i8", "ac_ptr": "*i8", "bt_ptr": "*i8", "apb_ptr": "*i32", "ub_ptr": "*i8",
     "key_ptr": "*i32", "bound_ptr": "*i32", "mvalid_ptr": "*i32", "record_ptr": "*i32",
     "sa_ptr": "*fp32", "sb_ptr": "*fp32", "out_ptr": "*bf16", "out32_ptr": "*i32", "dump_ptr": "*i32",
-    "E": "i32", "M": "i32", "N": "i32", "K": "i32", "NC": "i32",
-    **{name: "constexpr" for name in ("R", "BM", "BN", "BK", "H", "W", "MINE", "PEEL", "WRITE_I32", "DUMP")},
+    "M": "i32", "N": "i32", "K": "i32", "NC": "i32",
+    **{name: "constexpr" for name in ("R", "BM", "BN", "BK", "H", "MINE", "PEEL", "WRITE_I32", "DUMP")},
 }
 
 
@@ -54,16 +54,20 @@ def _variants() -> list[tuple[str, object, dict, dict, int, int]]:
                      "dim": "i32", "routing_ptr": "*i32", "offsets_ptr": "*i32", "out_ptr": "*i32",
                      "total": "i32", "SALTED": "constexpr", "FOLD": "constexpr", "LANES": "constexpr"},
                     {"SALTED": salted, "FOLD": fold, "LANES": 32}, 4, 1))
-    out.append(("activations_quantise", activations._rows_kernel,
-                {"x_ptr": "*bf16", "q_ptr": "*i8", "scale_ptr": "*fp32", "first_ptr": "*i32",
-                 "second_ptr": "*i32", "factor_stride": "i32", "limb_ptr": "*i8", "rows_total": "i32",
-                 "rows_per_instance": "i32", "K": "i32", "R": "constexpr", "QUANT": "constexpr",
-                 "BR": "constexpr", "BK": "constexpr", "RB": "constexpr"},
-                {"R": 128, "QUANT": 1, "BR": 16, "BK": 64, "RB": 128}, 4, 1))
+    out.append(("activations_quantise", activations._quantise_kernel,
+                {"x_ptr": "*bf16", "q_ptr": "*i8", "scale_ptr": "*fp32", "K": "i32", "BK": "constexpr"},
+                {"BK": activations._QUANT_BLOCK}, 4, 3))
+    for regime, rows, atomic in (("decode", 16, 1), ("prefill", 64, 0)):
+        out.append((f"activations_apb_{regime}", activations._apb_kernel,
+                    {"q_ptr": "*i8", "pb_ptr": "*i8", "pb_stride": "i32", "apb_ptr": "*i32",
+                     "rows_per_instance": "i32", "K": "i32", "steps_per_split": "i32", "R": "constexpr",
+                     "BR": "constexpr", "BK": "constexpr", "RB": "constexpr", "ATOMIC": "constexpr"},
+                    {"R": 128, "BR": rows, "BK": 128, "RB": 128, "ATOMIC": atomic}, 4, 3))
     out.append(("noised", noise._noised_kernel,
                 {"x_ptr": "*i8", "u_ptr": "*i8", "first_ptr": "*i32", "second_ptr": "*i32", "out_ptr": "*i8",
-                 "rows_total": "i32", "rows_per_instance": "i32", "K": "i32", "R": "constexpr",
-                 "BR": "constexpr", "BK": "constexpr"}, {"R": 128, "BR": 16, "BK": 64}, 4, 1))
+                 "rows_per_instance": "i32", "factor_stride": "i32", "K": "i32", "R": "constexpr",
+                 "BR": "constexpr", "BK": "constexpr"}, {"R": 128, "BR": noise._ROWS, "BK": noise._COLS},
+                noise._NOISED_WARPS, 1))
     for sparse, pointer in ((0, "*i8"), (1, "*i32")):
         out.append((f"noise_{'sparse' if sparse else 'uniform'}", noise._prng_kernel,
                     {"key_ptr": "*i32", "label_ptr": "*i32", "out_ptr": pointer, "second_ptr": pointer,
@@ -72,10 +76,10 @@ def _variants() -> list[tuple[str, object, dict, dict, int, int]]:
     out.append(("retain", winner._retain_kernel,
                 {"record_ptr": "*i32", "src_ptr": "*i32", "dst_ptr": "*i32", "per_instance": "i32",
                  "USE_INDEX": "constexpr", "BLOCK": "constexpr"}, {"USE_INDEX": 1, "BLOCK": 1024}, 4, 1))
-    gemms = [("decode", 16, 128, 4, 4), ("prefill", 128, 64, 8, 3)]
+    gemms = [("decode", 16, 128, 4, 4), ("prefill", 64, 128, 8, 3)]
     for regime, bm, bn, warps, stages in gemms:
         for label, mine, peel in (("mined", 1, 1), ("unmined", 0, 0)):
-            constexprs = {"R": 128, "BM": bm, "BN": bn, "BK": 128, "H": 16, "W": 16, "MINE": mine,
+            constexprs = {"R": 128, "BM": bm, "BN": bn, "BK": 128, "H": mined_gemm.TILE_H, "MINE": mine,
                           "PEEL": peel, "WRITE_I32": 0, "DUMP": 0}
             out.append((f"gemm_{regime}_{label}_{bm}x{bn}x128", mined_gemm._mined_gemm_kernel,
                         _GEMM_SIGNATURE, constexprs, warps, stages))

@@ -33,9 +33,9 @@ from proof.int7 import (MiningConfig, commit_instance, instance_tickets, ticket,
 
 from proof.int7.noise import LABEL_A
 
-from .activations import prepare_rows
+from .activations import a_times_p_b, prepare_rows, quantise_rows
 from .blake3 import bytes_from_words, keyed_trees
-from .mined_gemm import DUMP_WORDS, Tiling, mined_gemm, plain_gemm
+from .mined_gemm import DUMP_WORDS, Tiling, lottery_tile, mined_gemm, plain_gemm
 from .noise import noised, sparse_factor, uniform_factor
 from .pipeline import MinedPass, bound_words, prepare_job
 from .seeds import noise_seed_a
@@ -43,7 +43,9 @@ from .seeds import noise_seed_a
 BITS = 0x207FFFFF  # easy target: every ticket meets T0·h·w·D, so any planted tile verifies
 HEADER = struct.pack("<I", 0) + b"\x01" * 32 + b"\x02" * 32 + struct.pack("<II", 0x66666666, BITS)
 RANK = 128
-TILE = 16  # lottery tiles 16 × 16 (h·w = 256, the protocol maximum: fewest hashes per product)
+# Lottery tiles 2 × 128 (h·w = 256, the protocol maximum: fewest hashes per product); the width
+# is the mined GEMM's block_n, so a tile is two whole rows of a program's accumulator block.
+TILE_H, TILE_W = lottery_tile(4096, 6144, RANK)
 # (name, experts, rows per expert, K, N): grouped-gemm-anchors.md §6, K a multiple of the rank.
 SHAPES = [
     ("GLM-5 FC1 decode", 32, 16, 6144, 4096),
@@ -52,9 +54,9 @@ SHAPES = [
     ("GLM-5 FC1 prefill", 32, 2048, 6144, 4096),
     ("Qwen3-235B FC1 prefill", 16, 2048, 4096, 3072),
 ]
-DECODE_TILINGS = [Tiling(16, 128, 128, 4, 4), Tiling(16, 64, 128, 4, 4)]
+DECODE_TILINGS = [Tiling(16, TILE_W, 128, 4, 4), Tiling(16, TILE_W, 128, 4, 6)]  # block_n = TILE_W
 DECODE_PLAIN_TILINGS = [Tiling(16, 128, 128, 4, 4), Tiling(16, 256, 128, 4, 4)]
-PREFILL_TILINGS = [Tiling(128, 64, 128, 8, 3), Tiling(128, 128, 128, 8, 3)]
+PREFILL_TILINGS = [Tiling(64, TILE_W, 128, 8, 3), Tiling(128, TILE_W, 128, 8, 3)]
 PREFILL_PLAIN_TILINGS = [Tiling(128, 128, 128, 8, 3), Tiling(128, 256, 128, 8, 3)]
 ITERATIONS = 15
 WARMUP = 3
@@ -63,7 +65,7 @@ ACCEPTED_RATIO = 1.10
 
 
 def config(experts: int = 0, top_k: int = 0, k: int = 2048) -> MiningConfig:
-    return MiningConfig(k, RANK, list(range(TILE)), list(range(TILE)), experts, top_k)
+    return MiningConfig(k, RANK, list(range(TILE_H)), list(range(TILE_W)), experts, top_k)
 
 
 class Report:
@@ -110,12 +112,13 @@ def markdown(results: dict) -> str:
     if timing.get("rows"):
         lines += ["", "## Timings (µs, median of CUDA-graph replays, L2 flushed before each)", "",
                   "| shape | E | M | K | N | unmined Triton int8 | unmined grouped_gemm int8 (E) | "
+                  "unmined grouped_gemm int8→bf16 | "
                   "mined GEMM kernel | transcript only (no peel) | whole mined pass | "
                   "pass / best unmined | pass / Triton unmined |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for row in timing["rows"]:
             lines.append("| " + " | ".join(str(row.get(key, "")) for key in (
-                "shape", "E", "M", "K", "N", "plain_us", "grouped_gemm_us", "mined_kernel_us",
+                "shape", "E", "M", "K", "N", "plain_us", "grouped_gemm_us", "grouped_gemm_bf16_us", "mined_kernel_us",
                 "transcript_only_us", "mined_pass_us", "pass_over_best_unmined",
                 "pass_over_triton_unmined")) + " |")
         lines += ["", "Acceptance (issue 7): whole mined pass ≤ 1.10 × the unmined int8 GEMM of the same run."]
@@ -161,7 +164,8 @@ def _dense_pass(experts: int, rows: int, n: int, k: int, seed: int, cert_version
 def section_bitexact() -> dict:
     experts, rows, n, k = 2, 32, 256, 2048 + 64  # k mod r = 64: the ignored transcript tail
     _, weights, acts, cfg, job, mined = _dense_pass(experts, rows, n, k, seed=1)
-    mined.dump = torch.zeros((experts, rows // TILE, n // TILE, DUMP_WORDS), dtype=torch.int32, device="cuda")
+    mined.dump = torch.zeros((experts, rows // TILE_H, n // TILE_W, DUMP_WORDS), dtype=torch.int32,
+                             device="cuda")
     mined.run_quantized(torch.from_numpy(acts).cuda(), torch.ones(experts, rows, device="cuda"))
     torch.cuda.synchronize()
     tiles = 0
@@ -170,8 +174,8 @@ def section_bitexact() -> dict:
         assert bytes_from_words(job.b_trees.roots[e]) == ref.hash_b, "H_B differs"
         assert bytes_from_words(job.s_b[e]) == ref.s_b, "s_B differs"
         assert np.array_equal(job.bt_noised[e].cpu().numpy(), ref.bt_noised), "B' differs"
-        words = tile_transcripts(ref.a_noised, ref.bt_noised, RANK, np.arange(rows).reshape(-1, TILE),
-                                 np.arange(n).reshape(-1, TILE))
+        words = tile_transcripts(ref.a_noised, ref.bt_noised, RANK, np.arange(rows).reshape(-1, TILE_H),
+                                 np.arange(n).reshape(-1, TILE_W))
         dumped = mined.dump[e].cpu().numpy()
         assert np.array_equal(dumped[:, :, :16].view(np.uint32), words), "transcript words differ"
         for i in range(words.shape[0]):
@@ -237,7 +241,8 @@ def section_graph() -> dict:
     x_first = torch.randn((experts, rows, k), device="cuda", generator=gen).bfloat16()
     x_second = torch.randn((experts, rows, k), device="cuda", generator=gen).bfloat16()
     # Eager run of the second input with the tickets dumped: plant its best eligible tile.
-    mined.dump = torch.zeros((experts, rows // TILE, n // TILE, DUMP_WORDS), dtype=torch.int32, device="cuda")
+    mined.dump = torch.zeros((experts, rows // TILE_H, n // TILE_W, DUMP_WORDS), dtype=torch.int32,
+                             device="cuda")
     eager = mined.run(x_second).clone()
     torch.cuda.synchronize()
     tickets = mined.dump[:, :, :, 16:].cpu().numpy().astype("<i4")
@@ -264,7 +269,7 @@ def section_graph() -> dict:
     assert torch.equal(mined.out, eager), "graph replay output differs from the eager pass"
     record = mined.winner_record()
     assert record is not None and (record["instance"], record["t_rows"], record["t_cols"]) == (
-        best[1], best[2] * TILE, best[3] * TILE), f"record {record} != planted {best[1:]}"
+        best[1], best[2] * TILE_H, best[3] * TILE_W), f"record {record} != planted {best[1:]}"
     proof = mined.take_proof()
     began = time.monotonic()
     verdict = verify_plain_proof(HEADER, proof, bits=BITS, cert_version=3)
@@ -342,7 +347,7 @@ def _time_shape(timer: Timer, shape: tuple) -> dict:
     job = prepare_job(weights, scale_b, header76=HEADER, config=config(k=k), cert_version=3,
                       bound=0, moe=False)  # bound 0: nothing wins, every tile is hashed and compared
     torch.cuda.current_stream().wait_event(job.ready)
-    q, scale_a, limbs = prepare_rows(x, job.first_b, job.second_b, RANK, rows_per_instance=rows)
+    q, scale_a, apb = prepare_rows(x, job.p_b, rows_per_instance=rows)
     out = torch.empty((experts, rows, n), dtype=torch.bfloat16, device="cuda")
     row = {"shape": name, "E": experts, "M": rows, "K": k, "N": n}
     plain_tilings = DECODE_PLAIN_TILINGS if decode else PREFILL_PLAIN_TILINGS
@@ -351,15 +356,24 @@ def _time_shape(timer: Timer, shape: tuple) -> dict:
              (lambda t=t: plain_gemm(q, weights, scale_a, scale_b, out=out, tiling=t)) for t in plain_tilings}
     plain_name, row["plain_us"], row["plain_detail"] = _best(timer, plain)
     row["plain_tiling"] = plain_name
+    flat = q.view(experts * rows, k)
+    offsets = torch.arange(experts + 1, device="cuda", dtype=torch.int32) * rows
     try:
         from kernels.grouped_gemm import grouped_gemm
-        flat = q.view(experts * rows, k)
-        offsets = (torch.arange(experts + 1, device="cuda", dtype=torch.int32) * rows)
         out_i32 = torch.empty((experts * rows, n), dtype=torch.int32, device="cuda")
         graph = timer.graph(lambda: grouped_gemm(flat, weights, offsets, out=out_i32))
         row["grouped_gemm_us"] = timer.median_us({"g": graph})["g"]
     except Exception as error:  # noqa: BLE001 — the other baseline still stands
         row["grouped_gemm_error"] = repr(error)[:300]
+    try:  # the same with the int8 → bf16 scaled epilogue (the layer's output), where it exists
+        from kernels.grouped_gemm import grouped_gemm
+        out_bf16 = torch.empty((experts * rows, n), dtype=torch.bfloat16, device="cuda")
+        flat_scale = scale_a.reshape(-1).contiguous()
+        graph = timer.graph(lambda: grouped_gemm(flat, weights, offsets, x_scale=flat_scale,
+                                                 w_scale=scale_b, out=out_bf16))
+        row["grouped_gemm_bf16_us"] = timer.median_us({"g": graph})["g"]
+    except Exception as error:  # noqa: BLE001 — the other baselines still stand
+        row["grouped_gemm_bf16_error"] = repr(error)[:300]
     passes = {}
     for t in mined_tilings:
         tag = f"{t.block_m}x{t.block_n}x{t.block_k}/w{t.num_warps}s{t.num_stages}"
@@ -376,14 +390,14 @@ def _time_shape(timer: Timer, shape: tuple) -> dict:
     tiling = chosen.tiling
 
     def kernel(peel: bool) -> None:
-        mined_gemm(a_noised, q, job.bt_noised, limbs, job.u_b, s_a, job.bound, chosen.rows_valid,
-                   chosen.slot.record, scale_a, scale_b, rank=RANK, tile_h=TILE, tile_w=TILE,
+        mined_gemm(a_noised, q, job.bt_noised, apb, job.u_b, s_a, job.bound, chosen.rows_valid,
+                   chosen.slot.record, scale_a, scale_b, rank=RANK, tile_h=TILE_H, tile_w=TILE_W,
                    out=out, tiling=tiling, peel=peel)
 
     times = timer.median_us({"mined": timer.graph(lambda: kernel(True)),
                              "transcript": timer.graph(lambda: kernel(False))})
     row["mined_kernel_us"], row["transcript_only_us"] = times["mined"], times["transcript"]
-    unmined = [v for v in (row["plain_us"], row.get("grouped_gemm_us")) if v]
+    unmined = [v for v in (row["plain_us"], row.get("grouped_gemm_us"), row.get("grouped_gemm_bf16_us")) if v]
     row["pass_over_best_unmined"] = round(row["mined_pass_us"] / min(unmined), 3)
     row["pass_over_triton_unmined"] = round(row["mined_pass_us"] / row["plain_us"], 3)
     row["weight_bytes_per_us_unmined_GBps"] = round(weights.numel() / row["plain_us"] / 1000, 1)
@@ -417,14 +431,14 @@ def section_breakdown() -> dict:
         job = prepare_job(weights, torch.ones(experts, n, device="cuda"), header76=HEADER,
                           config=config(k=k), cert_version=3, bound=0, moe=False)
         torch.cuda.current_stream().wait_event(job.ready)
-        q, _, _ = prepare_rows(x, job.first_b, job.second_b, RANK, rows_per_instance=rows)
+        q, _ = quantise_rows(x)
         trees = keyed_trees(job.key_words, q.view(experts, -1))
         s_a = noise_seed_a(job.s_b, trees.roots, salted_seeds=True, m=rows)
         u_a = uniform_factor(s_a, LABEL_A, rows, RANK)
         first, second = sparse_factor(s_a, LABEL_A, k, RANK)
         stages = {
-            "quantise_and_A_times_P_B": lambda: prepare_rows(x, job.first_b, job.second_b, RANK,
-                                                             rows_per_instance=rows),
+            "quantise_and_A_times_P_B": lambda: prepare_rows(x, job.p_b, rows_per_instance=rows),
+            "A_times_P_B": lambda: a_times_p_b(q, job.p_b, rows_per_instance=rows),
             "hash_A": lambda: keyed_trees(job.key_words, q.view(experts, -1)),
             "seed_A": lambda: noise_seed_a(job.s_b, trees.roots, salted_seeds=True, m=rows),
             "noise_factors_A": lambda: (uniform_factor(s_a, LABEL_A, rows, RANK),

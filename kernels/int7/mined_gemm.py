@@ -223,16 +223,17 @@ def _mined_gemm_kernel(an_ptr, ac_ptr, bt_ptr, apb_ptr, ub_ptr, key_ptr, bound_p
     tl.store(out_ptr + out_offsets, value.to(tl.bfloat16))
 
 
-def lottery_tile(n: int, k: int, rank: int) -> tuple[int, int]:
-    """The lottery tile (h, w) for N output columns: h = 2 rows × w = the program's block width.
+def lottery_tile(n: int, k: int, rank: int, *, moe: bool = False) -> tuple[int, int]:
+    """The lottery tile (h, w) for N output columns (per expert): h = 2 rows × w = the program's
+    block width.
 
     w is the widest of 128, 64, 32, 16 that divides N and keeps the protocol's limits
-    (h·w ≤ 256, (h + w)·D ≤ 2^22 with D = k − k mod r); 2 × 128 = 256 cells is the protocol
-    maximum, the fewest BLAKE3 compressions per output.
+    (h·w ≤ 256, (h + w)·D ≤ 2^22 with D = k − k mod r; MoE: fewer than N opened columns);
+    2 × 128 = 256 cells is the protocol maximum, the fewest BLAKE3 compressions per output.
     """
     d = k - k % rank
     for w in TILE_WIDTHS:
-        if n % w == 0 and (TILE_H + w) * d <= MAX_WORKER_INPUT:
+        if n % w == 0 and (TILE_H + w) * d <= MAX_WORKER_INPUT and not (moe and w >= n):
             return TILE_H, w
     raise MinedGemmError(f"no lottery tile of width {'/'.join(map(str, TILE_WIDTHS))} fits N={n}, "
                          f"K={k}, rank={rank}")
@@ -240,7 +241,7 @@ def lottery_tile(n: int, k: int, rank: int) -> tuple[int, int]:
 
 def default_tiling(m: int, n: int, k: int, rank: int, tile_h: int = TILE_H,
                    tile_w: int | None = None) -> Tiling:
-    """Decode (few rows per instance): 16-row blocks; prefill: 128-row blocks; k steps of 128 or 64.
+    """Decode (few rows per instance): 16-row blocks; prefill: 64-row blocks; k steps of 128 or 64.
 
     block_n is the lottery tile width when mining (the widest of 128..16 dividing N otherwise);
     block_m the largest option dividing M that holds whole tile rows. _check_tiling names what
@@ -253,7 +254,9 @@ def default_tiling(m: int, n: int, k: int, rank: int, tile_h: int = TILE_H,
     block_n = tile_w if tile_w is not None else largest(n, TILE_WIDTHS, 1)
     if m <= 32:
         return Tiling(largest(m, (16, 32), tile_h), block_n, block_k, num_warps=4, num_stages=4)
-    return Tiling(largest(m, (128, 64, 32, 16), tile_h), block_n, block_k, num_warps=8, num_stages=3)
+    # 64 rows: with 128 columns, the two int32 accumulators (noised and clean) and the rows'
+    # transcripts fit the registers of 8 warps; 128 rows spill (compile_check)
+    return Tiling(largest(m, (64, 32, 16), tile_h), block_n, block_k, num_warps=8, num_stages=3)
 
 
 def _check_operand(name: str, t: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> None:

@@ -21,7 +21,8 @@ from .blake3 import compress, constant_words, load_words8
 
 _LANES = 128  # PRNG blocks per program: one per thread of 4 warps
 _ROWS = 16  # rows per program of the noised-operand kernel (at most; a divisor of the instance's)
-_COLS = 1024  # k per program (masked at the end)
+_COLS = 512  # k per program (masked at the end)
+_NOISED_WARPS = 8  # 16 × 512 bytes over 256 threads: 32 per thread (64 registers, no spills)
 _SINGLE_BLOCK_KEYED = tl.constexpr(1 | 2 | 8 | 16)  # a global read inside a kernel must be constexpr
 
 
@@ -162,5 +163,5 @@ def noised(x: torch.Tensor, uniform: torch.Tensor, first: torch.Tensor,
     grid = (instances * rows // block_rows, triton.cdiv(k, block_k))
     _noised_kernel[grid](x.contiguous(), uniform.contiguous(), first.contiguous(), second.contiguous(),
                          out, rows, 0 if first.shape[0] == 1 else k, k, R=rank, BR=block_rows,
-                         BK=block_k)
+                         BK=block_k, num_warps=_NOISED_WARPS)
     return out

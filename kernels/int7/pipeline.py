@@ -48,13 +48,14 @@ def bound_words(bound: int, device: torch.device | str) -> torch.Tensor:
 
 
 def _check_tiles(config: MiningConfig, n: int) -> None:
-    """The GPU pass's lottery tiles: contiguous h × w with w a block width (see mined_gemm)."""
+    """The GPU pass's lottery tiles: contiguous h × w with w a block width (see mined_gemm);
+    MoE opens fewer than N columns of an expert (int-protocol.md §7)."""
     if tuple(config.rows) != tuple(range(config.h)) or tuple(config.cols) != tuple(range(config.w)):
         raise PipelineError("the GPU miner needs contiguous lottery tiles (rows 0..h−1, cols 0..w−1), "
                             f"got rows {list(config.rows)} cols {list(config.cols)}")
-    if config.w not in TILE_WIDTHS or n % config.w:
+    if config.w not in TILE_WIDTHS or n % config.w or (config.is_moe and config.w >= n):
         raise PipelineError(f"the tile width {config.w} must be one of {TILE_WIDTHS} (the GEMM's block "
-                            f"width) and divide N={n}")
+                            f"width) and divide N={n}{' (MoE: below N)' if config.is_moe else ''}")
 
 
 @dataclass

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kernels.int7.mined_gemm import lottery_tile
 from kernels.int7.pipeline import MinedPass
 from kernels.int7.pipeline import MiningJob as DeviceJob
 from kernels.int7.pipeline import prepare_job as prepare_device_job
@@ -33,7 +34,6 @@ from miner.modes import Mode
 from proof.int7 import MiningConfig, PlainProof, mining_bound, public_data, verify_plain_proof
 
 RANK = 128  # the rank-penalty floor; needs k >= 16 · 128 = 2048
-TILE_H, TILE_W = 2, 16  # contiguous lottery tiles (the GPU pass's rule); h·w = 32
 ROW_BLOCK = 16  # the pipeline's row block: M and an MoE instance's token count are multiples of it
 MAX_PASSES = 8  # launch shapes kept per job (each holds static buffers)
 INT7_LIMIT = 64  # operands in [-64, 64] so that A + E_A fits int8
@@ -93,11 +93,13 @@ class GpuInt7Backend:
         experts, n, k = weights.shape
         if experts != self.experts:
             raise ValueError(f"weights hold {experts} experts, the layer has {self.experts}")
-        config = MiningConfig(k, RANK, tuple(range(TILE_H)), tuple(range(TILE_W)),
-                              experts if self.moe else 0, self.top_k if self.moe else 0)
-        config.check_limits()
         if n % ROW_BLOCK:
             raise ValueError(f"FC1 has {n} columns per expert; the mined GEMM needs a multiple of {ROW_BLOCK}")
+        # contiguous lottery tiles, 2 rows × the mined GEMM's block width (2 × 128 where N allows)
+        h, w = lottery_tile(n, k, RANK, moe=self.moe)
+        config = MiningConfig(k, RANK, tuple(range(h)), tuple(range(w)),
+                              experts if self.moe else 0, self.top_k if self.moe else 0)
+        config.check_limits()
         side = SideWork(weights.device)
         with self._lock, device_exclusive(weights.device):
             if self._device_job is not None and weights.device.type == "cuda":
@@ -138,8 +140,9 @@ class GpuInt7Backend:
             output = out.view(-1, n).index_select(0, plan.slot_of).view(*routing.shape, n).to(activations.dtype)
             winners = self._winners(job)
         k = activations.shape[1]
-        tickets = self.experts * (plan.rows // TILE_H) * (n // TILE_W)
-        return LaunchResult(output, winners, plan.credited_rows(TILE_H) * n * k, tickets)
+        h, w = device_job.config.h, device_job.config.w
+        tickets = self.experts * (plan.rows // h) * (n // w)
+        return LaunchResult(output, winners, plan.credited_rows(h) * n * k, tickets)
 
     def _pass(self, device_job: DeviceJob, plan: Layout) -> MinedPass:
         """The pass of this launch shape (rows per expert; MoE: and the instance's token count)."""
