@@ -29,6 +29,7 @@ ROOT = 8
 KEYED_HASH = 16
 IV = (0x6A09E667, 0xBB67AE85, 0x3C6EF372, 0xA54FF53A, 0x510E527F, 0x9B05688C, 0x1F83D9AB, 0x5BE0CD19)
 _LANES = 128  # chunks per program: one per thread of 4 warps
+_SPREAD_CHUNKS = 132 * 128  # below this many chunks (H200: 132 SMs) the chunk kernel uses 1-warp programs
 # Trees of at most this many leaves build all parent levels in one program (one launch instead of
 # one per level: per-launch hashing of decode activations is latency-bound); larger ones go level
 # by level across the whole GPU.
@@ -153,7 +154,10 @@ def store_words8(ptr, w0, w1, w2, w3, w4, w5, w6, w7, mask):
 @jit
 def _chunk_kernel(data_ptr, key_ptr, key_stride, out_ptr, words_per_instance, chunks_per_instance,
                   total_chunks, last_flags, LANES: tl.constexpr):
-    """Keyed chaining value of every 1024-byte chunk; words past the instance's end read as zero."""
+    """Keyed chaining value of every 1024-byte chunk; words past the instance's end read as zero.
+
+    The next block's 16 words are loaded before the current compression, so their memory latency
+    overlaps it instead of stalling each of the 16 steps."""
     lane = tl.program_id(0) * LANES + tl.arange(0, LANES)
     live = lane < total_chunks
     inst = (lane // chunks_per_instance).to(tl.int64)
@@ -162,11 +166,16 @@ def _chunk_kernel(data_ptr, key_ptr, key_stride, out_ptr, words_per_instance, ch
     c0, c1, c2, c3, c4, c5, c6, c7 = k0, k1, k2, k3, k4, k5, k6, k7
     counter = chunk.to(tl.uint32)
     base = data_ptr + inst * words_per_instance
-    first_word = chunk.to(tl.int64) * 256
+    w = chunk.to(tl.int64) * 256
+    n0, n1, n2, n3, n4, n5, n6, n7 = load_words8_bounded(base, w, words_per_instance, live)
+    n8, n9, n10, n11, n12, n13, n14, n15 = load_words8_bounded(base, w + 8, words_per_instance, live)
     for block in range(16):
-        w = first_word + block * 16
-        m0, m1, m2, m3, m4, m5, m6, m7 = load_words8_bounded(base, w, words_per_instance, live)
-        m8, m9, m10, m11, m12, m13, m14, m15 = load_words8_bounded(base, w + 8, words_per_instance, live)
+        m0, m1, m2, m3, m4, m5, m6, m7 = n0, n1, n2, n3, n4, n5, n6, n7
+        m8, m9, m10, m11, m12, m13, m14, m15 = n8, n9, n10, n11, n12, n13, n14, n15
+        w += 16
+        ahead = live & (block < 15)
+        n0, n1, n2, n3, n4, n5, n6, n7 = load_words8_bounded(base, w, words_per_instance, ahead)
+        n8, n9, n10, n11, n12, n13, n14, n15 = load_words8_bounded(base, w + 8, words_per_instance, ahead)
         start = tl.where(block == 0, 1, 0)  # CHUNK_START
         end = tl.where(block == 15, 2 | last_flags, 0)  # CHUNK_END (| ROOT for a one-chunk tree)
         flags = tl.full(counter.shape, 16, tl.uint32) | (start | end)
@@ -303,9 +312,10 @@ def keyed_trees(keys: torch.Tensor, data: torch.Tensor) -> KeyedTrees:
     chunks = triton.cdiv(nbytes, 1024)
     total = instances * chunks
     cvs = torch.empty((instances, chunks, 8), dtype=torch.int32, device=data.device)
-    _chunk_kernel[(triton.cdiv(total, _LANES),)](words, keys, _key_stride(keys), cvs, nbytes // 4,
-                                                  chunks, total, ROOT if chunks == 1 else 0,
-                                                  LANES=_LANES)
+    # few chunks (decode): one-warp programs spread the latency-bound lanes over more SMs
+    lanes = _LANES if total >= _SPREAD_CHUNKS else 32
+    _chunk_kernel[(triton.cdiv(total, lanes),)](words, keys, _key_stride(keys), cvs, nbytes // 4,
+                                                 chunks, total, ROOT if chunks == 1 else 0, LANES=lanes)
     if chunks == 1:
         return KeyedTrees([], cvs[:, 0, :], 1)
     if chunks <= _ONE_PROGRAM_CHUNKS:
