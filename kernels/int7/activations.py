@@ -17,7 +17,9 @@ loads like any GEMM operand.
 
 Quantisation is per-row symmetric: scale = max|x| / 64 (1 for an all-zero row),
 q = round-half-even(x / scale) clamped to [−64, 64] — the protocol's operand range (A + E_A must
-fit int8), with a per-row factor the GEMM epilogue multiplies back. Same rounding as torch.round.
+fit int8), with a per-row factor the GEMM epilogue multiplies back. Same rounding as torch.round,
+and the division is IEEE round-to-nearest (`div_rn`; Triton's `/` is a faster approximate
+division on the GPU that can move a value across a rounding boundary).
 """
 from __future__ import annotations
 
@@ -61,11 +63,11 @@ def _quantise_kernel(x_ptr, q_ptr, scale_ptr, K, BK: tl.constexpr):
         x = tl.load(at + k0 + ks, mask=k0 + ks < K, other=0.0).to(tl.float32)
         peak = tl.maximum(peak, tl.abs(x))
     amax = tl.reduce(peak, 0, _max_combine)
-    scale = tl.where(amax > 0.0, amax / 64.0, 1.0)
+    scale = tl.where(amax > 0.0, amax * 0.015625, 1.0)  # / 64, exactly (a power of two)
     tl.store(scale_ptr + tl.program_id(0), scale)
     for k0 in range(0, K, BK):
         x = tl.load(at + k0 + ks, mask=k0 + ks < K, other=0.0).to(tl.float32)
-        q = tl.minimum(tl.maximum(_round_half_even(x / scale), -64.0), 64.0)
+        q = tl.minimum(tl.maximum(_round_half_even(tl.math.div_rn(x, scale)), -64.0), 64.0)
         tl.store(out + k0 + ks, q.to(tl.int8), mask=k0 + ks < K)
 
 
@@ -88,7 +90,7 @@ def _apb_kernel(q_ptr, pb_ptr, pb_stride, apb_ptr, rows_per_instance, K, steps_p
         acc = tl.dot(q, p, acc, out_dtype=tl.int32)
     at = apb_ptr + rows[:, None] * R + ts[None, :]
     if ATOMIC:
-        tl.atomic_add(at, acc)
+        tl.atomic_add(at, acc, sem="relaxed")  # ordered by the kernel boundary
     else:
         tl.store(at, acc)
 
