@@ -2,7 +2,7 @@
 the Hopper model's structure — four K = 32 e4m3 WGMMAs per 128-k window, the first zero-initialised,
 then one fp32 add per accumulator register; the noisy-quantization kernel has no contracted
 multiply-add; the pre-quantization, row-scales, row-norms, noise-line, tile-map, lottery, payload,
-unscale and short-hash kernels compile."""
+A-peel, fused peel/unscale, launch-keys and short-hash kernels compile."""
 import os
 import re
 import subprocess
@@ -18,7 +18,7 @@ SCRIPT = textwrap.dedent("""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     from kernels.fp8mine import (hashing, lottery, matmul, noise, noisy_kernel, norms_kernel, peel,
-                                 prequant_kernel, routing)
+                                 prequant_kernel, routing, transcript)
     target = GPUTarget("cuda", 90, 128)
     gemm = triton.compile(ASTSource(fn=matmul._windowed_kernel, signature={
         "a_ptr": "*u8", "b_ptr": "*u8", "out_ptr": "*fp32", "tile_row_ptr": "*i32", "tile_expert_ptr": "*i32",
@@ -42,27 +42,42 @@ SCRIPT = textwrap.dedent("""
         "l2_ptr": "*i16", "linf_ptr": "*i16", "alpha_ptr": "*i16", "beta_ptr": "*i16", "rows": "i32",
         "delta_r": "fp32", "delta_over_std": "fp32", "BLOCK": "constexpr"}, constexprs={"BLOCK": 1024}),
         target=target, options={"enable_fp_fusion": False})
-    triton.compile(ASTSource(fn=noise._noise_kernel, signature={
-        "key_ptr": "*i32", "lines_ptr": "*i64", "out_ptr": "*u8", "count": "i32", "address": "i32",
-        "target": "fp32", "LANES": "constexpr"}, constexprs={"LANES": 32}),
-        target=target, options={"enable_fp_fusion": False})
+    for lines_type, first_lines in (("*i64", False), ("*i32", True)):
+        triton.compile(ASTSource(fn=noise._noise_kernel, signature={
+            "key_ptr": "*i32", "lines_ptr": lines_type, "out_ptr": "*u8", "count": "i32", "address": "i32",
+            "target": "fp32", "LANES": "constexpr", "FIRST_LINES": "constexpr"},
+            constexprs={"LANES": 32, "FIRST_LINES": first_lines}),
+            target=target, options={"enable_fp_fusion": False})
     for x_type, x_bf16 in (("*i16", True), ("*fp32", False)):
         triton.compile(ASTSource(fn=prequant_kernel._prequant_kernel, signature={
             "x_ptr": x_type, "codes_ptr": "*i8", "scales_ptr": "*i16", "values_ptr": "*i16", "num_rows": "i32",
             "k": "i32", "recip_127": "fp32", "magic": "fp32", "X_BF16": "constexpr", "BR": "constexpr",
             "BB": "constexpr"}, constexprs={"X_BF16": x_bf16, "BR": 16, "BB": 64}),
             target=target, options={"enable_fp_fusion": False})
-    triton.compile(ASTSource(fn=peel._unscale_kernel, signature={
-        "acc_ptr": "*fp32", "corr_ptr": "*bf16", "alpha_a_ptr": "*bf16", "alpha_b_ptr": "*bf16",
-        "expert_ptr": "*i32", "out_ptr": "*bf16", "rows": "i32", "n": "i32", "BR": "constexpr",
-        "BN": "constexpr"}, constexprs={"BR": 16, "BN": 128}), target=target)
-    for store in (False, True):
+    for rows in (16, 64):
+        triton.compile(ASTSource(fn=peel._peel_unscale_kernel, signature={
+            "acc_ptr": "*fp32", "rflat_ptr": "*i32", "a_peel_ptr": "*i16", "alpha_a_ptr": "*i16",
+            "b_peel_ptr": "*i16", "alpha_b_ptr": "*i16", "tile_row_ptr": "*i32", "tile_expert_ptr": "*i32",
+            "ends_ptr": "*i32", "out_ptr": "*bf16", "n": "i32", "BR": "constexpr", "BN": "constexpr"},
+            constexprs={"BR": rows, "BN": 128}), target=target)
+    triton.compile(ASTSource(fn=peel._a_peel_kernel, signature={
+        "codes_ptr": "*u8", "beta_ptr": "*i16", "e_ptr": "*u8", "f_b_ptr": "*u8", "out_ptr": "*i16",
+        "rows": "i32", "k": "i32", "BR": "constexpr", "BK": "constexpr"}, constexprs={"BR": 16, "BK": 128}),
+        target=target)
+    for routed in (False, True):
+        triton.compile(ASTSource(fn=transcript._launch_keys_kernel, signature={
+            "roots_codes_ptr": "*i32", "roots_scales_ptr": "*i32", "hr_ptr": "*i32", "ho_ptr": "*i32",
+            "msg_ptr": "*i32", "key_a_offset": "i32", "seed_key_ptr": "*i32", "labels_ptr": "*i32",
+            "label_len0": "i32", "label_len1": "i32", "seed_blocks": "i32", "seed_bytes": "i32",
+            "out_ptr": "*i32", "ROUTED": "constexpr", "LANES": "constexpr"},
+            constexprs={"ROUTED": routed, "LANES": 16}), target=target)
+    for store, tiles in ((False, 32), (True, 32), (False, 128)):
         triton.compile(ASTSource(fn=lottery._lottery_kernel, signature={
             "acc_ptr": "*i32", "n": "i32", "tile_row_ptr": "*i32", "tile_expert_ptr": "*i32",
             "tile_local_ptr": "*i32", "num_tiles": "i32", "key_ptr": "*i32", "thr_ptr": "*i32",
             "seed_b_ptr": "*i32", "lock_ptr": "*i32", "record_ptr": "*i32", "fresh_ptr": "*i32",
             "header_ptr": "*i32", "tickets_ptr": "*i32", "BT": "constexpr", "STORE_TICKETS": "constexpr"},
-            constexprs={"BT": 32, "STORE_TICKETS": store}), target=target)
+            constexprs={"BT": tiles, "STORE_TICKETS": store}), target=target)
     triton.compile(ASTSource(fn=lottery._payload_kernel, signature={
         "fresh_ptr": "*i32", "src_ptr": "*i32", "dst_ptr": "*i32", "nwords": "i32", "BLOCK": "constexpr"},
         constexprs={"BLOCK": 1024}), target=target)

@@ -117,8 +117,8 @@ def test_prequant_rejects_bad_shapes():
 # --------------------------------------------------------------------------------------- transcript
 
 def test_label_subkeys_match_spec_pins():
-    assert digest(dev_transcript.jackpot_key(words(PARENT))).hex() == \
-        "1abccbdca824c1fa9707f6456144fcd48a2567a143ac8dc85c7b6ff11f3dc28f"
+    assert ref_transcript.jackpot_key(PARENT).hex() == \
+        "1abccbdca824c1fa9707f6456144fcd48a2567a143ac8dc85c7b6ff11f3dc28f"  # launch_keys' test below
     assert digest(dev_transcript.noise_key(words(PARENT))).hex() == \
         "3f5176a01068c0b9e3c364a8670767a1b909dc5e2762ff99110edbcfe424c198"
     seed_a_key = words(ref_transcript.subkey("seed-A"))
@@ -146,12 +146,20 @@ def test_keys_and_seeds_match_reference():
     assert digest(key_b) == ref_transcript.key_b(header108)
     assert digest(dev_transcript.seed_b(words(ha), key_b, p_b)) == \
         ref_transcript.seed_b(ha, ref_transcript.key_b(header108), p_b)
+    root_codes, root_scales = rng.bytes(32), rng.bytes(32)
     for routing in (None, (hr, ho)):
-        got = dev_transcript.seed_a(words(ha), words(sb), key_a, p_a[:11] if routing is None else p_a,
-                                    tuple(map(words, routing)) if routing else None)
-        want = ref_transcript.seed_a(ha, sb, ref_transcript.key_a(header76),
-                                     p_a[:11] if routing is None else p_a, routing)
-        assert digest(got) == want
+        p = p_a[:11] if routing is None else p_a
+        message = dev_transcript.seed_a_message(words(sb), key_a, p, routing is not None)
+        assert digest(dev_transcript.key_a_of(message)) == ref_transcript.key_a(header76)
+        for _ in range(2):  # a second launch overwrites the head it wrote in the first
+            keys = dev_transcript.launch_keys(message, len(p), (words(root_codes), words(root_scales)),
+                                              tuple(map(words, routing)) if routing else None)
+        hash_a = ref_transcript.operand_digest(root_codes, root_scales, ref_transcript.key_a(header76))
+        seed = ref_transcript.seed_a(hash_a, sb, ref_transcript.key_a(header76), p, routing)
+        assert [digest(keys[i:i + 1]) for i in range(4)] == [
+            hash_a, seed, ref_transcript.noise_line_key(seed), ref_transcript.jackpot_key(seed)]
+    with pytest.raises(ValueError, match="seedA message"):
+        dev_transcript.launch_keys(message, 13, (words(root_codes), words(root_scales)), None)
 
 
 def test_offsets_root_pin():
@@ -269,7 +277,7 @@ def test_grouped_matmul_is_the_model_per_expert():
     a[(a & 0x7F) == 0x7F] = 0
     b = rng.integers(0, 256, (2, 16, 64)).astype(np.uint8)
     b[(b & 0x7F) == 0x7F] = 0
-    table = dev_routing.RoutingTable(torch.arange(10, dtype=torch.int32), torch.tensor([4, 10], dtype=torch.int32))
+    table = dev_routing.RoutingTable(torch.arange(10, dtype=torch.int32), torch.tensor([0, 4, 10], dtype=torch.int32))
     got = grouped_matmul(torch.from_numpy(a).view(torch.float8_e4m3fn),
                          torch.from_numpy(b).view(torch.float8_e4m3fn), table).numpy()
     assert np.array_equal(got[:4].view(np.uint32), fp8_matmul("hopper", a[:4], b[0]).view(np.uint32))
@@ -373,3 +381,32 @@ def test_peel_recovers_the_denoised_product():
     clean_b = b_codes.float() - beta_b.float()[:, None] * n_b
     want = (clean_a @ clean_b.T) / alpha_a.float()[:, None] / alpha_b.float()[None, :]
     assert float((out.float() - want).norm() / want.norm()) < 2e-2
+
+
+def test_a_peel_and_routed_peel_match_the_formula():
+    """The A peel kernel and the fused pass with rows in expert order (tiles never straddle an
+    expert; A peel rows and α_A gathered through Rflat) against the formula in torch."""
+    from kernels.fp8mine.peel import a_peel, peel_and_unscale
+    from kernels.fp8mine.quant import NoisySide
+    g = torch.Generator().manual_seed(4)
+    tokens, top_k, experts, n_e, k = 12, 2, 3, 64, 256
+    codes = (torch.randn(tokens, k, generator=g) * 40).to(torch.float8_e4m3fn)
+    e_a = (torch.randn(tokens, 32, generator=g) * 40).to(torch.float8_e4m3fn)
+    beta = (torch.rand(tokens, generator=g) * 1e-3).to(torch.bfloat16)
+    alpha = (torch.rand(tokens, generator=g) + 0.5).to(torch.bfloat16)
+    f_b = (torch.randn(k, 32, generator=g) * 40).to(torch.float8_e4m3fn)
+    peel_rows = a_peel(NoisySide(codes, alpha, beta, e_a), f_b)
+    assert torch.equal(peel_rows[:, :32], (beta.float()[:, None] * e_a.float()).to(torch.bfloat16))
+    right = (codes.float() @ f_b.float()).to(torch.bfloat16)
+    assert torch.equal(peel_rows[:, 32:], right)  # exact products, fp32 sums of ≤ 2^24-scale terms
+    topk = torch.stack([torch.randperm(experts, generator=g)[:top_k] for _ in range(tokens)])
+    table = dev_routing.routing_table(topk, experts)
+    rows = table.rflat.long()
+    acc = torch.randn(rows.shape[0], n_e, generator=g) * 100
+    b_peel = torch.randn(experts, n_e, 64, generator=g).to(torch.bfloat16)
+    alpha_b = (torch.rand(experts, n_e, generator=g) + 0.5).to(torch.bfloat16)
+    out = peel_and_unscale(acc, peel_rows, alpha, b_peel, alpha_b, table)
+    expert = torch.searchsorted(table.offsets.long(), torch.arange(rows.shape[0]), right=True)
+    correction = torch.einsum("rj,rcj->rc", peel_rows[rows].float(), b_peel[expert].float())
+    want = (acc + correction) / alpha[rows].float()[:, None] / alpha_b[expert].float()
+    assert torch.allclose(out.float(), want, rtol=1e-2, atol=1e-3)

@@ -1,21 +1,26 @@
 """`python -m kernels.fp8mine.gpu_check --out DIR`: the H200 checks of the FP8 mining path.
 
 Sections (each runs on its own; a failure is recorded and the next section still runs):
-- gemm: the windowed GEMM vs proof.fp8.fp8_matmul("hopper") on operands covering every finite
-  e4m3 code, plus the K = 32 noise dot; the same comparison for torch._scaled_mm per 128-k window
-  with promotion (use_fast_accum True and False) and for one unwindowed _scaled_mm;
+- gemm: both mined-GEMM implementations (the CuTe DSL grouped GEMM's fp32 accumulator and the
+  windowed Triton kernel) vs proof.fp8.fp8_matmul("hopper") on operands covering every finite
+  e4m3 code, the K = 32 noise dot and an uneven grouped launch (an empty expert, short tails); the
+  same comparison for torch._scaled_mm per 128-k window with promotion (use_fast_accum True and
+  False) and for one unwindowed _scaled_mm;
 - stages: a dense and an MoE launch on the GPU against the CPU reference (planes, norms, E_A
   lines, α/β, A′ codes, the accumulator per expert, every tile's ticket);
 - planted: planted winners (dense, MoE) → record → PlainProofV4 → CPU verifier (policy included);
 - graph: the decode mined pass captured in a CUDA graph, replayed on new inputs, vs eager;
-- timing: mined pass vs unmined fp8 grouped GEMM (CUDA graphs, medians) on decode and prefill
-  shapes, and the layer output's error against a bf16 reference.
+- timing: mined pass vs unmined fp8 grouped GEMM (kernels.grouped_gemm, bf16 out; CUDA graphs,
+  medians) on decode and prefill shapes, the GEMM implementation the pass used, per-stage times
+  (both GEMM implementations), and the layer output's error against a bf16 reference.
 JSON (results.json) and markdown (results.md) go to DIR.
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import logging
 import time
 import traceback
 from pathlib import Path
@@ -31,10 +36,10 @@ from proof.fp8.mma import fp8_matmul
 from proof.fp8.params import TILE_4X64
 from proof.fp8.verify import evaluate_plain_proof, verify_plain_proof
 
-from .matmul import WINDOW_K, grouped_matmul, matmul
+from .matmul import IMPLS, WINDOW_K, gemm_impl, grouped_matmul, matmul
 from .pipeline import MinedGemm
 from .proofs import take_winner
-from .routing import row_tiles
+from .routing import RoutingTable, row_tiles
 
 DEVICE = "cuda"  # `--device cpu` dry-runs the check logic on the CPU backend (slow, no timings)
 FINITE_CODES = np.array([c for c in range(256) if c & 0x7F != 0x7F], dtype=np.uint8)
@@ -91,7 +96,7 @@ def check_gemm() -> dict:
         a = torch.from_numpy(a_np).to(DEVICE).view(torch.float8_e4m3fn)
         b = torch.from_numpy(b_np).to(DEVICE).view(torch.float8_e4m3fn)
         model = fp8_matmul("hopper", a_np, b_np)
-        row = {"triton windowed": _compare(matmul(a, b).cpu().numpy(), model)}
+        row = _impl_rows(lambda impl: matmul(a, b, impl), model)
         for label, fn in (("scaled_mm per window, fast_accum", lambda: _scaled_mm_windows(a, b, True)),
                           ("scaled_mm per window, no fast_accum", lambda: _scaled_mm_windows(a, b, False)),
                           ("scaled_mm whole k, fast_accum", lambda: _scaled_mm_windows(a, b, True, a.shape[1]))):
@@ -102,10 +107,32 @@ def check_gemm() -> dict:
         out[name] = row
     e = rng.choice(FINITE_CODES, (256, 32)).astype(np.uint8)
     f = rng.choice(FINITE_CODES, (512, 32)).astype(np.uint8)
-    got = matmul(torch.from_numpy(e).to(DEVICE).view(torch.float8_e4m3fn),
-                 torch.from_numpy(f).to(DEVICE).view(torch.float8_e4m3fn))
-    out["noise dot K=32"] = {"triton windowed": _compare(got.cpu().numpy(), fp8_matmul("hopper", e, f))}
+    e_dev = torch.from_numpy(e).to(DEVICE).view(torch.float8_e4m3fn)
+    f_dev = torch.from_numpy(f).to(DEVICE).view(torch.float8_e4m3fn)
+    out["noise dot K=32"] = _impl_rows(lambda impl: matmul(e_dev, f_dev, impl), fp8_matmul("hopper", e, f))
+    bounds = [0, 5, 5, 37, 64]  # an empty expert, tails shorter than any tile
+    a_np = rng.choice(FINITE_CODES, (64, 1024)).astype(np.uint8)
+    b_np = rng.choice(FINITE_CODES, (4, 128, 1024)).astype(np.uint8)
+    model = np.concatenate([fp8_matmul("hopper", a_np[lo:hi], b_np[w]) if hi > lo else np.zeros((0, 128), np.float32)
+                            for w, (lo, hi) in enumerate(zip(bounds, bounds[1:]))])
+    table = RoutingTable(torch.arange(64, dtype=torch.int32, device=DEVICE),
+                         torch.tensor(bounds, dtype=torch.int32, device=DEVICE))
+    a_dev = torch.from_numpy(a_np).to(DEVICE).view(torch.float8_e4m3fn)
+    b_dev = torch.from_numpy(b_np).to(DEVICE).view(torch.float8_e4m3fn)
+    out["grouped, uneven experts"] = _impl_rows(lambda impl: grouped_matmul(a_dev, b_dev, table, impl), model)
+    out["default implementation"] = gemm_impl()
     return out
+
+
+def _impl_rows(run, model: np.ndarray) -> dict:
+    """Each mined-GEMM implementation's bitwise comparison with the model (or its error)."""
+    rows = {}
+    for impl in IMPLS:
+        try:
+            rows[impl] = _compare(run(impl).cpu().numpy(), model)
+        except Exception as exc:  # e.g. the CuTe GEMM is not importable here
+            rows[impl] = {"error": repr(exc)}
+    return rows
 
 
 def _chain():
@@ -263,7 +290,7 @@ def _unmined(xq, wq, offsets, xs, ws):
     try:
         from kernels.grouped_gemm import grouped_gemm
         grouped_gemm(xq, wq, offsets, x_scale=xs, w_scale=ws)
-        return "kernels.grouped_gemm", lambda: grouped_gemm(xq, wq, offsets, x_scale=xs, w_scale=ws)
+        return "kernels.grouped_gemm fp8 -> bf16", lambda: grouped_gemm(xq, wq, offsets, x_scale=xs, w_scale=ws)
     except Exception:
         offs = offsets[1:].contiguous()
         wt = wq.transpose(-2, -1)
@@ -278,21 +305,19 @@ def _parts(gemm: MinedGemm, x: torch.Tensor, topk, result) -> dict:
     from .peel import peel_and_unscale
     from .pipeline import prepare_a
     state, table, a = gemm.state, result.table, result.a
-    order = table.rflat.to(torch.int64)
-    codes = a.side.codes.view(torch.uint8).index_select(0, order).view(torch.float8_e4m3fn) \
-        if gemm.moe else a.side.codes
-    b_codes = state.side.codes.view(gemm.b.experts, gemm.b.n_e, gemm.b.k)
+    codes, b_codes = gemm.expert_rows(a.side.codes, table), gemm.b_codes()
     tiles = row_tiles(table)
     stages = {
-        "A side": lambda: prepare_a(x, gemm.key_a, state, gemm.job.p_a(), table if gemm.moe else None),
-        "windowed GEMM": lambda: grouped_matmul(codes, b_codes, table),
+        "A side": lambda: prepare_a(x, gemm.seed_message, gemm.p_a_len, state, table if gemm.moe else None),
+        "A' rows to expert order": lambda: gemm.expert_rows(a.side.codes, table),
+        **{f"GEMM ({impl})": functools.partial(grouped_matmul, codes, b_codes, table, impl) for impl in IMPLS},
         "lottery": lambda: gemm.latch.run(result.acc, tiles, a.pow_key, gemm.threshold, state.seed_b, {}),
         "peel + unscale": lambda: peel_and_unscale(
-            result.acc, a.peel.index_select(0, order), a.side.alpha.index_select(0, order),
-            state.peel.view(gemm.b.experts, gemm.b.n_e, -1), state.side.alpha.view(gemm.b.experts, gemm.b.n_e), table),
+            result.acc, a.peel, a.side.alpha, state.peel.view(gemm.b.experts, gemm.b.n_e, -1),
+            state.side.alpha.view(gemm.b.experts, gemm.b.n_e), table),
     }
     timings = time_methods({name: [fn] for name, fn in stages.items()}, target_ms=10.0, replays=3)
-    return {name: _median_us(t) for name, t in timings.items()}
+    return {name: repr(t) if isinstance(t, Exception) else t.median_us for name, t in timings.items()}
 
 
 def _median_us(timing) -> float:
@@ -319,14 +344,15 @@ def check_timing() -> dict:
             entry["output rel err vs bf16"] = float((result.out.float() - ref).norm() / ref.norm())
             xq = x[rows].to(torch.float8_e4m3fn)
             wq = weights.to(torch.float8_e4m3fn)
-            offsets = torch.cat([torch.zeros(1, dtype=torch.int32, device=DEVICE), result.table.offsets])
+            offsets = result.table.bounds
             xs = torch.ones(xq.shape[0], device=DEVICE)
             ws = torch.ones(experts, n_e, device=DEVICE)
             label, unmined = _unmined(xq, wq, offsets, xs, ws)
             timings = time_methods({"mined": [lambda: gemm.forward(x, topk)], "unmined": [unmined]},
                                    target_ms=20.0, replays=5)
             mined_us, base_us = _median_us(timings["mined"]), _median_us(timings["unmined"])
-            entry.update({"unmined": label, "unmined median us": base_us, "mined median us": mined_us,
+            entry.update({"GEMM implementation": gemm_impl(), "unmined": label,
+                          "unmined median us": base_us, "mined median us": mined_us,
                           "mined graph": timings["mined"].graph, "slowdown": mined_us / base_us})
             entry["parts median us"] = _parts(gemm, x, topk, result)
             gemm.b.slots = [None, None]
@@ -356,6 +382,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
                         help="cpu: dry-run the stages/planted logic on the CPU backend (slow)")
     args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO)  # the GEMM implementation choice is logged once
     args.out.mkdir(parents=True, exist_ok=True)
     global DEVICE
     DEVICE = args.device

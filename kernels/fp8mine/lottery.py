@@ -34,7 +34,7 @@ MAGIC = (0x49473031, 0x48495453)
 STATUS, M, N, K, TILE_ROW, TILE_COLUMN, LTILE_ROWS, LTILE_COLS = range(8)
 CODES_BYTES, SCALES_BYTES, LAYER_ID = 8, 9, 10
 TARGET, HASH_A, HASH_B, MAGIC_AT, GROUP_ID, TICKET = 12, 20, 28, 36, 38, 40
-_TILES_PER_PROGRAM = 32
+
 _FOLD_MULTIPLIER = 0x9E3779B1
 
 
@@ -185,6 +185,13 @@ class WinnerRecord:
     payload_bytes: tuple[int, int]
 
 
+def tiles_per_program(row_tiles: int) -> int:
+    """Row tiles per lottery program: 32 for decode-sized launches (more programs to spread), 128
+    once there are many (one tile per thread of the 4 warps in the compression, where 32 tiles
+    leave three quarters of the threads computing copies)."""
+    return 32 if row_tiles <= 1024 else 128
+
+
 def threshold_words(target: int, k: int, device: torch.device | str) -> torch.Tensor:
     """The 4×64 tile's threshold min(target·4·64·k, 2²⁵⁶−1) as 8 LE int32 words."""
     return words_from_bytes(threshold_bytes(threshold(target, TILE_ROWS, TILE_COLS, k)), device)
@@ -226,12 +233,13 @@ class LotteryLatch:
         if acc.dtype != torch.float32 or acc.dim() != 2 or acc.shape[1] % TILE_COLS:
             raise LotteryError(f"acc must be fp32 (rows, n_e) with n_e % 64 == 0, got {acc.dtype} {tuple(acc.shape)}")
         num_tiles = tiles.row_start.shape[0]
-        grid = (max(1, triton.cdiv(num_tiles, _TILES_PER_PROGRAM)), acc.shape[1] // TILE_COLS)
+        per_program = tiles_per_program(num_tiles)
+        grid = (max(1, triton.cdiv(num_tiles, per_program)), acc.shape[1] // TILE_COLS)
         _lottery_kernel[grid](acc.contiguous().view(torch.int32), acc.shape[1], tiles.row_start,
                               tiles.expert, tiles.local, num_tiles, pow_key.contiguous(),
                               threshold_.contiguous(), seed_b.contiguous(), self.lock, self.record,
                               self.fresh, self.header, self.record if tickets is None else tickets,
-                              BT=_TILES_PER_PROGRAM, STORE_TICKETS=tickets is not None)
+                              BT=per_program, STORE_TICKETS=tickets is not None)
         for name, src in sources.items():
             dst = self.payload[name]
             words = src.contiguous().view(torch.int32).view(-1)

@@ -1,6 +1,15 @@
 """The mined FP8 GEMM: e4m3 × e4m3 → fp32 with 128-k promotion windows, as the Hopper model (§8).
 
-On CUDA each 128-k slice is one `tl.dot` into a fresh fp32 window (four K = 32 WGMMAs chained from
+Two CUDA implementations, chosen once per process (`gemm_impl`, logged):
+- "cute": our CuTe DSL grouped GEMM (kernels.grouped_gemm, quack's GemmSm90 with tile_k = 128
+  promoted accumulation) writing the raw fp32 accumulator (`out=` fp32, no scales). Used when
+  `kernels.grouped_gemm_sm90` imports (cutlass + quack installed). Needs K·1 byte and N·4 bytes
+  rows to be multiples of 16 bytes (TMA): K % 16 == 0 (ours: K % 32) and N % 4 == 0.
+- "triton": the windowed Triton kernel below, the fallback and a second implementation that the
+  GPU check compares against the model.
+PEARL_FP8MINE_GEMM=cute|triton forces one. On the CPU the model itself is the GEMM.
+
+In the Triton kernel each 128-k slice is one `tl.dot` into a fresh fp32 window (four K = 32 WGMMAs chained from
 +0) and the window is promoted into the fp32 total with one RNE add; the add is written as an FMA
 with 1.0 so Triton cannot fold the window into the dot's accumulator (which would chain the whole
 k without promotion). That this reproduces proof.fp8.fp8_matmul(device="hopper") bit for bit is a
@@ -12,6 +21,10 @@ upper bound of row tiles (routing.row_tiles(partial=True)) keeps the launch free
 Dense GEMMs are the one-group case.
 """
 from __future__ import annotations
+
+import functools
+import logging
+import os
 
 import numpy as np
 import torch
@@ -25,6 +38,8 @@ from .routing import RoutingTable, dense_table, row_tiles
 
 WINDOW_K = 128
 GROUP_K = 32
+IMPLS = ("cute", "triton")
+_log = logging.getLogger(__name__)
 
 
 class MatmulError(ValueError):
@@ -73,10 +88,30 @@ def tile_config(rows: int, experts: int) -> tuple[int, int, int]:
     return (128, 128, 8) if rows >= 128 * experts else (64, 128, 4)
 
 
-def grouped_matmul(a: torch.Tensor, b: torch.Tensor, table: RoutingTable) -> torch.Tensor:
+@functools.lru_cache(maxsize=1)
+def gemm_impl() -> str:
+    """The CUDA implementation of this process ("cute" or "triton"), decided and logged once."""
+    forced = os.environ.get("PEARL_FP8MINE_GEMM", "")
+    if forced:
+        if forced not in IMPLS:
+            raise MatmulError(f"PEARL_FP8MINE_GEMM must be one of {IMPLS}, got {forced!r}")
+        choice, why = forced, "forced by PEARL_FP8MINE_GEMM"
+    else:
+        try:
+            import kernels.grouped_gemm_sm90  # noqa: F401  (cutlass + quack present)
+            choice, why = "cute", "kernels.grouped_gemm_sm90 imports"
+        except ImportError as exc:
+            choice, why = "triton", f"kernels.grouped_gemm_sm90 does not import ({exc})"
+    _log.info("fp8mine GEMM: %s (%s)", choice, why)
+    return choice
+
+
+def grouped_matmul(a: torch.Tensor, b: torch.Tensor, table: RoutingTable,
+                   impl: str | None = None) -> torch.Tensor:
     """out[rows of w] = a[rows of w] · b[w]ᵀ accumulated as the Hopper model; (rows, n) fp32.
 
     a: (rows, k) e4m3 in expert order (rows = table.rflat length); b: (e, n, k) e4m3.
+    impl: "cute" or "triton" on CUDA (default: `gemm_impl()`); ignored on the CPU (the model).
     """
     _check(a, b)
     experts, n, k = b.shape
@@ -85,7 +120,12 @@ def grouped_matmul(a: torch.Tensor, b: torch.Tensor, table: RoutingTable) -> tor
                           f"operands {experts} / {a.shape[0]}")
     if a.device.type != "cuda":
         return _model_grouped(a, b, table)
+    impl = impl or gemm_impl()
+    if impl not in IMPLS:
+        raise MatmulError(f"impl must be one of {IMPLS}, got {impl!r}")
     out = torch.empty((a.shape[0], n), dtype=torch.float32, device=a.device)
+    if impl == "cute":
+        return _cute_grouped(a, b, table, out)
     block_m, block_n, warps = tile_config(a.shape[0], experts)
     tiles = row_tiles(table, block_m, partial=True)
     grid = (tiles.row_start.shape[0], triton.cdiv(n, block_n))
@@ -95,11 +135,19 @@ def grouped_matmul(a: torch.Tensor, b: torch.Tensor, table: RoutingTable) -> tor
     return out
 
 
-def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def _cute_grouped(a: torch.Tensor, b: torch.Tensor, table: RoutingTable, out: torch.Tensor) -> torch.Tensor:
+    """The CuTe DSL grouped GEMM's raw fp32 accumulator (rows in expert order, bounds (e+1,))."""
+    from kernels.grouped_gemm import grouped_gemm
+    if b.shape[1] % 4:
+        raise MatmulError(f"the CuTe GEMM needs n % 4 == 0 (16-byte fp32 rows), got n={b.shape[1]}")
+    return grouped_gemm(a.contiguous(), b.contiguous(), table.bounds, out=out)
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor, impl: str | None = None) -> torch.Tensor:
     """Dense a (m, k) · b (n, k)ᵀ with Hopper promotion: the one-group case; (m, n) fp32."""
     if b.dim() != 2:
         raise MatmulError(f"b must be (n, k), got {tuple(b.shape)}")
-    return grouped_matmul(a, b.unsqueeze(0), dense_table(a.shape[0], a.device))
+    return grouped_matmul(a, b.unsqueeze(0), dense_table(a.shape[0], a.device), impl)
 
 
 def _codes(x: torch.Tensor) -> np.ndarray:

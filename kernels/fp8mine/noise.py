@@ -46,10 +46,14 @@ def _pick_word(j, w0, w1, w2, w3, w4, w5, w6, w7):
 
 
 @jit
-def _noise_kernel(key_ptr, lines_ptr, out_ptr, count, address, target, LANES: tl.constexpr):
+def _noise_kernel(key_ptr, lines_ptr, out_ptr, count, address, target, LANES: tl.constexpr,
+                  FIRST_LINES: tl.constexpr):
     lane = tl.program_id(0) * LANES + tl.arange(0, LANES)
     live = lane < count
-    line = tl.load(lines_ptr + lane, mask=live, other=0)
+    if FIRST_LINES:  # lines 0 .. count − 1: no index tensor
+        line = lane.to(tl.int64)
+    else:
+        line = tl.load(lines_ptr + lane, mask=live, other=0)
     k0, k1, k2, k3, k4, k5, k6, k7 = load_words8(key_ptr + lane * 0, live)
     zero = tl.full((LANES,), 0, tl.uint32)
     m0 = (address + ((line & 0xFFFF) << 16)).to(tl.uint32)
@@ -73,16 +77,19 @@ def _noise_kernel(key_ptr, lines_ptr, out_ptr, count, address, target, LANES: tl
     tl.store(out_ptr + lane.to(tl.int64)[:, None] * 32 + j, code.to(tl.uint8), mask=live[:, None])
 
 
-def noise_lines(key: torch.Tensor, side: str, factor: str, lines: torch.Tensor) -> torch.Tensor:
-    """(N, 32) e4m3 noise lines for line indices `lines` under a side's noise-line key (1, 8)."""
+def noise_lines(key: torch.Tensor, side: str, factor: str, lines: torch.Tensor | int) -> torch.Tensor:
+    """(N, 32) e4m3 noise lines under a side's noise-line key (1, 8): for the line indices in
+    `lines`, or for lines 0 .. lines − 1 when `lines` is an int (what every operand uses)."""
     if side not in SIDES or factor not in FACTORS:
         raise NoiseError(f"side must be 'A'/'B' and factor 'E'/'F', got {side!r}, {factor!r}")
     if key.dtype != torch.int32 or key.shape != (1, 8):
         raise NoiseError(f"the noise-line key must be (1, 8) int32 words, got {key.dtype} {tuple(key.shape)}")
-    index = lines.to(torch.int64).reshape(-1).contiguous()
-    out = torch.empty((index.shape[0], 32), dtype=torch.uint8, device=key.device)
-    if index.shape[0]:
-        _noise_kernel[(triton.cdiv(index.shape[0], _LANES),)](
-            key.contiguous(), index, out, index.shape[0], SIDES[side] | (FACTORS[factor] << 8),
-            float(NOISE_TARGET_NORM * 32), LANES=_LANES, enable_fp_fusion=False)
+    first_lines = isinstance(lines, int)
+    index = key if first_lines else lines.to(torch.int64).reshape(-1).contiguous()  # key: unused pointer
+    count = lines if first_lines else index.shape[0]
+    out = torch.empty((count, 32), dtype=torch.uint8, device=key.device)
+    if count:
+        _noise_kernel[(triton.cdiv(count, _LANES),)](
+            key.contiguous(), index, out, count, SIDES[side] | (FACTORS[factor] << 8),
+            float(NOISE_TARGET_NORM * 32), LANES=_LANES, FIRST_LINES=first_lines, enable_fp_fusion=False)
     return out.view(torch.float8_e4m3fn)

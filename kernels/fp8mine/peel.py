@@ -4,6 +4,11 @@ pre-peel accumulator.
 A peel (rows, 2r) = [β_A ⊙ E_A | A′ · F_Bᵀ]; B peel (n, 2r) = [(β_B ⊙ N_B − B′) · F_Aᵀ | −β_B ⊙ E_B]
 (the first block one bf16 FMA per element, as the reference); C″ = acc + A_peel · B_peelᵀ =
 (A′ − β_A N_A)(B′ − β_B N_B)ᵀ; out = C″ / (α_A α_B) in BF16.
+
+Per launch this is two Triton kernels: the A peel (one pass over A′), and the rank-64 correction,
+add and unscale fused in one pass over the accumulator (row tiles never straddle an expert, so a
+tile's correction is one small dot against its expert's B peel; A peel rows and α_A are gathered
+through Rflat in the kernel). The B peel is per job (torch ops).
 """
 from __future__ import annotations
 
@@ -13,13 +18,14 @@ import triton.language as tl
 
 from kernels.int7._jit import jit
 
+from .noisy_kernel import _bf16_of_bits, _rne_bf16
 from .numerics import bf16_fma
 from .quant import NoisySide
-from .routing import RoutingTable
+from .routing import RoutingTable, row_tiles
 
 ROW_CHUNK = 2048  # rows per pass of the torch FMA emulation (bounds its f64 temporaries)
-_UNSCALE_ROWS = 16
-_UNSCALE_COLS = 128
+_A_PEEL_ROWS = 16
+_PEEL_COLS = 128
 
 
 def _decoded(codes: torch.Tensor) -> torch.Tensor:
@@ -27,11 +33,48 @@ def _decoded(codes: torch.Tensor) -> torch.Tensor:
     return codes.float().to(torch.bfloat16)
 
 
+@jit
+def _e4m3_value(code):
+    """e4m3 codes (int32 0..255, finite) → their f32 values (exact)."""
+    exponent = (code >> 3) & 0xF
+    mantissa = code & 7
+    normal = (((exponent + 120) << 23) | (mantissa << 20)).to(tl.float32, bitcast=True)
+    value = tl.where(exponent == 0, mantissa.to(tl.float32) * 0.001953125, normal)  # m · 2^-9
+    return tl.where((code & 0x80) != 0, -value, value)
+
+
+@jit
+def _a_peel_kernel(codes_ptr, beta_ptr, e_ptr, f_b_ptr, out_ptr, rows, k,
+                   BR: tl.constexpr, BK: tl.constexpr):
+    """out[r] = [bf16(β[r] · E[r, :]) | bf16(Σ_k A′[r, k] · F_B[k, :])], one program per BR rows."""
+    r = tl.program_id(0) * BR + tl.arange(0, BR)
+    live = (r < rows)[:, None]
+    r64 = r.to(tl.int64)[:, None]
+    j = tl.arange(0, 32)[None, :]
+    beta = _bf16_of_bits(beta_ptr, r, r < rows)
+    e = _e4m3_value(tl.load(e_ptr + r64 * 32 + j, mask=live, other=0).to(tl.int32))
+    left = _rne_bf16((beta[:, None] * e).to(tl.int32, bitcast=True)) >> 16
+    kk = tl.arange(0, BK)
+    total = tl.full((BR, 32), 0.0, tl.float32)
+    for k0 in range(0, k, BK):
+        a = _e4m3_value(tl.load(codes_ptr + r64 * k + k0 + kk[None, :], mask=live, other=0).to(tl.int32))
+        f = _e4m3_value(tl.load(f_b_ptr + (k0 + kk).to(tl.int64)[:, None] * 32 + j).to(tl.int32))
+        total = tl.dot(a, f, total)  # e4m3 values are exact in tf32
+    right = _rne_bf16(total.to(tl.int32, bitcast=True)) >> 16
+    out = out_ptr + r64 * 64 + j
+    tl.store(out, left.to(tl.int16), mask=live)
+    tl.store(out + 32, right.to(tl.int16), mask=live)
+
+
 def a_peel(side: NoisySide, f_b: torch.Tensor) -> torch.Tensor:
-    """(rows, 64) bf16: [β_A ⊙ E_A | A′ · F_Bᵀ]."""
-    left = (side.beta.float()[:, None] * side.e_lines.float()).to(torch.bfloat16)
-    right = _decoded(side.codes) @ _decoded(f_b)
-    return torch.cat([left, right], dim=1)
+    """(rows, 64) bf16: [β_A ⊙ E_A | A′ · F_Bᵀ] (one Triton pass; k a multiple of 32)."""
+    rows, k = side.codes.shape
+    out = torch.empty((rows, 64), dtype=torch.int16, device=side.codes.device)
+    _a_peel_kernel[(triton.cdiv(rows, _A_PEEL_ROWS),)](
+        side.codes.contiguous().view(torch.uint8), side.beta.contiguous().view(torch.int16),
+        side.e_lines.contiguous().view(torch.uint8), f_b.contiguous().view(torch.uint8), out, rows, k,
+        BR=_A_PEEL_ROWS, BK=128 if k % 128 == 0 else 32)
+    return out.view(torch.bfloat16)
 
 
 def b_peel(side: NoisySide, noise: torch.Tensor, f_a: torch.Tensor) -> torch.Tensor:
@@ -46,53 +89,59 @@ def b_peel(side: NoisySide, noise: torch.Tensor, f_a: torch.Tensor) -> torch.Ten
     return torch.cat([left, right], dim=1)
 
 
-def row_experts(table: RoutingTable) -> torch.Tensor:
-    """The expert of every row in expert order, (rows,) int64."""
-    positions = torch.arange(table.rflat.shape[0], device=table.offsets.device)
-    return torch.searchsorted(table.offsets.to(torch.int64), positions, right=True)
+def _peel_rows(rows: int, experts: int) -> int:
+    """Row-tile height of the fused pass: 16 for decode-like launches, 64 once experts average
+    64 rows or more."""
+    return 64 if rows >= 64 * experts else 16
 
 
 @jit
-def _unscale_kernel(acc_ptr, corr_ptr, alpha_a_ptr, alpha_b_ptr, expert_ptr, out_ptr, rows, n,
-                    BR: tl.constexpr, BN: tl.constexpr):
-    """out = (acc + corr) · (1/α_A[row]) · (1/α_B[expert(row), col]) → bf16, one pass."""
-    r = tl.program_id(0) * BR + tl.arange(0, BR)
-    c = tl.program_id(1) * BN + tl.arange(0, BN)
-    live = (r < rows)[:, None] & (c < n)[None, :]
-    cell = r.to(tl.int64)[:, None] * n + c[None, :]
-    acc = tl.load(acc_ptr + cell, mask=live, other=0.0)
-    corr = tl.load(corr_ptr + cell, mask=live, other=0.0).to(tl.float32)
-    expert = tl.load(expert_ptr + r, mask=r < rows, other=0)
-    inv_a = 1.0 / tl.load(alpha_a_ptr + r, mask=r < rows, other=1.0).to(tl.float32)
-    inv_b = 1.0 / tl.load(alpha_b_ptr + expert[:, None] * n + c[None, :], mask=live, other=1.0).to(tl.float32)
-    tl.store(out_ptr + cell, ((acc + corr) * inv_a[:, None] * inv_b).to(tl.bfloat16), mask=live)
+def _peel_unscale_kernel(acc_ptr, rflat_ptr, a_peel_ptr, alpha_a_ptr, b_peel_ptr, alpha_b_ptr,
+                         tile_row_ptr, tile_expert_ptr, ends_ptr, out_ptr, n,
+                         BR: tl.constexpr, BN: tl.constexpr):
+    """out = (acc + A_peel[token] · B_peel[w]ᵀ) · (1/α_A[token]) · (1/α_B[w, col]) → bf16 for one
+    row tile of expert w (rows in expert order, token = Rflat[row]) and BN columns."""
+    row0 = tl.load(tile_row_ptr + tl.program_id(0))
+    if row0 >= 0:
+        expert = tl.load(tile_expert_ptr + tl.program_id(0)).to(tl.int64)
+        rows = row0 + tl.arange(0, BR)
+        live_r = rows < tl.load(ends_ptr + expert)
+        cols = tl.program_id(1) * BN + tl.arange(0, BN)
+        live_c = cols < n
+        token = tl.load(rflat_ptr + rows, mask=live_r, other=0).to(tl.int64)
+        j = tl.arange(0, 64)[None, :]
+        a = _bf16_of_bits(a_peel_ptr, token[:, None] * 64 + j, live_r[:, None])
+        b_rows = expert * n + cols.to(tl.int64)
+        b = _bf16_of_bits(b_peel_ptr, b_rows[:, None] * 64 + j, live_c[:, None])
+        correction = tl.dot(a, tl.trans(b))  # bf16 values are exact in tf32
+        live = live_r[:, None] & live_c[None, :]
+        cell = rows.to(tl.int64)[:, None] * n + cols[None, :]
+        acc = tl.load(acc_ptr + cell, mask=live, other=0.0)
+        inv_a = 1.0 / tl.where(live_r, _bf16_of_bits(alpha_a_ptr, token, live_r), 1.0)
+        inv_b = 1.0 / tl.where(live_c, _bf16_of_bits(alpha_b_ptr, b_rows, live_c), 1.0)
+        out = (acc + correction) * inv_a[:, None] * inv_b[None, :]
+        tl.store(out_ptr + cell, out.to(tl.bfloat16), mask=live)
 
 
-def peel_and_unscale(acc: torch.Tensor, a_peel_rows: torch.Tensor, alpha_a_rows: torch.Tensor,
+def peel_and_unscale(acc: torch.Tensor, a_peel_: torch.Tensor, alpha_a: torch.Tensor,
                      b_peel_: torch.Tensor, alpha_b: torch.Tensor, table: RoutingTable) -> torch.Tensor:
-    """out[i, j] = (acc[i, j] + A_peel[i] · B_peel[w, j]) / (α_A[i] α_B[w, j]) as BF16.
+    """out[i, j] = (acc[i, j] + A_peel[t] · B_peel[w, j]) / (α_A[t] α_B[w, j]) as BF16, t = Rflat[i].
 
-    acc (rows, n_e) fp32 and the A rows in expert order; b_peel_ (e, n_e, 64), alpha_b (e, n_e).
-    The correction is one grouped bf16 GEMM (torch._grouped_mm on CUDA; a per-expert loop on the
-    CPU or where torch lacks it); the
-    add and unscale are one Triton pass (approximate arithmetic: the output is not consensus).
+    acc (rows, n_e) fp32 in expert order; a_peel_ (m, 64) and alpha_a (m,) in token order;
+    b_peel_ (e, n_e, 64), alpha_b (e, n_e). One Triton pass plus the row-tile map, no host sync
+    (approximate arithmetic: the output is not consensus).
     """
-    correction = None
-    if acc.device.type == "cuda":
-        try:
-            correction = torch._grouped_mm(a_peel_rows, b_peel_.transpose(-2, -1), offs=table.offsets)
-        except (RuntimeError, AttributeError):  # no grouped bf16 GEMM in this torch build
-            correction = None
-    if correction is None:  # a per-expert loop: reads the offsets on the host (not graph-safe)
-        correction = torch.empty_like(acc)
-        start = 0
-        for expert, end in enumerate(table.offsets.tolist()):
-            correction[start:end] = a_peel_rows[start:end].float() @ b_peel_[expert].float().T
-            start = end
     rows, n = acc.shape
+    experts = table.experts
+    if b_peel_.shape != (experts, n, 64) or alpha_b.shape != (experts, n) or a_peel_.shape[1] != 64:
+        raise ValueError(f"peel shapes do not match acc {tuple(acc.shape)} with {experts} experts: "
+                         f"a_peel {tuple(a_peel_.shape)}, b_peel {tuple(b_peel_.shape)}, alpha_b {tuple(alpha_b.shape)}")
+    block_rows = _peel_rows(rows, experts)
+    tiles = row_tiles(table, block_rows, partial=True)
     out = torch.empty((rows, n), dtype=torch.bfloat16, device=acc.device)
-    grid = (triton.cdiv(rows, _UNSCALE_ROWS), triton.cdiv(n, _UNSCALE_COLS))
-    _unscale_kernel[grid](acc.contiguous(), correction.contiguous(), alpha_a_rows.contiguous(),
-                          alpha_b.contiguous(), row_experts(table).to(torch.int32), out, rows, n,
-                          BR=_UNSCALE_ROWS, BN=_UNSCALE_COLS)
+    grid = (tiles.row_start.shape[0], triton.cdiv(n, _PEEL_COLS))
+    _peel_unscale_kernel[grid](acc.contiguous(), table.rflat, a_peel_.contiguous().view(torch.int16),
+                               alpha_a.contiguous().view(torch.int16), b_peel_.contiguous().view(torch.int16),
+                               alpha_b.contiguous().view(torch.int16), tiles.row_start, tiles.expert,
+                               table.offsets, out, n, BR=block_rows, BN=_PEEL_COLS)
     return out

@@ -122,10 +122,9 @@ class BSide:
         hash_b = transcript.operand_digest(key_b, self.codes, self.scales)
         seed_b = transcript.seed_b(hash_b, key_b, self.p_b(ancestor_header))
         line_key = transcript.noise_key(seed_b)
-        rows_k = torch.arange(self.k, device=self.device)
-        f_a = noise.noise_lines(line_key, "A", "F", rows_k)
-        f_b = noise.noise_lines(line_key, "B", "F", rows_k)
-        e_b = noise.noise_lines(line_key, "B", "E", torch.arange(self.codes.shape[0], device=self.device))
+        f_a = noise.noise_lines(line_key, "A", "F", self.k)
+        f_b = noise.noise_lines(line_key, "B", "F", self.k)
+        e_b = noise.noise_lines(line_key, "B", "E", self.codes.shape[0])
         side, noise_b = quant.noisy_quantize(self.values, self.l2, self.linf, e_b, f_b)
         return BState(bytes(ancestor_header), seed_b, f_a, f_b, side, b_peel(side, noise_b, f_a))
 
@@ -136,25 +135,36 @@ class ASide:
 
     codes: torch.Tensor  # int8 (m, k) plane
     scales: torch.Tensor  # bf16 (m, k/8) plane
-    seed_a: torch.Tensor
-    pow_key: torch.Tensor
+    keys: torch.Tensor  # (4, 8) int32: HA, seedA, noise-line key, jackpot key
     side: quant.NoisySide
     peel: torch.Tensor  # (m, 64) bf16
 
+    @property
+    def seed_a(self) -> torch.Tensor:
+        return self.keys[1:2]
 
-def prepare_a(x: torch.Tensor, key_a: torch.Tensor, state: BState, p_a: bytes,
+    @property
+    def pow_key(self) -> torch.Tensor:
+        return self.keys[3:4]
+
+
+def prepare_a(x: torch.Tensor, seed_message: torch.Tensor, p_a_len: int, state: BState,
               table: RoutingTable | None) -> ASide:
-    """Planes, norms, HA (+ HR, HO), seedA, the keys, E_A, A′ and the A peel, on x's device."""
+    """Planes, norms, HA (+ HR, HO), seedA, the keys, E_A, A′ and the A peel, on x's device.
+
+    seed_message: the job's `transcript.seed_a_message` (keyA inside; its head is written here).
+    """
     codes, scales, values = prequant.prequantize_and_open(x)
     l2, linf = prequant.row_norms(codes, scales)
-    hash_a = transcript.operand_digest(key_a, codes, scales)
+    key_a = transcript.key_a_of(seed_message)
+    roots = (transcript.tree_root(key_a, codes), transcript.tree_root(key_a, scales))
     routing = None
     if table is not None:
         routing = (transcript.tree_root(key_a, table.rflat), transcript.tree_root(key_a, table.offsets))
-    seed_a = transcript.seed_a(hash_a, state.seed_b, key_a, p_a, routing)
-    e_a = noise.noise_lines(transcript.noise_key(seed_a), "A", "E", torch.arange(x.shape[0], device=x.device))
+    keys = transcript.launch_keys(seed_message, p_a_len, roots, routing)
+    e_a = noise.noise_lines(keys[2:3], "A", "E", x.shape[0])
     side, _ = quant.noisy_quantize(values, l2, linf, e_a, state.f_a)
-    return ASide(codes, scales, seed_a, transcript.jackpot_key(seed_a), side, a_peel(side, state.f_b))
+    return ASide(codes, scales, keys, side, a_peel(side, state.f_b))
 
 
 @dataclass
@@ -184,7 +194,9 @@ class MinedGemm:
         self.latch = LotteryLatch(self.b.device, {
             "codes": ((m, k), torch.int8), "scales": ((m, k // 8), torch.bfloat16),
             "rflat": ((rows,), torch.int32), "offsets": ((self.b.experts,), torch.int32)})
-        self.key_a = torch.zeros((1, 8), dtype=torch.int32, device=self.b.device)
+        routed_words = 5 if self.moe else 3
+        self.seed_message = torch.zeros((1, routed_words * 8 + 8), dtype=torch.int32, device=self.b.device)
+        self.p_a_len = 0
         self.threshold = torch.zeros(8, dtype=torch.int32, device=self.b.device)
         self.state: BState | None = None
         self.job: JobParams | None = None
@@ -200,7 +212,10 @@ class MinedGemm:
             state.adopt(torch.cuda.current_stream(self.b.device))
         self.state, self.job = state, self.b.job(state.ancestor_header, self.m)
         self.header76, self.ancestor_chain = bytes(header76), [bytes(h) for h in ancestors[:depth - 1]]
-        self.key_a.copy_(transcript.key_a(constant_bytes(self.header76, self.b.device)))
+        key_a = transcript.key_a(constant_bytes(self.header76, self.b.device))
+        p_a = self.job.p_a()
+        self.seed_message.copy_(transcript.seed_a_message(state.seed_b, key_a, p_a, self.moe))
+        self.p_a_len = len(p_a)
         self.threshold.copy_(threshold_words(target, self.b.k, self.b.device))
         self.latch.set_header(self.m, self.b.experts * self.b.n_e, self.b.k, self.layer_id,
                               self.m * self.b.k, self.m * self.b.k // 4)
@@ -218,16 +233,22 @@ class MinedGemm:
         else:
             table = dense_table(self.m, x.device)
         state = self.state
-        a = prepare_a(x, self.key_a, state, self.job.p_a(), table if self.moe else None)
-        order = table.rflat.to(torch.int64)
-        codes = a.side.codes.view(torch.uint8).index_select(0, order).view(torch.float8_e4m3fn) \
-            if self.moe else a.side.codes
-        b_codes = state.side.codes.view(self.b.experts, self.b.n_e, self.b.k)
-        acc = grouped_matmul(codes, b_codes, table)
+        a = prepare_a(x, self.seed_message, self.p_a_len, state, table if self.moe else None)
+        acc = grouped_matmul(self.expert_rows(a.side.codes, table), self.b_codes(), table)
         self.latch.run(acc, row_tiles(table), a.pow_key, self.threshold, state.seed_b,
                        {"codes": a.codes, "scales": a.scales, "rflat": table.rflat, "offsets": table.offsets})
-        out = peel_and_unscale(acc, a.peel.index_select(0, order), a.side.alpha.index_select(0, order),
-                               state.peel.view(self.b.experts, self.b.n_e, -1),
+        out = peel_and_unscale(acc, a.peel, a.side.alpha, state.peel.view(self.b.experts, self.b.n_e, -1),
                                state.side.alpha.view(self.b.experts, self.b.n_e), table)
         self.latch.publish()
         return LaunchResult(out, acc, table, a)
+
+    def expert_rows(self, a_codes: torch.Tensor, table: RoutingTable) -> torch.Tensor:
+        """A′ rows in expert order (Rflat) as the GEMM's left operand; dense: A′ itself."""
+        if not self.moe:
+            return a_codes
+        return a_codes.view(torch.uint8).index_select(0, table.rflat).view(torch.float8_e4m3fn)
+
+    def b_codes(self) -> torch.Tensor:
+        """The active state's B′ codes as (e, n_e, k)."""
+        assert self.state is not None
+        return self.state.side.codes.view(self.b.experts, self.b.n_e, self.b.k)

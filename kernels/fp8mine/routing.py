@@ -9,6 +9,7 @@ unused ones with −1.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -26,19 +27,24 @@ class RoutingError(ValueError):
 
 @dataclass
 class RoutingTable:
-    """Rflat (m·top_k,) int32 token ids in expert order, offsets (e,) int32 cumulative ends."""
+    """Rflat (m·top_k,) int32 token ids in expert order and bounds (e + 1,) int32: 0 then the
+    cumulative ends. `offsets` (e,) — Pearl's O, the hashed and proven form — is a view of bounds
+    without its leading 0; grouped GEMMs take `bounds` (so neither form costs a launch)."""
 
     rflat: torch.Tensor
-    offsets: torch.Tensor
+    bounds: torch.Tensor
+
+    @property
+    def offsets(self) -> torch.Tensor:
+        return self.bounds[1:]
 
     @property
     def experts(self) -> int:
-        return self.offsets.shape[0]
+        return self.bounds.shape[0] - 1
 
     def starts(self) -> torch.Tensor:
         """First position of each expert's rows in Rflat, (e,) int64."""
-        ends = self.offsets.to(torch.int64)
-        return ends - torch.diff(ends, prepend=ends.new_zeros(1))
+        return self.bounds[:-1].to(torch.int64)
 
 
 def routing_table(topk_ids: torch.Tensor, experts: int) -> RoutingTable:
@@ -51,15 +57,24 @@ def routing_table(topk_ids: torch.Tensor, experts: int) -> RoutingTable:
     top_k = topk_ids.shape[1]
     ids = topk_ids.to(torch.int64).clamp(0, experts - 1).reshape(-1)
     order = torch.sort(ids, stable=True).indices
-    counts = torch.zeros(experts, dtype=torch.int64, device=ids.device)
-    counts.scatter_add_(0, ids, torch.ones_like(ids))
-    return RoutingTable((order // top_k).to(torch.int32), torch.cumsum(counts, 0).to(torch.int32))
+    counts = torch.zeros(experts + 1, dtype=torch.int32, device=ids.device)
+    counts[1:].scatter_add_(0, ids, _ones(ids.shape[0], ids.device))
+    return RoutingTable(torch.div(order, top_k, rounding_mode="floor").to(torch.int32),
+                        torch.cumsum(counts, 0, dtype=torch.int32))
 
 
+@functools.lru_cache(maxsize=64)
+def _ones(count: int, device: torch.device | str) -> torch.Tensor:
+    """A cached int32 ones vector (made before a graph capture, never written)."""
+    return torch.ones(count, dtype=torch.int32, device=device)
+
+
+@functools.lru_cache(maxsize=64)
 def dense_table(m: int, device: torch.device | str) -> RoutingTable:
-    """Dense V4 as one group: every row, in order."""
+    """Dense V4 as one group: every row, in order. Cached per (m, device): the tensors are made
+    once (before any graph capture) and never written."""
     return RoutingTable(torch.arange(m, dtype=torch.int32, device=device),
-                        torch.full((1,), m, dtype=torch.int32, device=device))
+                        torch.tensor([0, m], dtype=torch.int32, device=device))
 
 
 @dataclass

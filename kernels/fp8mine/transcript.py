@@ -4,16 +4,28 @@ Every value is a (1, 8) int32 tensor of digest words that never leaves the devic
 label subkeys and the pA/pB parameter blocks are host constants. proof.fp8.transcript is the
 reference. Plane roots come from int7's keyed 1024-byte-leaf chunk trees (HashId 3, the only leaf
 size the official miner commits; other HashIds are rejected here).
+
+Per launch, everything after the plane and routing roots — HA, seedA, the noise-line key and the
+jackpot key — is one small kernel (`launch_keys`): the seedA message's job-constant tail
+(seedB ‖ keyA ‖ pA) is laid out once per job (`seed_a_message`), and the kernel writes HA (and
+HR, HO) into its head before hashing it.
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
+import triton.language as tl
 
-from kernels.int7.blake3 import keyed_trees
+from kernels.int7._jit import jit
+from kernels.int7.blake3 import compress_block, keyed_trees, load_words8, store_words8
 from proof.fp8.params import HashId
 from proof.fp8.transcript import LABEL_PREFIX, subkey
 
 from .hashing import HashError, as_bytes, constant_bytes, constant_words, hash_short
+
+_DIGEST_WORDS = 8
+_MAX_P_A = 32  # pA is padded to one digest slot of the seedA message
+_LANES = 16  # the launch-keys program's width (lanes 0/1 carry the two label subkeys)
 
 DEVICE_LEAF = HashId.CHUNK_1024
 
@@ -66,23 +78,107 @@ def seed_b(hash_b: torch.Tensor, key_b_: torch.Tensor, p_b: bytes) -> torch.Tens
     return _labelled("seed-B", _cat_bytes(hash_b, key_b_, constant_bytes(p_b, hash_b.device)))
 
 
-def seed_a(hash_a: torch.Tensor, seed_b_: torch.Tensor, key_a_: torch.Tensor, p_a: bytes,
-           routing: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-    """seedA = H_seed-A(HA [‖ HR ‖ HO] ‖ seedB ‖ keyA ‖ pA)."""
-    parts = [hash_a, *(routing or ()), seed_b_, key_a_, constant_bytes(p_a, hash_a.device)]
-    return _labelled("seed-A", _cat_bytes(*parts))
-
-
-def _child_key(label: str, parent: torch.Tensor) -> torch.Tensor:
-    """Subkey(label, parent) = BLAKE3(full label; key = parent)."""
-    return hash_short(parent, constant_bytes(LABEL_PREFIX + label.encode("ascii"), parent.device))
+def _label_block(label: str) -> bytes:
+    """The full label (prefix ‖ label) zero-padded to one 64-byte block."""
+    text = LABEL_PREFIX + label.encode("ascii")
+    return text + bytes(64 - len(text))
 
 
 def noise_key(seed: torch.Tensor) -> torch.Tensor:
-    """Subkey("noise-line", seed): the key of a side's noise-line XOF."""
-    return _child_key("noise-line", seed)
+    """Subkey("noise-line", seed) = BLAKE3(full label; key = seed): a side's noise-line XOF key."""
+    return hash_short(seed, constant_bytes(LABEL_PREFIX + b"noise-line", seed.device))
 
 
-def jackpot_key(seed_a_: torch.Tensor) -> torch.Tensor:
-    """pow_key = Subkey("jackpot", seedA): keys every lottery ticket of the launch."""
-    return _child_key("jackpot", seed_a_)
+def seed_a_message(seed_b_: torch.Tensor, key_a_: torch.Tensor, p_a: bytes, routed: bool) -> torch.Tensor:
+    """The seedA message HA [‖ HR ‖ HO] ‖ seedB ‖ keyA ‖ pA as (1, words) int32, with the head
+    (HA, HR, HO) zero: `launch_keys` fills it per launch. Made once per job (set_job)."""
+    if len(p_a) > _MAX_P_A:
+        raise HashError(f"pA is at most {_MAX_P_A} bytes, got {len(p_a)}")
+    head = torch.zeros((1, (3 if routed else 1) * _DIGEST_WORDS), dtype=torch.int32, device=seed_b_.device)
+    p_a_words = np.frombuffer(bytes(p_a) + bytes(_MAX_P_A - len(p_a)), dtype="<i4").tobytes()
+    tail = constant_bytes(p_a_words, seed_b_.device).view(torch.int32)
+    return torch.cat([head, seed_b_, key_a_, tail], dim=1)
+
+
+def _key_a_offset(message: torch.Tensor) -> int:
+    return message.shape[1] - _DIGEST_WORDS - _MAX_P_A // 4
+
+
+def key_a_of(message: torch.Tensor) -> torch.Tensor:
+    """keyA inside a seedA message (a (1, 8) view)."""
+    start = _key_a_offset(message)
+    return message[:, start:start + _DIGEST_WORDS]
+
+
+@jit
+def _launch_keys_kernel(roots_codes_ptr, roots_scales_ptr, hr_ptr, ho_ptr, msg_ptr, key_a_offset,
+                        seed_key_ptr, labels_ptr, label_len0, label_len1, seed_blocks, seed_bytes,
+                        out_ptr, ROUTED: tl.constexpr, LANES: tl.constexpr):
+    """HA, seedA, Subkey("noise-line", seedA), Subkey("jackpot", seedA) into out (4, 8).
+
+    All lanes compute the same HA and seedA (lane 0 stores); lanes 0 and 1 then derive the two
+    label subkeys in one compression."""
+    lane = tl.arange(0, LANES)
+    every = lane >= 0
+    first = lane == 0
+    k0, k1, k2, k3, k4, k5, k6, k7 = load_words8(msg_ptr + key_a_offset + lane * 0, every)
+    m0, m1, m2, m3, m4, m5, m6, m7 = load_words8(roots_codes_ptr + lane * 0, every)
+    m8, m9, m10, m11, m12, m13, m14, m15 = load_words8(roots_scales_ptr + lane * 0, every)
+    h0, h1, h2, h3, h4, h5, h6, h7 = compress_block(
+        k0, k1, k2, k3, k4, k5, k6, k7,
+        m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15, 0, 64, 27)
+    store_words8(msg_ptr + lane * 0, h0, h1, h2, h3, h4, h5, h6, h7, first)
+    store_words8(out_ptr + lane * 0, h0, h1, h2, h3, h4, h5, h6, h7, first)
+    if ROUTED:
+        r0, r1, r2, r3, r4, r5, r6, r7 = load_words8(hr_ptr + lane * 0, every)
+        store_words8(msg_ptr + 8 + lane * 0, r0, r1, r2, r3, r4, r5, r6, r7, first)
+        o0, o1, o2, o3, o4, o5, o6, o7 = load_words8(ho_ptr + lane * 0, every)
+        store_words8(msg_ptr + 16 + lane * 0, o0, o1, o2, o3, o4, o5, o6, o7, first)
+    tl.debug_barrier()  # the head is in memory before any lane reads the message
+    c0, c1, c2, c3, c4, c5, c6, c7 = load_words8(seed_key_ptr + lane * 0, every)
+    for block in range(seed_blocks):
+        w = msg_ptr + block * 16 + lane * 0
+        m0, m1, m2, m3, m4, m5, m6, m7 = load_words8(w, every)
+        m8, m9, m10, m11, m12, m13, m14, m15 = load_words8(w + 8, every)
+        last = block == seed_blocks - 1
+        flags = (tl.where(block == 0, 17, 16) | tl.where(last, 10, 0)).to(tl.uint32)
+        block_len = tl.where(last, seed_bytes - 64 * (seed_blocks - 1), 64).to(tl.uint32)
+        c0, c1, c2, c3, c4, c5, c6, c7 = compress_block(
+            c0, c1, c2, c3, c4, c5, c6, c7,
+            m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15, 0, block_len, flags)
+    store_words8(out_ptr + 8 + lane * 0, c0, c1, c2, c3, c4, c5, c6, c7, first)
+    pick = tl.where(lane == 1, 1, 0)  # lane 0: noise-line label, lane 1: jackpot label
+    w = labels_ptr + pick * 16
+    m0, m1, m2, m3, m4, m5, m6, m7 = load_words8(w, every)
+    m8, m9, m10, m11, m12, m13, m14, m15 = load_words8(w + 8, every)
+    label_len = tl.where(lane == 1, label_len1, label_len0).to(tl.uint32)
+    s0, s1, s2, s3, s4, s5, s6, s7 = compress_block(
+        c0, c1, c2, c3, c4, c5, c6, c7,
+        m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15, 0, label_len, 27)
+    store_words8(out_ptr + 16 + pick * 8, s0, s1, s2, s3, s4, s5, s6, s7, lane < 2)
+
+
+def launch_keys(message: torch.Tensor, p_a_len: int, roots: tuple[torch.Tensor, torch.Tensor],
+                routing: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+    """(4, 8) int32 rows HA, seedA, noise-line key, jackpot key from the plane roots (codes,
+    scales), the routing roots (HR, HO) or None (dense), and the job's `seed_a_message` (pA of
+    `p_a_len` bytes), whose head this writes. One launch, no host sync."""
+    routed = routing is not None
+    words = (5 if routed else 3) * _DIGEST_WORDS + _MAX_P_A // 4
+    if message.dtype != torch.int32 or tuple(message.shape) != (1, words):
+        raise HashError(f"the seedA message must be (1, {words}) int32 for routed={routed}, "
+                        f"got {message.dtype} {tuple(message.shape)}")
+    device = message.device
+    labels = constant_bytes(_label_block("noise-line") + _label_block("jackpot"), device).view(torch.int32)
+    if not 0 <= p_a_len <= _MAX_P_A:
+        raise HashError(f"pA is at most {_MAX_P_A} bytes, got {p_a_len}")
+    seed_bytes = (message.shape[1] - _MAX_P_A // 4) * 4 + p_a_len
+    out = torch.empty((4, _DIGEST_WORDS), dtype=torch.int32, device=device)
+    hr, ho = routing if routed else roots
+    _launch_keys_kernel[(1,)](
+        roots[0].contiguous(), roots[1].contiguous(), hr.contiguous(), ho.contiguous(), message,
+        _key_a_offset(message),
+        constant_words(subkey("seed-A"), device), labels,
+        len(LABEL_PREFIX) + len("noise-line"), len(LABEL_PREFIX) + len("jackpot"),
+        -(-seed_bytes // 64), seed_bytes, out, ROUTED=routed, LANES=_LANES)
+    return out

@@ -1,0 +1,117 @@
+"""Launch counts of the FP8 mined pass, counted on the CPU backend (small MoE shapes).
+
+Each torch op that computes or copies (not views, not allocations) and each Triton kernel launch
+is one device launch on CUDA. Kernels are counted, not run (shapes are static, so the sequence
+of launches does not depend on the values; the values are the stages tests' business), and the
+CPU stand-in for the GEMM (proof.fp8's model) counts as the one launch it is on CUDA. The
+budgets pin the per-launch structure so a regression (a per-launch cat, cast or gather chain)
+shows up in CI without a GPU. Before the launch-count work (issue 8, second pass): A side 39,
+whole pass 83 (of which 5 were the CPU-only per-expert peel loop).
+"""
+from __future__ import annotations
+
+import collections
+import functools
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from triton.runtime.interpreter import InterpretedFunction
+
+from kernels.fp8mine import matmul
+from kernels.fp8mine.pipeline import MinedGemm, prepare_a
+from proof.chain import BlockHeader, sha256d
+
+EXPERTS, N_E, K, TOKENS, TOP_K = 4, 64, 1024, 16, 2
+A_SIDE_BUDGET = 14
+PASS_BUDGET = 34
+# Ops that only allocate, alias or describe a tensor: no kernel on CUDA.
+_FREE = {"empty", "empty_strided", "empty_like", "view", "_unsafe_view", "alias", "slice", "select",
+         "expand", "t", "transpose", "permute", "as_strided", "detach", "unsqueeze", "squeeze",
+         "split", "split_with_sizes", "unbind", "view_as", "lift_fresh", "_reshape_alias",
+         "unflatten", "diagonal", "record_stream"}
+
+
+class LaunchCounter(TorchDispatchMode):
+    """Counts kernel-launching torch ops and interpreted Triton launches (by kernel name)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops: collections.Counter = collections.Counter()
+        self.kernels: collections.Counter = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.__name__.split(".")[0]
+        if name not in _FREE:
+            self.ops[name] += 1
+        return func(*args, **(kwargs or {}))
+
+    @property
+    def launches(self) -> int:
+        return sum(self.ops.values()) + sum(self.kernels.values())
+
+    def reset(self) -> None:
+        self.ops.clear()
+        self.kernels.clear()
+
+
+@pytest.fixture(scope="module")
+def counter():
+    """Triton launches and the CPU GEMM model are counted instead of run, for the whole module."""
+    counting = LaunchCounter()
+    patch = pytest.MonkeyPatch()
+
+    @functools.wraps(InterpretedFunction.run)
+    def run(self, *args, grid, warmup, **kwargs):
+        counting.kernels[self.fn.__name__] += 1
+
+    def model_gemm(a, b, table):
+        counting.kernels["fp8 GEMM"] += 1
+        return torch.empty((a.shape[0], b.shape[1]), dtype=torch.float32)
+
+    patch.setattr(InterpretedFunction, "run", run)
+    patch.setattr(matmul, "_model_grouped", model_gemm)
+    yield counting
+    patch.undo()
+
+
+def _job_chain():
+    headers, prev = [], bytes(32)
+    for i in range(4):
+        header = BlockHeader(1, prev, bytes([i]) * 32, 1_700_000_000 + i, 0x1D00FFFF, bytes([i + 1]) * 32).to_bytes()
+        headers.append(header)
+        prev = sha256d(header)
+    return BlockHeader(1, prev, b"\x99" * 32, 1_700_000_100, 0x1D00FFFF).incomplete_bytes(), headers[::-1]
+
+
+@pytest.fixture(scope="module")
+def moe_pass(counter):
+    torch.manual_seed(0)
+    gemm = MinedGemm((torch.randn(EXPERTS, N_E, K) * 0.05).to(torch.bfloat16), m=TOKENS, top_k=TOP_K)
+    header, ancestors = _job_chain()
+    gemm.set_job(header, ancestors, 0)
+    x = torch.randn(TOKENS, K).to(torch.bfloat16)
+    topk = (torch.arange(TOKENS)[:, None] * TOP_K + torch.arange(TOP_K)[None, :]) % EXPERTS
+    gemm.forward(x, topk)  # warm: constants uploaded, kernels rewritten
+    return gemm, x, topk
+
+
+def test_a_side_launches(moe_pass, counter):
+    gemm, x, topk = moe_pass
+    table = gemm.forward(x, topk).table
+    counter.reset()
+    with counter:
+        prepare_a(x, gemm.seed_message, gemm.p_a_len, gemm.state, table)
+    print("A side:", counter.launches, dict(counter.ops), dict(counter.kernels))
+    assert counter.kernels["_launch_keys_kernel"] == 1  # HA, seedA and both label keys: one launch
+    assert counter.launches <= A_SIDE_BUDGET
+
+
+def test_mined_pass_launches(moe_pass, counter):
+    gemm, x, topk = moe_pass
+    counter.reset()
+    with counter:
+        gemm.forward(x, topk)
+    print("mined pass:", counter.launches, dict(counter.ops), dict(counter.kernels))
+    assert counter.kernels["fp8 GEMM"] == 2  # the noise dot and the layer GEMM
+    assert counter.launches <= PASS_BUDGET
