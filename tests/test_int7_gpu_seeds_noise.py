@@ -59,6 +59,9 @@ def test_noise_factors_and_noised_operands_match_reference(rank, k):
     first, second = device_noise.sparse_factor(key_words, ref_noise.LABEL_A, k, rank)
     x = torch.from_numpy(rng.integers(-64, 65, (2, rows, k), dtype=np.int8)).to(DEVICE)
     x_noised = device_noise.noised(x, uniform, first, second)
+    together = device_noise.noise_factors(key_words, ref_noise.LABEL_A, rows, k, rank)  # one launch
+    assert torch.equal(together[1], first) and torch.equal(together[2], second)
+    assert torch.equal(together[0], device_noise.uniform_factor(key_words, ref_noise.LABEL_A, rows, rank))
     for i, key in enumerate(keys):
         ref_u = ref_noise.uniform_factor(key, ref_noise.LABEL_B, range(rows), rank)
         ref_first, ref_second = ref_noise.sparse_factor(key, ref_noise.LABEL_A, k, rank)

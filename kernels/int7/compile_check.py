@@ -68,11 +68,11 @@ def _variants() -> list[tuple[str, object, dict, dict, int, int]]:
                  "rows_per_instance": "i32", "factor_stride": "i32", "K": "i32", "R": "constexpr",
                  "BR": "constexpr", "BK": "constexpr"}, {"R": 128, "BR": noise._ROWS, "BK": noise._COLS},
                 noise._NOISED_WARPS, 1))
-    for sparse, pointer in ((0, "*i8"), (1, "*i32")):
-        out.append((f"noise_{'sparse' if sparse else 'uniform'}", noise._prng_kernel,
-                    {"key_ptr": "*i32", "label_ptr": "*i32", "out_ptr": pointer, "second_ptr": pointer,
-                     "blocks": "i32", "total": "i32", "limit": "i32", "rank": "i32",
-                     "SPARSE": "constexpr", "LANES": "constexpr"}, {"SPARSE": sparse, **lanes}, 4, 1))
+    out.append(("noise_factors", noise._prng_kernel,
+                {"key_ptr": "*i32", "label_ptr": "*i32", "u_ptr": "*i8", "first_ptr": "*i32",
+                 "second_ptr": "*i32", "u_blocks": "i32", "u_total": "i32", "u_limit": "i32",
+                 "s_blocks": "i32", "s_total": "i32", "s_limit": "i32", "rank": "i32", "u_programs": "i32",
+                 "LANES": "constexpr"}, lanes, 4, 1))
     out.append(("retain", winner._retain_kernel,
                 {"record_ptr": "*i32", "src_ptr": "*i32", "dst_ptr": "*i32", "per_instance": "i32",
                  "USE_INDEX": "constexpr", "BLOCK": "constexpr"}, {"USE_INDEX": 1, "BLOCK": 1024}, 4, 1))

@@ -36,7 +36,7 @@ from proof.int7.noise import LABEL_A
 from .activations import a_times_p_b, prepare_rows, quantise_rows
 from .blake3 import bytes_from_words, keyed_trees
 from .mined_gemm import DUMP_WORDS, Tiling, lottery_tile, mined_gemm, plain_gemm
-from .noise import noised, sparse_factor, uniform_factor
+from .noise import noise_factors, noised
 from .pipeline import MinedPass, bound_words, prepare_job
 from .seeds import noise_seed_a
 
@@ -385,8 +385,7 @@ def _time_shape(timer: Timer, shape: tuple) -> dict:
     # The mined GEMM kernel alone, with and without the peel, on the pass's prepared operands.
     a_trees = keyed_trees(job.key_words, q.view(experts, -1))
     s_a = noise_seed_a(job.s_b, a_trees.roots, salted_seeds=True, m=rows)
-    first, second = sparse_factor(s_a, LABEL_A, k, RANK)
-    a_noised = noised(q, uniform_factor(s_a, LABEL_A, rows, RANK), first, second)
+    a_noised = noised(q, *noise_factors(s_a, LABEL_A, rows, k, RANK))
     tiling = chosen.tiling
 
     def kernel(peel: bool) -> None:
@@ -434,15 +433,13 @@ def section_breakdown() -> dict:
         q, _ = quantise_rows(x)
         trees = keyed_trees(job.key_words, q.view(experts, -1))
         s_a = noise_seed_a(job.s_b, trees.roots, salted_seeds=True, m=rows)
-        u_a = uniform_factor(s_a, LABEL_A, rows, RANK)
-        first, second = sparse_factor(s_a, LABEL_A, k, RANK)
+        u_a, first, second = noise_factors(s_a, LABEL_A, rows, k, RANK)
         stages = {
             "quantise_and_A_times_P_B": lambda: prepare_rows(x, job.p_b, rows_per_instance=rows),
             "A_times_P_B": lambda: a_times_p_b(q, job.p_b, rows_per_instance=rows),
             "hash_A": lambda: keyed_trees(job.key_words, q.view(experts, -1)),
             "seed_A": lambda: noise_seed_a(job.s_b, trees.roots, salted_seeds=True, m=rows),
-            "noise_factors_A": lambda: (uniform_factor(s_a, LABEL_A, rows, RANK),
-                                        sparse_factor(s_a, LABEL_A, k, RANK)),
+            "noise_factors_A": lambda: noise_factors(s_a, LABEL_A, rows, k, RANK),
             "noised_A": lambda: noised(q, u_a, first, second),
         }
         result[name] = timer.median_us({stage: timer.graph(fn) for stage, fn in stages.items()})

@@ -1,7 +1,8 @@
 """Noise factors and noised operands on the device, bit-exact with proof.int7.noise (§4).
 
 The PRNG block G(index, label, key, slot) is one keyed BLAKE3 compression of (eight i32 slots with
-slot `slot` = index + 1) ‖ label; a Triton kernel computes one block per lane. The uniform factor
+slot `slot` = index + 1) ‖ label; a Triton kernel computes one block per lane, both factors of a
+side in one launch (`noise_factors`). The uniform factor
 U (rows × rank, [−32, 31]) takes byte f of the flat row-major stream from block f // 32; the sparse
 ±1 factor P (k × rank) is stored as two index vectors (first, second) (and, for the job's P_B, also
 dense for the A·P_B kernel). Applying them is a second kernel: X' = X + U[:, first] − U[:, second]
@@ -31,10 +32,10 @@ class NoiseError(ValueError):
 
 
 @jit
-def _prng_kernel(key_ptr, label_ptr, out_ptr, second_ptr, blocks, total, limit, rank,
-                 SPARSE: tl.constexpr, LANES: tl.constexpr):
+def _prng_lanes(key_ptr, label_ptr, out_ptr, second_ptr, program, blocks, total, limit, rank,
+                SPARSE: tl.constexpr, LANES: tl.constexpr):
     """Uniform (SPARSE=0): 32 factor bytes per block. Sparse (SPARSE=1): 8 (first, second) pairs."""
-    lane = tl.program_id(0) * LANES + tl.arange(0, LANES)
+    lane = program * LANES + tl.arange(0, LANES)
     live = lane < total
     inst = (lane // blocks).to(tl.int64)
     block = (lane % blocks).to(tl.int64)
@@ -72,6 +73,19 @@ def _prng_kernel(key_ptr, label_ptr, out_ptr, second_ptr, blocks, total, limit, 
                 tl.store(out_ptr + inst * limit + pos, value.to(tl.int8), mask=live & (pos < limit))
 
 
+@jit
+def _prng_kernel(key_ptr, label_ptr, u_ptr, first_ptr, second_ptr, u_blocks, u_total, u_limit,
+                 s_blocks, s_total, s_limit, rank, u_programs, LANES: tl.constexpr):
+    """Both factors of a side in one launch: programs below u_programs make U, the rest P."""
+    program = tl.program_id(0)
+    if program < u_programs:
+        _prng_lanes(key_ptr, label_ptr, u_ptr, u_ptr, program, u_blocks, u_total, u_limit, rank,
+                    0, LANES)
+    else:
+        _prng_lanes(key_ptr, label_ptr, first_ptr, second_ptr, program - u_programs, s_blocks,
+                    s_total, s_limit, rank, 1, LANES)
+
+
 def _check_keys(keys: torch.Tensor) -> None:
     if keys.dtype != torch.int32 or keys.dim() != 2 or keys.shape[1] != 8:
         raise NoiseError(f"keys must be int32 (instances, 8), got {keys.dtype} {tuple(keys.shape)}")
@@ -82,32 +96,36 @@ def _check_rank(rank: int) -> None:
         raise NoiseError(f"noise rank must be a power of two >= 32, got {rank}")
 
 
-def uniform_factor(keys: torch.Tensor, label: bytes, rows: int, rank: int) -> torch.Tensor:
-    """U for rows 0..rows−1 of every instance: (instances, rows, rank) int8 in [−32, 31]."""
+def noise_factors(keys: torch.Tensor, label: bytes, rows: int, k: int, rank: int
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """U (instances, rows, rank) int8 in [−32, 31] for rows 0..rows−1, and P as (first, second),
+    each (instances, k) int32 (row l: +1 at first, −1 at second), of every instance: one launch.
+    rows = 0 or k = 0 leaves that factor out (an empty tensor)."""
     _check_keys(keys)
     _check_rank(rank)
     instances = keys.shape[0]
-    blocks = rows * rank // 32
-    out = torch.empty((instances, rows, rank), dtype=torch.int8, device=keys.device)
-    total = instances * blocks
-    _prng_kernel[(triton.cdiv(total, _LANES),)](keys.contiguous(), constant_words(label, keys.device),
-                                                 out, out, blocks, total, rows * rank, rank,
-                                                 SPARSE=0, LANES=_LANES)
-    return out
+    device = keys.device
+    u_blocks, s_blocks = rows * rank // 32, triton.cdiv(k, 8)
+    u_total, s_total = instances * u_blocks, instances * s_blocks
+    uniform = torch.empty((instances, rows, rank), dtype=torch.int8, device=device)
+    first = torch.empty((instances, k), dtype=torch.int32, device=device)
+    second = torch.empty_like(first)
+    u_programs = triton.cdiv(u_total, _LANES)
+    grid = (u_programs + triton.cdiv(s_total, _LANES),)
+    _prng_kernel[grid](keys.contiguous(), constant_words(label, device), uniform, first, second,
+                       max(u_blocks, 1), u_total, rows * rank, max(s_blocks, 1), s_total, k, rank, u_programs,
+                       LANES=_LANES)
+    return uniform, first, second
+
+
+def uniform_factor(keys: torch.Tensor, label: bytes, rows: int, rank: int) -> torch.Tensor:
+    """U for rows 0..rows−1 of every instance: (instances, rows, rank) int8 in [−32, 31]."""
+    return noise_factors(keys, label, rows, 0, rank)[0]
 
 
 def sparse_factor(keys: torch.Tensor, label: bytes, k: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
     """P as (first, second), each (instances, k) int32: row l has +1 at first, −1 at second."""
-    _check_keys(keys)
-    _check_rank(rank)
-    instances = keys.shape[0]
-    blocks = triton.cdiv(k, 8)
-    first = torch.empty((instances, k), dtype=torch.int32, device=keys.device)
-    second = torch.empty_like(first)
-    total = instances * blocks
-    _prng_kernel[(triton.cdiv(total, _LANES),)](keys.contiguous(), constant_words(label, keys.device),
-                                                 first, second, blocks, total, k, rank,
-                                                 SPARSE=1, LANES=_LANES)
+    _, first, second = noise_factors(keys, label, 0, k, rank)
     return first, second
 
 

@@ -31,7 +31,7 @@ from proof.int7.seeds import job_key, salted_for
 from .activations import prepare_rows
 from .blake3 import KeyedTrees, bytes_from_words, keyed_trees, words_from_bytes
 from .mined_gemm import TILE_WIDTHS, Tiling, mined_gemm
-from .noise import dense_sparse_factor, noised, sparse_factor, uniform_factor
+from .noise import dense_sparse_factor, noise_factors, noised
 from .seeds import noise_seed_a, noise_seed_b
 from .winner import INSTANCE, TICKET, TILE_COL, TILE_ROW, WinnerSlot, row_opening
 
@@ -119,8 +119,7 @@ def prepare_job(weights: torch.Tensor, scale_b: torch.Tensor, *, header76: bytes
         instances = 1 if moe else experts  # MoE: one instance, the stacked experts
         trees = keyed_trees(key_words, weights.view(instances, -1))
         s_b = noise_seed_b(key_words, trees.roots, salted_seeds=salted, n=n)
-        u_b = uniform_factor(s_b, LABEL_B, experts * n // instances, rank)
-        first, second = sparse_factor(s_b, LABEL_B, k, rank)
+        u_b, first, second = noise_factors(s_b, LABEL_B, experts * n // instances, k, rank)
         bt_noised = noised(weights.view(instances, -1, k), u_b, first, second).view(experts, n, k)
         job = MiningJob(bytes(header76), config, cert_version, moe, key, key_words, weights,
                         scale_b, trees, s_b.expand(experts, 8).contiguous() if moe else s_b,
@@ -205,9 +204,8 @@ class MinedPass:
             o_trees = keyed_trees(job.key_words, self.offsets.view(1, -1).view(torch.int8))
             s_a1 = noise_seed_a(job.s_b[:1], a_trees.roots, salted_seeds=job.salted, m=self.tokens,
                                 routing_hash=r_trees.roots, offsets_hash=o_trees.roots)
-            first, second = sparse_factor(s_a1, LABEL_A, k, rank)
-            a_noised = noised(q.view(1, self.tokens, k), uniform_factor(s_a1, LABEL_A, self.tokens, rank),
-                              first, second)[0]
+            a_noised = noised(q.view(1, self.tokens, k),
+                              *noise_factors(s_a1, LABEL_A, self.tokens, k, rank))[0]
             index = routing.long()
             a_noised, a_clean, apb, scale = a_noised[index], q[index], apb[index], scale[index]
             s_a = s_a1.expand(experts, 8).contiguous()
@@ -218,8 +216,7 @@ class MinedPass:
             q, scale, apb = prepare_rows(x, job.p_b, rows_per_instance=self.rows, scale=scale)
             a_trees = keyed_trees(job.key_words, q.view(experts, -1))
             s_a = noise_seed_a(job.s_b, a_trees.roots, salted_seeds=job.salted, m=self.rows)
-            first, second = sparse_factor(s_a, LABEL_A, k, rank)
-            a_noised = noised(q, uniform_factor(s_a, LABEL_A, self.rows, rank), first, second)
+            a_noised = noised(q, *noise_factors(s_a, LABEL_A, self.rows, k, rank))
             a_clean = q
         mined_gemm(a_noised.contiguous(), a_clean.contiguous(), job.bt_noised, apb.contiguous(),
                    job.u_b, s_a, job.bound, self.rows_valid, self.slot.record,
