@@ -28,6 +28,7 @@ import cutlass.cute as cute
 import quack.sm90_utils as quack_sm90_utils
 from cutlass import BFloat16, Float32, Float8E4M3FN, Int8, Int32, const_expr
 from quack.compile_utils import make_fake_tensor
+from quack.epilogue.ops import ColVecLoad, RowVecLoad
 from quack.gemm_default_epi import GemmDefaultEpiMixin
 from quack.gemm_sm90 import GemmSm90
 from quack.gemm_tvm_ffi_utils import (
@@ -123,13 +124,59 @@ class GroupedGemmInt8Sm90(ScaledEpilogueMixin, GemmSm90):
         super().__init__(Int32, *args, **kwargs)
 
 
+class _Fp32AccView:
+    """A GEMM seen as if its accumulator were fp32: quack's vector loads convert the fp32
+    scales to `gemm.acc_dtype`, which for an int8 GEMM (s32) would truncate them to integers."""
+
+    acc_dtype = Float32
+
+    def __init__(self, gemm):
+        self._gemm = gemm
+
+    def __getattr__(self, name):
+        return getattr(self._gemm, name)
+
+
+def _fp32_vector_load(base: type) -> type:
+    """quack's row or column vector load `base`, keeping the loaded vector in fp32 (plain
+    Python overrides: they run inline in the caller's trace)."""
+
+    class Fp32VectorLoad(base):
+        def begin(self, gemm, param, smem_tensor, ctx):
+            return base.begin(self, _Fp32AccView(gemm), param, smem_tensor, ctx)
+
+        def begin_loop(self, gemm, state, epi_coord):
+            return base.begin_loop(self, _Fp32AccView(gemm), state, epi_coord)
+
+    Fp32VectorLoad.__name__ = f"Fp32{base.__name__}"
+    return Fp32VectorLoad
+
+
+_Fp32RowVecLoad = _fp32_vector_load(RowVecLoad)
+_Fp32ColVecLoad = _fp32_vector_load(ColVecLoad)
+
+
+def _fp32_vector_ops(ops: tuple) -> tuple:
+    """quack's default epilogue ops with the row/column vector loads replaced by fp32 ones."""
+    def replace(op):
+        if isinstance(op, RowVecLoad):
+            return _Fp32RowVecLoad(op.name)
+        if isinstance(op, ColVecLoad):
+            return _Fp32ColVecLoad(op.name)
+        return op
+    return tuple(replace(op) for op in ops)
+
+
 class GroupedGemmInt8ScaledSm90(GroupedGemmInt8Sm90):
     """int8 grouped GEMM with scaled bf16 output: the exact s32 accumulator, converted to fp32
     subtile by subtile in the epilogue, times the scales, rounded to bf16.
 
     quack's epilogue fragment (tRS_rD) has the accumulator's type and is converted to D's type
     only after `epi_visit_subtile`; here it is fp32 instead, filled from the s32 accumulator.
+    The scale vectors are loaded as fp32 too (quack would convert them to s32).
     """
+
+    _epi_ops = _fp32_vector_ops(GemmDefaultEpiMixin._epi_ops)
 
     def epilog_smem_store_and_partition(self, tiled_mma, d_layout, dtype, sD, tidx):
         tiled_copy_r2s, tRS_rD, tRS_sD = super().epilog_smem_store_and_partition(

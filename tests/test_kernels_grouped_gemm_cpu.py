@@ -294,6 +294,9 @@ def test_output_variant_compiles_to_warpgroup_mma_and_its_epilogue(variant_sass,
     acc_values = config.tile_n // 2
     if output is Output.BF16:  # int8: s32 -> fp32, two scale multiplies, packed to bf16
         assert len(re.findall(r"\bI2FP\.F32\.S32\b", sass)) >= acc_values
+        # quack converts its vector loads to the accumulator type (s32): F2I.TRUNC would mean
+        # the scales were truncated to integers (F2I...U32 is the scheduler's index math).
+        assert not re.search(r"\bF2I(?:\.FTZ)?\.TRUNC\.NTZ\b", sass), "scales converted to s32"
         assert len(re.findall(r"\bFMUL\b", sass)) >= 2 * acc_values
         assert len(re.findall(r"\bF2FP\.BF16\.F32\.PACK_AB\b", sass)) == acc_values // 2
     else:  # fp8 raw: fp32 written as is, after one +0 add per value (-0 -> +0)
