@@ -86,7 +86,10 @@ def test_int7_backend_serves_the_int7_product_and_its_winner_verifies(mode):
     assert float((result.output - reference).norm() / reference.norm()) < 0.05
     counts = torch.bincount(ids.reshape(-1), minlength=EXPERTS).tolist()
     assert result.credited_work == sum(c - c % 2 for c in counts) * n * K
-    assert result.tickets == EXPERTS * (16 // 2) * (n // 16)  # M = 16 rows per expert, 2×16 tiles
+    # M = 16 rows per expert; 2-row tiles as wide as the GEMM block: the whole N = 32 for dense,
+    # 16 for MoE (where a tile must be narrower than the expert's N, protocol §7)
+    width = 32 if mode == Mode.INT7_DENSE else 16
+    assert result.tickets == EXPERTS * (16 // 2) * (n // width)
     assert len(result.winners) == 1  # the pass latches one winner
     record = result.winners[0]
     assert (record.mode, record.layer_id, record.job) == (mode.value, 3, job)
