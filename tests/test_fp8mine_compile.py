@@ -54,12 +54,14 @@ SCRIPT = textwrap.dedent("""
             "k": "i32", "recip_127": "fp32", "magic": "fp32", "X_BF16": "constexpr", "BR": "constexpr",
             "BB": "constexpr"}, constexprs={"X_BF16": x_bf16, "BR": 16, "BB": 64}),
             target=target, options={"enable_fp_fusion": False})
-    for rows in (16, 64):
+    for rows, mine in ((16, True), (64, True), (16, False)):
         triton.compile(ASTSource(fn=peel._peel_unscale_kernel, signature={
             "acc_ptr": "*fp32", "rflat_ptr": "*i32", "a_peel_ptr": "*i16", "alpha_a_ptr": "*i16",
             "b_peel_ptr": "*i16", "alpha_b_ptr": "*i16", "tile_row_ptr": "*i32", "tile_expert_ptr": "*i32",
-            "ends_ptr": "*i32", "out_ptr": "*bf16", "n": "i32", "BR": "constexpr", "BN": "constexpr"},
-            constexprs={"BR": rows, "BN": 128}), target=target)
+            "bounds_ptr": "*i32", "out_ptr": "*i16", "n": "i32", "key_ptr": "*i32", "thr_ptr": "*i32",
+            "seed_b_ptr": "*i32", "lock_ptr": "*i32", "record_ptr": "*i32", "fresh_ptr": "*i32", "header_ptr": "*i32",
+            "BR": "constexpr", "BN": "constexpr", "MINE": "constexpr"},
+            constexprs={"BR": rows, "BN": 128, "MINE": mine}), target=target)
     triton.compile(ASTSource(fn=peel._a_peel_kernel, signature={
         "codes_ptr": "*u8", "beta_ptr": "*i16", "e_ptr": "*u8", "f_b_ptr": "*u8", "out_ptr": "*i16",
         "rows": "i32", "k": "i32", "BR": "constexpr", "BK": "constexpr"}, constexprs={"BR": 16, "BK": 128}),
@@ -79,8 +81,9 @@ SCRIPT = textwrap.dedent("""
             "header_ptr": "*i32", "tickets_ptr": "*i32", "BT": "constexpr", "STORE_TICKETS": "constexpr"},
             constexprs={"BT": tiles, "STORE_TICKETS": store}), target=target)
     triton.compile(ASTSource(fn=lottery._payload_kernel, signature={
-        "fresh_ptr": "*i32", "src_ptr": "*i32", "dst_ptr": "*i32", "nwords": "i32", "BLOCK": "constexpr"},
-        constexprs={"BLOCK": 1024}), target=target)
+        "fresh_ptr": "*i32", **{f"{name}{i}": kind for i in range(4) for name, kind in
+                                (("src", "*i32"), ("dst", "*i32"), ("n", "i32"))},
+        "BLOCK": "constexpr"}, constexprs={"BLOCK": 1024}), target=target)
     triton.compile(ASTSource(fn=routing._tile_map_kernel, signature={
         "ends_ptr": "*i32", "experts": "i32", "tile_rows": "i32", "partial": "i32", "row_start_ptr": "*i32",
         "expert_ptr": "*i32", "local_ptr": "*i32", "slots": "i32", "BLOCK": "constexpr"},

@@ -307,14 +307,19 @@ def _parts(gemm: MinedGemm, x: torch.Tensor, topk, result) -> dict:
     state, table, a = gemm.state, result.table, result.a
     codes, b_codes = gemm.expert_rows(a.side.codes, table), gemm.b_codes()
     tiles = row_tiles(table)
+    peel_args = (result.acc, a.peel, a.side.alpha, state.peel.view(gemm.b.experts, gemm.b.n_e, -1),
+                 state.side.alpha.view(gemm.b.experts, gemm.b.n_e), table)
+    sources = {"codes": a.codes, "scales": a.scales, "rflat": table.rflat, "offsets": table.offsets}
     stages = {
         "A side": lambda: prepare_a(x, gemm.seed_message, gemm.p_a_len, state, table if gemm.moe else None),
         "A' rows to expert order": lambda: gemm.expert_rows(a.side.codes, table),
         **{f"GEMM ({impl})": functools.partial(grouped_matmul, codes, b_codes, table, impl) for impl in IMPLS},
-        "lottery": lambda: gemm.latch.run(result.acc, tiles, a.pow_key, gemm.threshold, state.seed_b, {}),
-        "peel + unscale": lambda: peel_and_unscale(
-            result.acc, a.peel, a.side.alpha, state.peel.view(gemm.b.experts, gemm.b.n_e, -1),
-            state.side.alpha.view(gemm.b.experts, gemm.b.n_e), table),
+        "lottery alone (checks' pass)": lambda: gemm.latch.run(result.acc, tiles, a.pow_key, gemm.threshold,
+                                                               state.seed_b, {}),
+        "peel + unscale alone": functools.partial(peel_and_unscale, *peel_args),
+        "peel + unscale + lottery (the pass's)": lambda: peel_and_unscale(
+            *peel_args, gemm.latch.mining_args(a.pow_key, gemm.threshold, state.seed_b)),
+        "payload capture + publish": lambda: (gemm.latch.capture(sources), gemm.latch.publish()),
     }
     timings = time_methods({name: [fn] for name, fn in stages.items()}, target_ms=10.0, replays=3)
     return {name: repr(t) if isinstance(t, Exception) else t.median_us for name, t in timings.items()}

@@ -35,7 +35,8 @@ STATUS, M, N, K, TILE_ROW, TILE_COLUMN, LTILE_ROWS, LTILE_COLS = range(8)
 CODES_BYTES, SCALES_BYTES, LAYER_ID = 8, 9, 10
 TARGET, HASH_A, HASH_B, MAGIC_AT, GROUP_ID, TICKET = 12, 20, 28, 36, 38, 40
 
-_FOLD_MULTIPLIER = 0x9E3779B1
+_PAYLOAD_COPIES = 4  # word ranges per payload launch
+_PAYLOAD_BLOCK = 1024
 
 
 class LotteryError(ValueError):
@@ -101,17 +102,13 @@ def _pick(values, slot_ids, slot):
 
 
 @jit
-def _lottery_kernel(acc_ptr, n, tile_row_ptr, tile_expert_ptr, tile_local_ptr, num_tiles,
-                    key_ptr, thr_ptr, seed_b_ptr, lock_ptr, record_ptr, fresh_ptr, header_ptr,
-                    tickets_ptr, BT: tl.constexpr, STORE_TICKETS: tl.constexpr):
+def _mine_tiles(acc_ptr, n, row_base, live, col_tile, local, expert, key_ptr, thr_ptr, seed_b_ptr,
+                lock_ptr, record_ptr, fresh_ptr, header_ptr, BT: tl.constexpr):
+    """Fold, hash and compare BT tiles (rows row_base .. +3, columns 64·col_tile .. +63; `local`
+    and `expert` per tile); the lowest winner among them CASes the lock and writes the record.
+    Returns the tickets' 8 words. Shared by the lottery kernel and the fused peel pass."""
     slot_ids = tl.arange(0, BT)
-    slots = tl.program_id(0) * BT + slot_ids
-    in_range = slots < num_tiles
-    row_start = tl.load(tile_row_ptr + slots, mask=in_range, other=-1)
-    live = in_range & (row_start >= 0)
-    row_base = tl.where(live, row_start, 0).to(tl.int64)
-    col_base = tl.program_id(1) * 64
-    lanes = _fold(acc_ptr, row_base, col_base, live, n, BT)
+    lanes = _fold(acc_ptr, row_base, col_tile * 64, live, n, BT)
     m0, m1, m2, m3 = _lane(lanes, 0), _lane(lanes, 1), _lane(lanes, 2), _lane(lanes, 3)
     m4, m5, m6, m7 = _lane(lanes, 4), _lane(lanes, 5), _lane(lanes, 6), _lane(lanes, 7)
     m8, m9, m10, m11 = _lane(lanes, 8), _lane(lanes, 9), _lane(lanes, 10), _lane(lanes, 11)
@@ -128,9 +125,6 @@ def _lottery_kernel(acc_ptr, n, tile_row_ptr, tile_expert_ptr, tile_local_ptr, n
     h0, h1, h2, h3, h4, h5, h6, h7 = compress(
         k0, k1, k2, k3, k4, k5, k6, k7,
         m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15, zero, zero + 27)
-    if STORE_TICKETS:  # checks only: every tile's ticket at [slot, column tile, word]
-        base = tickets_ptr + (slots.to(tl.int64) * tl.num_programs(1) + tl.program_id(1)) * 8
-        store_words8(base, h0, h1, h2, h3, h4, h5, h6, h7, live)
     wins = _le256(h0, h1, h2, h3, h4, h5, h6, h7, thr_ptr) & live
     slot = tl.reduce(tl.where(wins, slot_ids, BT), 0, _minimum)
     if slot < BT:
@@ -139,9 +133,9 @@ def _lottery_kernel(acc_ptr, n, tile_row_ptr, tile_expert_ptr, tile_local_ptr, n
             tl.store(record_ptr + header, tl.load(header_ptr + header), mask=header > 0)
             tl.store(record_ptr + 36, 0x49473031)
             tl.store(record_ptr + 37, 0x48495453)
-            tl.store(record_ptr + 4, _pick(tl.load(tile_local_ptr + slots, mask=live, other=0), slot_ids, slot))
-            tl.store(record_ptr + 5, tl.program_id(1))
-            tl.store(record_ptr + 38, _pick(tl.load(tile_expert_ptr + slots, mask=live, other=0), slot_ids, slot))
+            tl.store(record_ptr + 4, _pick(local, slot_ids, slot))
+            tl.store(record_ptr + 5, col_tile)
+            tl.store(record_ptr + 38, _pick(expert, slot_ids, slot))
             tl.store(record_ptr + 40, _pick(h0.to(tl.int32, bitcast=True), slot_ids, slot))
             tl.store(record_ptr + 41, _pick(h1.to(tl.int32, bitcast=True), slot_ids, slot))
             tl.store(record_ptr + 42, _pick(h2.to(tl.int32, bitcast=True), slot_ids, slot))
@@ -156,15 +150,51 @@ def _lottery_kernel(acc_ptr, n, tile_row_ptr, tile_expert_ptr, tile_local_ptr, n
             tl.store(record_ptr + 28 + words, tl.load(seed_b_ptr + words))
             tl.store(fresh_ptr, 1)
             tl.atomic_xchg(record_ptr, 1, sem="release")
+    return h0, h1, h2, h3, h4, h5, h6, h7
 
 
 @jit
-def _payload_kernel(fresh_ptr, src_ptr, dst_ptr, nwords, BLOCK: tl.constexpr):
-    """Copy src → dst only in the launch whose winner raised `fresh`."""
+def _lottery_kernel(acc_ptr, n, tile_row_ptr, tile_expert_ptr, tile_local_ptr, num_tiles,
+                    key_ptr, thr_ptr, seed_b_ptr, lock_ptr, record_ptr, fresh_ptr, header_ptr,
+                    tickets_ptr, BT: tl.constexpr, STORE_TICKETS: tl.constexpr):
+    """BT slots of the row-tile map × the 64-column tile program_id(1)."""
+    slots = tl.program_id(0) * BT + tl.arange(0, BT)
+    in_range = slots < num_tiles
+    row_start = tl.load(tile_row_ptr + slots, mask=in_range, other=-1)
+    live = in_range & (row_start >= 0)
+    row_base = tl.where(live, row_start, 0).to(tl.int64)
+    local = tl.load(tile_local_ptr + slots, mask=live, other=0)
+    expert = tl.load(tile_expert_ptr + slots, mask=live, other=0)
+    h0, h1, h2, h3, h4, h5, h6, h7 = _mine_tiles(
+        acc_ptr, n, row_base, live, tl.program_id(1), local, expert, key_ptr, thr_ptr, seed_b_ptr,
+        lock_ptr, record_ptr, fresh_ptr, header_ptr, BT)
+    if STORE_TICKETS:  # checks only: every tile's ticket at [slot, column tile, word]
+        base = tickets_ptr + (slots.to(tl.int64) * tl.num_programs(1) + tl.program_id(1)) * 8
+        store_words8(base, h0, h1, h2, h3, h4, h5, h6, h7, live)
+
+
+@jit
+def _copy_words(src_ptr, dst_ptr, nwords, offs):
+    live = offs < nwords
+    tl.store(dst_ptr + offs, tl.load(src_ptr + offs, mask=live), mask=live)
+
+
+@jit
+def _payload_kernel(fresh_ptr, src0, dst0, n0, src1, dst1, n1, src2, dst2, n2, src3, dst3, n3,
+                    BLOCK: tl.constexpr):
+    """Copy up to four src → dst word ranges (program_id(1) picks one) only in the launch whose
+    winner raised `fresh`: one launch for the whole payload."""
     if tl.load(fresh_ptr) != 0:
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        live = offs < nwords
-        tl.store(dst_ptr + offs, tl.load(src_ptr + offs, mask=live), mask=live)
+        which = tl.program_id(1)
+        if which == 0:
+            _copy_words(src0, dst0, n0, offs)
+        elif which == 1:
+            _copy_words(src1, dst1, n1, offs)
+        elif which == 2:
+            _copy_words(src2, dst2, n2, offs)
+        else:
+            _copy_words(src3, dst3, n3, offs)
 
 
 @dataclass(frozen=True)
@@ -226,7 +256,9 @@ class LotteryLatch:
     def run(self, acc: torch.Tensor, tiles: RowTiles, pow_key: torch.Tensor, threshold_: torch.Tensor,
             seed_b: torch.Tensor, sources: dict[str, torch.Tensor],
             tickets: torch.Tensor | None = None) -> None:
-        """Fold, hash and compare every tile of `acc` (rows, n_e) fp32; latch the first winner.
+        """Fold, hash and compare every tile of `acc` (rows, n_e) fp32; latch the first winner;
+        then `capture(sources)`. The mined pass does the same inside its peel pass
+        (peel.peel_and_unscale with `mining_args`); this standalone pass serves the checks.
 
         `tickets`, for checks: an int32 (row tiles, n_e/64, 8) tensor that receives every ticket.
         """
@@ -236,16 +268,31 @@ class LotteryLatch:
         per_program = tiles_per_program(num_tiles)
         grid = (max(1, triton.cdiv(num_tiles, per_program)), acc.shape[1] // TILE_COLS)
         _lottery_kernel[grid](acc.contiguous().view(torch.int32), acc.shape[1], tiles.row_start,
-                              tiles.expert, tiles.local, num_tiles, pow_key.contiguous(),
-                              threshold_.contiguous(), seed_b.contiguous(), self.lock, self.record,
-                              self.fresh, self.header, self.record if tickets is None else tickets,
+                              tiles.expert, tiles.local, num_tiles,
+                              *self.mining_args(pow_key, threshold_, seed_b),
+                              self.record if tickets is None else tickets,
                               BT=per_program, STORE_TICKETS=tickets is not None)
-        for name, src in sources.items():
-            dst = self.payload[name]
-            words = src.contiguous().view(torch.int32).view(-1)
-            block = 1024
-            _payload_kernel[(triton.cdiv(words.numel(), block),)](
-                self.fresh, words, dst.view(torch.int32).view(-1), words.numel(), BLOCK=block)
+        self.capture(sources)
+
+    def mining_args(self, pow_key: torch.Tensor, threshold_: torch.Tensor,
+                    seed_b: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The kernel arguments of a mining pass into this latch, in `_mine_tiles` order:
+        jackpot key, threshold words, seedB, lock, record, fresh flag, header words."""
+        return (pow_key.contiguous(), threshold_.contiguous(), seed_b.contiguous(), self.lock,
+                self.record, self.fresh, self.header)
+
+    def capture(self, sources: dict[str, torch.Tensor]) -> None:
+        """After a mining pass: snapshot `sources` into the payload if this launch's winner raised
+        `fresh` (conditional kernels, no host sync), then lower the flag."""
+        copies = [(src.contiguous().view(torch.int32).view(-1), self.payload[name].view(torch.int32).view(-1))
+                  for name, src in sources.items()]
+        for first in range(0, len(copies), _PAYLOAD_COPIES):
+            group = copies[first:first + _PAYLOAD_COPIES]
+            args = [arg for src, dst in group for arg in (src, dst, src.numel())]
+            args += [self.fresh, self.fresh, 0] * (_PAYLOAD_COPIES - len(group))
+            longest = max(src.numel() for src, _ in group)
+            _payload_kernel[(max(1, triton.cdiv(longest, _PAYLOAD_BLOCK)), len(group))](
+                self.fresh, *args, BLOCK=_PAYLOAD_BLOCK)
         self.fresh.zero_()
 
     def publish(self) -> None:
