@@ -88,10 +88,11 @@ SCRIPT = textwrap.dedent("""
         "ends_ptr": "*i32", "experts": "i32", "tile_rows": "i32", "partial": "i32", "row_start_ptr": "*i32",
         "expert_ptr": "*i32", "local_ptr": "*i32", "slots": "i32", "BLOCK": "constexpr"},
         constexprs={"BLOCK": 256}), target=target)
-    triton.compile(ASTSource(fn=norms_kernel._norms_kernel, signature={
-        "codes_ptr": "*i8", "scales_ptr": "*i16", "l2_ptr": "*i16", "linf_ptr": "*i16", "num_rows": "i32",
-        "k": "i32", "wl2": "i32", "BR": "constexpr", "BB": "constexpr"}, constexprs={"BR": 16, "BB": 64}),
-        target=target, options={"enable_fp_fusion": False})
+    for rows in (4, 16):
+        triton.compile(ASTSource(fn=norms_kernel._norms_kernel, signature={
+            "codes_ptr": "*i8", "scales_ptr": "*i16", "l2_ptr": "*i16", "linf_ptr": "*i16", "num_rows": "i32",
+            "k": "i32", "wl2": "i32", "BR": "constexpr", "BB": "constexpr"}, constexprs={"BR": rows, "BB": 64}),
+            target=target, options={"enable_fp_fusion": False})
     triton.compile(ASTSource(fn=hashing._short_kernel, signature={
         "key_ptr": "*i32", "key_stride": "i32", "msg_ptr": "*i32", "out_ptr": "*i32", "total": "i32",
         "nbytes": "i32", "blocks": "i32", "keyed": "i32", "LANES": "constexpr"}, constexprs={"LANES": 16}),

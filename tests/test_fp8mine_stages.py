@@ -85,8 +85,10 @@ def test_prequantize_and_norms_match_reference():
         assert np.array_equal(u16(values), ref_prequant.open_values(want_codes, want_scales))
 
 
-@pytest.mark.parametrize("k", [16, 64, 1024])
-def test_row_norms_match_reference_on_random_planes(k):
+@pytest.mark.parametrize("k, rows_per_program", [(16, 4), (64, 16), (1024, 4)])
+def test_row_norms_match_reference_on_random_planes(k, rows_per_program, monkeypatch):
+    from kernels.fp8mine import norms_kernel
+    monkeypatch.setattr(norms_kernel, "rows_per_program", lambda rows: rows_per_program)
     rng = np.random.default_rng(k)
     q = rng.integers(-127, 128, (32, k)).astype(np.int8)
     q[rng.random(q.shape) < 0.4] = 0
@@ -285,6 +287,27 @@ def test_grouped_matmul_is_the_model_per_expert():
     with pytest.raises(MatmulError, match="multiple of 32"):
         grouped_matmul(torch.zeros(2, 48, dtype=torch.float8_e4m3fn),
                        torch.zeros(1, 2, 48, dtype=torch.float8_e4m3fn), table)
+
+
+def test_gemm_implementation_is_chosen_once_and_can_be_forced(monkeypatch, caplog):
+    import importlib.util
+    from kernels.fp8mine import matmul
+    try:
+        matmul.gemm_impl.cache_clear()
+        monkeypatch.setenv("PEARL_FP8MINE_GEMM", "triton")
+        with caplog.at_level("INFO", logger="kernels.fp8mine.matmul"):
+            assert matmul.gemm_impl() == "triton" and matmul.gemm_impl() == "triton"
+        assert [r.getMessage() for r in caplog.records] == ["fp8mine GEMM: triton (forced by PEARL_FP8MINE_GEMM)"]
+        matmul.gemm_impl.cache_clear()
+        monkeypatch.setenv("PEARL_FP8MINE_GEMM", "cublas")
+        with pytest.raises(MatmulError, match="PEARL_FP8MINE_GEMM"):
+            matmul.gemm_impl()
+        matmul.gemm_impl.cache_clear()
+        monkeypatch.delenv("PEARL_FP8MINE_GEMM")
+        cute = importlib.util.find_spec("cutlass") is not None and importlib.util.find_spec("quack") is not None
+        assert matmul.gemm_impl() == ("cute" if cute else "triton")
+    finally:
+        matmul.gemm_impl.cache_clear()
 
 
 # ---------------------------------------------------------------------------------------- lottery

@@ -39,7 +39,7 @@ from proof.fp8.verify import evaluate_plain_proof, verify_plain_proof
 from .matmul import IMPLS, WINDOW_K, gemm_impl, grouped_matmul, matmul
 from .pipeline import MinedGemm
 from .proofs import take_winner
-from .routing import RoutingTable, row_tiles
+from .routing import RoutingTable, routing_table, row_tiles
 
 DEVICE = "cuda"  # `--device cpu` dry-runs the check logic on the CPU backend (slow, no timings)
 FINITE_CODES = np.array([c for c in range(256) if c & 0x7F != 0x7F], dtype=np.uint8)
@@ -311,6 +311,7 @@ def _parts(gemm: MinedGemm, x: torch.Tensor, topk, result) -> dict:
                  state.side.alpha.view(gemm.b.experts, gemm.b.n_e), table)
     sources = {"codes": a.codes, "scales": a.scales, "rflat": table.rflat, "offsets": table.offsets}
     stages = {
+        **({"routing table": lambda: routing_table(topk, gemm.b.experts)} if gemm.moe else {}),
         "A side": lambda: prepare_a(x, gemm.seed_message, gemm.p_a_len, state, table if gemm.moe else None),
         "A' rows to expert order": lambda: gemm.expert_rows(a.side.codes, table),
         **{f"GEMM ({impl})": functools.partial(grouped_matmul, codes, b_codes, table, impl) for impl in IMPLS},

@@ -18,8 +18,13 @@ from kernels.int7._jit import jit
 
 from .noisy_kernel import _rne_bf16
 
-_ROWS = 16
 _BLOCKS = 64  # scale blocks (of 8 codes) per step
+
+
+def rows_per_program(rows: int) -> int:
+    """4 rows per program for decode-sized operands (a 64-row launch then spreads over 16 SMs
+    instead of 4: each program walks its rows' blocks serially, twice), 16 for large ones."""
+    return 4 if rows <= 1024 else 16
 
 
 @jit
@@ -127,7 +132,8 @@ def row_norms(codes: torch.Tensor, scales: torch.Tensor, wl2: int) -> tuple[torc
     rows, k = codes.shape
     l2 = torch.empty(rows, dtype=torch.int16, device=codes.device)
     linf = torch.empty(rows, dtype=torch.int16, device=codes.device)
-    _norms_kernel[(triton.cdiv(rows, _ROWS),)](codes.contiguous(), scales.contiguous().view(torch.int16),
-                                               l2, linf, rows, k, wl2, BR=_ROWS, BB=_BLOCKS,
-                                               enable_fp_fusion=False)
+    per_program = rows_per_program(rows)
+    _norms_kernel[(triton.cdiv(rows, per_program),)](codes.contiguous(), scales.contiguous().view(torch.int16),
+                                                     l2, linf, rows, k, wl2, BR=per_program, BB=_BLOCKS,
+                                                     enable_fp_fusion=False)
     return l2.view(torch.bfloat16), linf.view(torch.bfloat16)
