@@ -28,7 +28,8 @@ def _plant(job, wins):
     return best
 
 
-def test_dense_v3_salted_planted_winner_verifies():
+@pytest.mark.parametrize("fused_a", [True, False])  # the fused decode A side and the staged kernels
+def test_dense_v3_salted_planted_winner_verifies(fused_a):
     experts = 2
     rng = np.random.default_rng(21)
     weights = rng.integers(-64, 65, (experts, N, K), dtype=np.int8)
@@ -42,7 +43,8 @@ def test_dense_v3_salted_planted_winner_verifies():
         assert bytes_from_words(job.s_b[e]) == ref.s_b
         assert np.array_equal(job.bt_noised[e].cpu().numpy(), ref.bt_noised)
     expert, best = _plant(job, [(e, w) for e, ref in enumerate(refs) for w in instance_tickets(ref)])
-    mined = MinedPass(job, M, write_i32=True)
+    mined = MinedPass(job, M, write_i32=True, fused_a=fused_a)
+    assert mined.fused_a == fused_a
     mined.run_quantized(torch.from_numpy(acts).to(DEVICE), torch.ones(experts, M, device=DEVICE))
     expected = np.einsum("emk,enk->emn", acts.astype(np.int64), weights.astype(np.int64))
     assert np.array_equal(mined.out_i32.cpu().numpy(), expected)
@@ -92,6 +94,8 @@ def test_no_winner_below_a_zero_bound_and_bad_arguments():
         prepare_job(weights, torch.ones(1, N, device=DEVICE), header76=HEADER,
                     config=MiningConfig(K, RANK, [0, 8, 64, 72], list(range(8))), cert_version=1,
                     bound=0, moe=False)
+    with pytest.raises(PipelineError, match="fused A side needs"):
+        MinedPass(job, 48, fused_a=True)
     with pytest.raises(PipelineError, match="dense pass needs activations"):
         mined.run_quantized(torch.zeros((1, M + 2, K), dtype=torch.int8, device=DEVICE),
                             torch.ones(1, M + 2, device=DEVICE))

@@ -72,6 +72,20 @@ def _quantise_kernel(x_ptr, q_ptr, scale_ptr, K, BK: tl.constexpr):
 
 
 @jit
+def apb_partial(q_ptr, pb_ptr, rows, ts, k_begin, steps, K, R: tl.constexpr, BK: tl.constexpr):
+    """q[rows, k_begin : k_begin + steps·BK] · P_B[same k, ts] as int32 (rows × ts) on the tensor
+    cores; pb_ptr at the instance's P_B (K, R). Shared by the A·P_B kernel and the fused A side."""
+    ks = tl.arange(0, BK)
+    acc = tl.full((rows.shape[0], ts.shape[0]), 0, tl.int32)
+    for step in range(0, steps):
+        kk = k_begin + step * BK + ks
+        q = tl.load(q_ptr + rows[:, None] * K + kk[None, :])
+        p = tl.load(pb_ptr + kk.to(tl.int64)[:, None] * R + ts[None, :])
+        acc = tl.dot(q, p, acc, out_dtype=tl.int32)
+    return acc
+
+
+@jit
 def _apb_kernel(q_ptr, pb_ptr, pb_stride, apb_ptr, rows_per_instance, K, steps_per_split,
                 R: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr, RB: tl.constexpr,
                 ATOMIC: tl.constexpr):
@@ -80,14 +94,8 @@ def _apb_kernel(q_ptr, pb_ptr, pb_stride, apb_ptr, rows_per_instance, K, steps_p
     rows = (block * BR + tl.arange(0, BR)).to(tl.int64)
     inst = ((block * BR) // rows_per_instance).to(tl.int64)  # BR divides rows_per_instance
     ts = tl.program_id(2) * RB + tl.arange(0, RB)
-    ks = tl.arange(0, BK)
-    k_begin = tl.program_id(1) * steps_per_split * BK
-    acc = tl.full((BR, RB), 0, tl.int32)
-    for step in range(0, steps_per_split):
-        kk = k_begin + step * BK + ks
-        q = tl.load(q_ptr + rows[:, None] * K + kk[None, :])
-        p = tl.load(pb_ptr + inst * pb_stride + kk.to(tl.int64)[:, None] * R + ts[None, :])
-        acc = tl.dot(q, p, acc, out_dtype=tl.int32)
+    acc = apb_partial(q_ptr, pb_ptr + inst * pb_stride, rows, ts,
+                      tl.program_id(1) * steps_per_split * BK, steps_per_split, K, R, BK)
     at = apb_ptr + rows[:, None] * R + ts[None, :]
     if ATOMIC:
         tl.atomic_add(at, acc, sem="relaxed")  # ordered by the kernel boundary
@@ -145,14 +153,18 @@ def a_times_p_b(q: torch.Tensor, p_b: torch.Tensor, *, rows_per_instance: int) -
     return apb
 
 
+def int7_codes(x: torch.Tensor, scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q, scale): floating x is quantised; int8 x is taken as int7 codes with the given scale."""
+    if x.is_floating_point():
+        return quantise_rows(x)
+    if x.dtype != torch.int8 or scale is None:
+        raise ActivationError(f"x must be floating point, or int8 codes with their scale; got {x.dtype}")
+    return x, scale
+
+
 def prepare_rows(x: torch.Tensor, p_b: torch.Tensor, *, rows_per_instance: int,
                  scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(q, scale, A·P_B) for rows x (..., K): floating x is quantised; int8 x is taken as int7 codes
     (then `scale` is passed through). A·P_B: int32 (*x.shape[:-1], r); p_b as in `a_times_p_b`."""
-    if x.is_floating_point():
-        q, scale = quantise_rows(x)
-    elif x.dtype != torch.int8 or scale is None:
-        raise ActivationError(f"x must be floating point, or int8 codes with their scale; got {x.dtype}")
-    else:
-        q = x
+    q, scale = int7_codes(x, scale)
     return q, scale, a_times_p_b(q, p_b, rows_per_instance=rows_per_instance)

@@ -152,20 +152,15 @@ def store_words8(ptr, w0, w1, w2, w3, w4, w5, w6, w7, mask):
 
 
 @jit
-def _chunk_kernel(data_ptr, key_ptr, key_stride, out_ptr, words_per_instance, chunks_per_instance,
-                  total_chunks, last_flags, LANES: tl.constexpr):
-    """Keyed chaining value of every 1024-byte chunk; words past the instance's end read as zero.
+def chunk_chaining_value(base, chunk, words_per_instance, live,
+                         k0, k1, k2, k3, k4, k5, k6, k7, last_flags):
+    """Keyed chaining value of chunk `chunk` (a lane tensor) of the words at base; words at or past
+    `words_per_instance` read as zero. Shared by the chunk kernel and the fused decode A side.
 
     The next block's 16 words are loaded before the current compression, so their memory latency
     overlaps it instead of stalling each of the 16 steps."""
-    lane = tl.program_id(0) * LANES + tl.arange(0, LANES)
-    live = lane < total_chunks
-    inst = (lane // chunks_per_instance).to(tl.int64)
-    chunk = lane % chunks_per_instance
-    k0, k1, k2, k3, k4, k5, k6, k7 = load_words8(key_ptr + inst * key_stride, live)
     c0, c1, c2, c3, c4, c5, c6, c7 = k0, k1, k2, k3, k4, k5, k6, k7
     counter = chunk.to(tl.uint32)
-    base = data_ptr + inst * words_per_instance
     w = chunk.to(tl.int64) * 256
     n0, n1, n2, n3, n4, n5, n6, n7 = load_words8_bounded(base, w, words_per_instance, live)
     n8, n9, n10, n11, n12, n13, n14, n15 = load_words8_bounded(base, w + 8, words_per_instance, live)
@@ -182,6 +177,20 @@ def _chunk_kernel(data_ptr, key_ptr, key_stride, out_ptr, words_per_instance, ch
         c0, c1, c2, c3, c4, c5, c6, c7 = compress(
             c0, c1, c2, c3, c4, c5, c6, c7,
             m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15, counter, flags)
+    return c0, c1, c2, c3, c4, c5, c6, c7
+
+
+@jit
+def _chunk_kernel(data_ptr, key_ptr, key_stride, out_ptr, words_per_instance, chunks_per_instance,
+                  total_chunks, last_flags, LANES: tl.constexpr):
+    """Keyed chaining value of every 1024-byte chunk of every instance (a lane per chunk)."""
+    lane = tl.program_id(0) * LANES + tl.arange(0, LANES)
+    live = lane < total_chunks
+    inst = (lane // chunks_per_instance).to(tl.int64)
+    k0, k1, k2, k3, k4, k5, k6, k7 = load_words8(key_ptr + inst * key_stride, live)
+    c0, c1, c2, c3, c4, c5, c6, c7 = chunk_chaining_value(
+        data_ptr + inst * words_per_instance, lane % chunks_per_instance, words_per_instance, live,
+        k0, k1, k2, k3, k4, k5, k6, k7, last_flags)
     store_words8(out_ptr + lane.to(tl.int64) * 8, c0, c1, c2, c3, c4, c5, c6, c7, live)
 
 
@@ -216,16 +225,11 @@ def _parent_kernel(level_ptr, key_ptr, key_stride, out_ptr, count, parents, tota
 
 
 @jit
-def _upper_levels_kernel(level_ptr, key_ptr, key_stride, flat_ptr, chunks, flat_nodes,
-                         LANES: tl.constexpr):
-    """Every parent level of one instance in one program (small trees): level after level into
-    flat (instances, flat_nodes, 8), a CTA barrier between levels; ROOT on the top compression."""
-    inst = tl.program_id(0).to(tl.int64)
-    lane = tl.arange(0, LANES).to(tl.int64)
-    every = lane >= 0
-    k0, k1, k2, k3, k4, k5, k6, k7 = load_words8(key_ptr + inst * key_stride + lane * 0, every)
-    src = level_ptr + inst * chunks * 8
-    dst = flat_ptr + inst * flat_nodes * 8
+def upper_levels(src, dst, chunks, lane, k0, k1, k2, k3, k4, k5, k6, k7, LANES: tl.constexpr):
+    """Every parent level of one tree over the `chunks` leaf CVs at src, level after level into
+    dst (consecutive levels, the root last), a CTA barrier between levels; ROOT on the top
+    compression. `lane` is tl.arange(0, LANES) (int64). Shared by the one-program tree kernel and
+    the fused decode A side; the caller puts a barrier between writing the leaves and this."""
     count = chunks
     while count > 1:
         parents = (count + 1) // 2
@@ -237,6 +241,19 @@ def _upper_levels_kernel(level_ptr, key_ptr, key_stride, flat_ptr, chunks, flat_
         src = dst
         dst = dst + parents * 8
         count = parents
+
+
+@jit
+def _upper_levels_kernel(level_ptr, key_ptr, key_stride, flat_ptr, chunks, flat_nodes,
+                         LANES: tl.constexpr):
+    """Every parent level of one instance in one program (small trees) into flat
+    (instances, flat_nodes, 8)."""
+    inst = tl.program_id(0).to(tl.int64)
+    lane = tl.arange(0, LANES).to(tl.int64)
+    every = lane >= 0
+    k0, k1, k2, k3, k4, k5, k6, k7 = load_words8(key_ptr + inst * key_stride + lane * 0, every)
+    upper_levels(level_ptr + inst * chunks * 8, flat_ptr + inst * flat_nodes * 8, chunks, lane,
+                 k0, k1, k2, k3, k4, k5, k6, k7, LANES)
 
 
 def words_from_bytes(data: bytes, device: torch.device | str = "cpu") -> torch.Tensor:

@@ -20,7 +20,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from . import activations, blake3, mined_gemm, noise, seeds, winner
+from . import a_side, activations, blake3, mined_gemm, noise, seeds, winner
 from ._jit import INTERPRETING
 
 TARGET = GPUTarget("cuda", 90, 32)
@@ -73,6 +73,21 @@ def _variants() -> list[tuple[str, object, dict, dict, int, int]]:
                  "second_ptr": "*i32", "u_blocks": "i32", "u_total": "i32", "u_limit": "i32",
                  "s_blocks": "i32", "s_total": "i32", "s_limit": "i32", "rank": "i32", "u_programs": "i32",
                  "LANES": "constexpr"}, lanes, 4, 1))
+    out.append(("a_side_commit_seed", a_side._commit_seed_kernel,
+                {"q_ptr": "*i32", "key_ptr": "*i32", "sb_ptr": "*i32", "salt_ptr": "*i32", "nodes_ptr": "*i32",
+                 "sa_ptr": "*i32", "apb_ptr": "*i32", "words_per_instance": "i32", "chunks": "i32",
+                 "nodes_per_instance": "i32", "dim": "i32", "apb_per_instance": "i32",
+                 "SALTED": "constexpr", "LANES": "constexpr", "ZERO_BLOCK": "constexpr"},
+                {"SALTED": 1, "LANES": a_side._LANES, "ZERO_BLOCK": a_side._ZERO_BLOCK}, 4, 1))
+    for rows in a_side.FUSED_ROWS:
+        out.append((f"a_side_noise_apply_m{rows}", a_side._noise_apply_kernel,
+                    {"q_ptr": "*i8", "sa_ptr": "*i32", "label_ptr": "*i32", "u_ptr": "*i8",
+                     "first_ptr": "*i32", "second_ptr": "*i32", "out_ptr": "*i8", "pb_ptr": "*i8",
+                     "apb_ptr": "*i32", "K": "i32", "u_blocks": "i32", "column_blocks": "i32",
+                     "R": "constexpr", "BR": "constexpr", "BC": "constexpr", "BK": "constexpr",
+                     "LANES": "constexpr"},
+                    {"R": 128, "BR": rows, "BC": a_side._BLOCK_BYTES // rows, "BK": 128,
+                     "LANES": a_side._LANES}, a_side._APPLY_WARPS, a_side._APPLY_STAGES))
     out.append(("retain", winner._retain_kernel,
                 {"record_ptr": "*i32", "src_ptr": "*i32", "dst_ptr": "*i32", "per_instance": "i32",
                  "USE_INDEX": "constexpr", "BLOCK": "constexpr"}, {"USE_INDEX": 1, "BLOCK": 1024}, 4, 1))

@@ -32,6 +32,48 @@ class NoiseError(ValueError):
 
 
 @jit
+def prng_block(key_ptr, label_ptr, index, sparse, live):
+    """The 8 words of PRNG block G(index, label, key, slot) per lane: slot 1 (the index in word 1)
+    for the sparse factor, slot 0 for the uniform one (`sparse` a lane mask); key_ptr points at
+    each lane's 8 key words. Shared by the PRNG kernel and the fused decode A side."""
+    k0, k1, k2, k3, k4, k5, k6, k7 = load_words8(key_ptr, live)
+    l0, l1, l2, l3, l4, l5, l6, l7 = load_words8(label_ptr + tl.full(index.shape, 0, tl.int64), live)
+    zero = tl.full(index.shape, 0, tl.uint32)
+    index = index.to(tl.uint32)
+    return compress(
+        k0, k1, k2, k3, k4, k5, k6, k7,
+        tl.where(sparse, zero, index), tl.where(sparse, index, zero), zero, zero, zero, zero, zero, zero,
+        l0, l1, l2, l3, l4, l5, l6, l7, zero, zero + _SINGLE_BLOCK_KEYED)
+
+
+@jit
+def store_uniform(out_ptr, block, limit, ok, w0, w1, w2, w3, w4, w5, w6, w7):
+    """U bytes 32·block .. 32·block+31 (below limit) of PRNG block `block`: 6 bits each − 32."""
+    words = (w0, w1, w2, w3, w4, w5, w6, w7)
+    for j in tl.static_range(8):
+        for byte in tl.static_range(4):
+            value = ((words[j] >> (8 * byte)) & 0x3F).to(tl.int32) - 32
+            pos = block * 32 + 4 * j + byte
+            tl.store(out_ptr + pos, value.to(tl.int8), mask=ok & (pos < limit))
+
+
+@jit
+def store_sparse(first_ptr, second_ptr, block, limit, rank, ok, w0, w1, w2, w3, w4, w5, w6, w7):
+    """P rows 8·block .. 8·block+7 (below limit) of PRNG block `block` as (first, second) index
+    pairs: first = u mod r, second = first ⊕ (1 + ⌊(r − 1)·u / 2^32⌋)."""
+    words = (w0, w1, w2, w3, w4, w5, w6, w7)
+    mask = tl.full(block.shape, 0, tl.uint32) + (rank - 1)
+    for j in tl.static_range(8):
+        u = words[j]
+        first = u & mask
+        spread = ((tl.full(block.shape, 0, tl.uint64) + (rank - 1)) * u.to(tl.uint64)) >> 32
+        second = first ^ (1 + spread.to(tl.uint32))
+        pos = block * 8 + j
+        tl.store(first_ptr + pos, first.to(tl.int32), mask=ok & (pos < limit))
+        tl.store(second_ptr + pos, second.to(tl.int32), mask=ok & (pos < limit))
+
+
+@jit
 def _prng_lanes(key_ptr, label_ptr, out_ptr, second_ptr, program, blocks, total, limit, rank,
                 SPARSE: tl.constexpr, LANES: tl.constexpr):
     """Uniform (SPARSE=0): 32 factor bytes per block. Sparse (SPARSE=1): 8 (first, second) pairs."""
@@ -39,38 +81,13 @@ def _prng_lanes(key_ptr, label_ptr, out_ptr, second_ptr, program, blocks, total,
     live = lane < total
     inst = (lane // blocks).to(tl.int64)
     block = (lane % blocks).to(tl.int64)
-    k0, k1, k2, k3, k4, k5, k6, k7 = load_words8(key_ptr + inst * 8, live)
-    l0, l1, l2, l3, l4, l5, l6, l7 = load_words8(label_ptr + tl.full(lane.shape, 0, tl.int64), live)
-    zero = tl.full(lane.shape, 0, tl.uint32)
-    index = (block + 1).to(tl.uint32)
+    sparse = tl.full(lane.shape, SPARSE, tl.int32) != 0
+    w0, w1, w2, w3, w4, w5, w6, w7 = prng_block(key_ptr + inst * 8, label_ptr, block + 1, sparse, live)
     if SPARSE:
-        s0 = zero
-        s1 = index
+        store_sparse(out_ptr + inst * limit, second_ptr + inst * limit, block, limit, rank, live,
+                     w0, w1, w2, w3, w4, w5, w6, w7)
     else:
-        s0 = index
-        s1 = zero
-    w0, w1, w2, w3, w4, w5, w6, w7 = compress(
-        k0, k1, k2, k3, k4, k5, k6, k7,
-        s0, s1, zero, zero, zero, zero, zero, zero, l0, l1, l2, l3, l4, l5, l6, l7,
-        zero, zero + _SINGLE_BLOCK_KEYED)
-    words = (w0, w1, w2, w3, w4, w5, w6, w7)
-    if SPARSE:
-        mask = zero + (rank - 1)
-        for j in tl.static_range(8):
-            u = words[j]
-            first = u & mask
-            spread = ((tl.full(lane.shape, 0, tl.uint64) + (rank - 1)) * u.to(tl.uint64)) >> 32
-            second = first ^ (1 + spread.to(tl.uint32))
-            pos = block * 8 + j
-            ok = live & (pos < limit)
-            tl.store(out_ptr + inst * limit + pos, first.to(tl.int32), mask=ok)
-            tl.store(second_ptr + inst * limit + pos, second.to(tl.int32), mask=ok)
-    else:
-        for j in tl.static_range(8):
-            for byte in tl.static_range(4):
-                value = ((words[j] >> (8 * byte)) & 0x3F).to(tl.int32) - 32
-                pos = block * 32 + 4 * j + byte
-                tl.store(out_ptr + inst * limit + pos, value.to(tl.int8), mask=live & (pos < limit))
+        store_uniform(out_ptr + inst * limit, block, limit, live, w0, w1, w2, w3, w4, w5, w6, w7)
 
 
 @jit
@@ -142,9 +159,24 @@ def dense_sparse_factor(first: torch.Tensor, second: torch.Tensor, rank: int) ->
 
 
 @jit
+def noised_rows(x_ptr, u_ptr, first_ptr, second_ptr, out_ptr, rows, ks, live, K, R: tl.constexpr):
+    """out[i][l] = x[i][l] + U[i][first[l]] − U[i][second[l]] for rows i (int64 vector, one
+    instance whose index vectors start at first_ptr/second_ptr; u_ptr at U's row 0 of the rows'
+    numbering) and columns ks (masked by live). Shared by the noised kernel and the fused A side."""
+    first = tl.load(first_ptr + ks, mask=live, other=0)
+    second = tl.load(second_ptr + ks, mask=live, other=0)
+    row_u = u_ptr + rows[:, None] * R
+    plus = tl.load(row_u + first[None, :]).to(tl.int16)
+    minus = tl.load(row_u + second[None, :]).to(tl.int16)
+    at = rows[:, None] * K + ks[None, :]
+    value = tl.load(x_ptr + at, mask=live[None, :], other=0).to(tl.int16) + plus - minus
+    tl.store(out_ptr + at, value.to(tl.int8), mask=live[None, :])
+
+
+@jit
 def _noised_kernel(x_ptr, u_ptr, first_ptr, second_ptr, out_ptr, rows_per_instance, factor_stride, K,
                    R: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr):
-    """out[i][l] = x[i][l] + U[i][first[l]] − U[i][second[l]] (U and P of row i's instance).
+    """X' = X + U·Pᵀ over BR rows × BK columns per program.
 
     The BR rows of a program share one instance (BR divides rows_per_instance), so the index
     vectors are loaded once per column block and broadcast over the rows; U comes from each
@@ -153,15 +185,8 @@ def _noised_kernel(x_ptr, u_ptr, first_ptr, second_ptr, out_ptr, rows_per_instan
     rows = (tl.program_id(0) * BR + tl.arange(0, BR)).to(tl.int64)
     ks = tl.program_id(1) * BK + tl.arange(0, BK)
     inst = ((tl.program_id(0) * BR) // rows_per_instance).to(tl.int64)
-    live = ks < K
-    first = tl.load(first_ptr + inst * factor_stride + ks, mask=live, other=0)
-    second = tl.load(second_ptr + inst * factor_stride + ks, mask=live, other=0)
-    row_u = u_ptr + rows[:, None] * R
-    plus = tl.load(row_u + first[None, :]).to(tl.int16)
-    minus = tl.load(row_u + second[None, :]).to(tl.int16)
-    at = rows[:, None] * K + ks[None, :]
-    value = tl.load(x_ptr + at, mask=live[None, :], other=0).to(tl.int16) + plus - minus
-    tl.store(out_ptr + at, value.to(tl.int8), mask=live[None, :])
+    noised_rows(x_ptr, u_ptr, first_ptr + inst * factor_stride, second_ptr + inst * factor_stride,
+                out_ptr, rows, ks, ks < K, K, R)
 
 
 def noised(x: torch.Tensor, uniform: torch.Tensor, first: torch.Tensor,

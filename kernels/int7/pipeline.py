@@ -10,8 +10,9 @@ Two instance layouts (ARCHITECTURE.md's mode table):
 `prepare_job` (per job: new header or config) hashes and noises the weights on a side stream and
 records an event that the serving stream waits on before the first launch. `MinedPass.run`
 (per launch) quantises, computes A·P_B for the peel, hashes A, derives s_A (one kernel),
-noises A, runs the mined GEMM, snapshots a winner and publishes the record: about a dozen launches
-of device work and no host syncs, so it captures in a CUDA graph.
+noises A, runs the mined GEMM, snapshots a winner and publishes the record, with no host syncs,
+so it captures in a CUDA graph. Dense decode shapes take the fused A side (`a_side`: quantise,
+commit + seed, noise + A' + A·P_B: 3 launches); MoE and larger row counts the staged kernels (8).
 """
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ from proof.int7.plain_proof import LEAF_SIZE
 from proof.int7.routing import end_offsets, expert_start, flatten, open_entries
 from proof.int7.seeds import job_key, salted_for
 
-from .activations import prepare_rows
+from .a_side import fused_a_side, fused_applies
+from .activations import int7_codes, prepare_rows
 from .blake3 import KeyedTrees, bytes_from_words, keyed_trees, words_from_bytes
 from .mined_gemm import TILE_WIDTHS, Tiling, mined_gemm
 from .noise import dense_sparse_factor, noise_factors, noised
@@ -145,10 +147,13 @@ class MinedPass:
 
     rows: tokens per expert (M). MoE: tokens = the number of distinct tokens (E·M / top_k).
     Buffers are static so `run` can be captured in a CUDA graph and replayed.
+    fused_a: the dense A side through `a_side.fused_a_side` (3 launches instead of 8); None picks
+    it wherever it applies (decode row counts), False keeps the staged kernels.
     """
 
     def __init__(self, job: MiningJob, rows: int, *, tokens: int | None = None,
-                 tiling: Tiling | None = None, write_i32: bool = False) -> None:
+                 tiling: Tiling | None = None, write_i32: bool = False,
+                 fused_a: bool | None = None) -> None:
         if job.ready is not None:  # the job's B side ran on a side stream: order it before us
             torch.cuda.current_stream(job.bt.device).wait_event(job.ready)
         self.job = job
@@ -173,6 +178,11 @@ class MinedPass:
         self.rows_valid = torch.full((experts,), valid, dtype=torch.int32, device=device)
         self.offsets = torch.arange(1, experts + 1, device=device, dtype=torch.int32) * rows
         self.dump: torch.Tensor | None = None
+        applies = not job.moe and fused_applies(rows, k, job.config.rank)
+        if fused_a and not applies:
+            raise PipelineError(f"the fused A side needs a dense job with M in (16, 32, 64); got "
+                                f"{'MoE' if job.moe else 'dense'} M={rows}, K={k}")
+        self.fused_a = applies if fused_a is None else fused_a
 
     def run(self, x: torch.Tensor, routing: torch.Tensor | None = None) -> torch.Tensor:
         """The mined pass on floating activations (quantised to int7 per row); bf16 output.
@@ -213,10 +223,15 @@ class MinedPass:
             if x.shape != (experts, self.rows, k):
                 raise PipelineError(f"dense pass needs activations ({experts}, {self.rows}, {k}), "
                                     f"got {tuple(x.shape)}")
-            q, scale, apb = prepare_rows(x, job.p_b, rows_per_instance=self.rows, scale=scale)
-            a_trees = keyed_trees(job.key_words, q.view(experts, -1))
-            s_a = noise_seed_a(job.s_b, a_trees.roots, salted_seeds=job.salted, m=self.rows)
-            a_noised = noised(q, *noise_factors(s_a, LABEL_A, self.rows, k, rank))
+            if self.fused_a:
+                q, scale = int7_codes(x, scale)
+                a_noised, apb, s_a = fused_a_side(q.contiguous(), job.s_b, job.key_words, job.p_b,
+                                                  rank=rank, salted=job.salted)
+            else:
+                q, scale, apb = prepare_rows(x, job.p_b, rows_per_instance=self.rows, scale=scale)
+                a_trees = keyed_trees(job.key_words, q.view(experts, -1))
+                s_a = noise_seed_a(job.s_b, a_trees.roots, salted_seeds=job.salted, m=self.rows)
+                a_noised = noised(q, *noise_factors(s_a, LABEL_A, self.rows, k, rank))
             a_clean = q
         mined_gemm(a_noised.contiguous(), a_clean.contiguous(), job.bt_noised, apb.contiguous(),
                    job.u_b, s_a, job.bound, self.rows_valid, self.slot.record,

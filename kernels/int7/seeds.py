@@ -43,33 +43,43 @@ def _iv(zero):
 
 
 @jit
-def _seed_kernel(parent_ptr, parent_stride, root_ptr, salt_ptr, dim, routing_ptr, offsets_ptr,
-                 out_ptr, total, SALTED: tl.constexpr, FOLD: tl.constexpr, LANES: tl.constexpr):
-    lane = tl.program_id(0) * LANES + tl.arange(0, LANES)
-    live = lane < total
-    row = lane.to(tl.int64)
-    zero = tl.full(lane.shape, 0, tl.uint32)
+def seed_chain(p0, p1, p2, p3, p4, p5, p6, p7, h0, h1, h2, h3, h4, h5, h6, h7, salt_ptr, dim,
+               routing_ptr, offsets_ptr, SALTED: tl.constexpr, FOLD: tl.constexpr):
+    """The seed of one side from its parent (job key or s_B) p and its root h: salting with
+    (salt, dim) under V3, the MoE routing fold, then BLAKE3(p ‖ h'). Shared by the seed kernel and
+    the fused decode A side."""
+    zero = h0 & 0
     every = zero == 0
     i0, i1, i2, i3, i4, i5, i6, i7 = _iv(zero)
-    h0, h1, h2, h3, h4, h5, h6, h7 = load_words8(root_ptr + row * 8, live)
     if SALTED:
-        s0, s1, s2, s3, s4, s5, s6, s7 = load_words8(salt_ptr + row * 0, every)
+        s0, s1, s2, s3, s4, s5, s6, s7 = load_words8(salt_ptr + zero.to(tl.int64), every)
         h0, h1, h2, h3, h4, h5, h6, h7 = _hash64(
             s0, s1, s2, s3, s4, s5, s6, s7, h0, h1, h2, h3, h4, h5, h6, h7,
             zero + dim, zero, zero, zero, zero, zero, zero, zero, 27)  # keyed single block
     if FOLD:
-        r0, r1, r2, r3, r4, r5, r6, r7 = load_words8(routing_ptr + row * 0, every)
-        o0, o1, o2, o3, o4, o5, o6, o7 = load_words8(offsets_ptr + row * 0, every)
+        r0, r1, r2, r3, r4, r5, r6, r7 = load_words8(routing_ptr + zero.to(tl.int64), every)
+        o0, o1, o2, o3, o4, o5, o6, o7 = load_words8(offsets_ptr + zero.to(tl.int64), every)
         f0, f1, f2, f3, f4, f5, f6, f7 = _hash64(
             i0, i1, i2, i3, i4, i5, i6, i7, r0, r1, r2, r3, r4, r5, r6, r7,
             o0, o1, o2, o3, o4, o5, o6, o7, 11)  # plain single block
         h0, h1, h2, h3, h4, h5, h6, h7 = _hash64(
             i0, i1, i2, i3, i4, i5, i6, i7, h0, h1, h2, h3, h4, h5, h6, h7,
             f0, f1, f2, f3, f4, f5, f6, f7, 11)
+    return _hash64(i0, i1, i2, i3, i4, i5, i6, i7, p0, p1, p2, p3, p4, p5, p6, p7,
+                   h0, h1, h2, h3, h4, h5, h6, h7, 11)
+
+
+@jit
+def _seed_kernel(parent_ptr, parent_stride, root_ptr, salt_ptr, dim, routing_ptr, offsets_ptr,
+                 out_ptr, total, SALTED: tl.constexpr, FOLD: tl.constexpr, LANES: tl.constexpr):
+    lane = tl.program_id(0) * LANES + tl.arange(0, LANES)
+    live = lane < total
+    row = lane.to(tl.int64)
+    h0, h1, h2, h3, h4, h5, h6, h7 = load_words8(root_ptr + row * 8, live)
     p0, p1, p2, p3, p4, p5, p6, p7 = load_words8(parent_ptr + row * parent_stride, live)
-    c0, c1, c2, c3, c4, c5, c6, c7 = _hash64(
-        i0, i1, i2, i3, i4, i5, i6, i7, p0, p1, p2, p3, p4, p5, p6, p7,
-        h0, h1, h2, h3, h4, h5, h6, h7, 11)
+    c0, c1, c2, c3, c4, c5, c6, c7 = seed_chain(
+        p0, p1, p2, p3, p4, p5, p6, p7, h0, h1, h2, h3, h4, h5, h6, h7, salt_ptr, dim,
+        routing_ptr, offsets_ptr, SALTED, FOLD)
     store_words8(out_ptr + row * 8, c0, c1, c2, c3, c4, c5, c6, c7, live)
 
 

@@ -1,0 +1,164 @@
+"""The per-launch A side of a dense pass with few rows per instance (decode), fused into two
+kernels after the quantisation: commitment + seed, then noise + A' + A·P_B.
+
+The staged A side is eight dependent launches (quantise, zero, A·P_B, chunk hashing, tree levels,
+seeds, PRNG, noised A), each paying launch latency and a pass over memory; at decode every one of
+them is latency-bound (16 rows per instance). Here:
+
+1. `_commit_seed_kernel`, one program per instance: keyed BLAKE3 of the instance's int7 rows
+   (a lane per 1024-byte chunk), the parent levels up to the root (CTA barriers between levels),
+   then the seed chain s_A = BLAKE3(s_B ‖ hA') with V3 salting; it also zeroes the instance's
+   A·P_B rows for step 2's partial sums. The hashing is a chain of ~16 + log2(chunks) dependent
+   compressions whichever way it is spread, so one program per instance costs no latency and
+   needs no launch between the leaves and the tree.
+2. `_noise_apply_kernel`, a program per (instance, column block): the PRNG blocks of the sparse
+   factor P_A for its columns and of U_A (recomputed by each program of the instance into its own
+   scratch copy: one parallel round of compressions, no cross-program dependency), a CTA barrier,
+   then A' = A + U_A·P_Aᵀ for its rows × columns and its k-slice of A·P_B (tensor cores, int32
+   atomics into the rows zeroed by step 1).
+
+The tree levels of A are not kept for openings: a winner's A is retained by the winner slot and
+re-hashed on the host (pipeline.MinedPass._build_proof); they live in a scratch buffer here.
+Every device function is shared with the staged kernels (chunk_chaining_value, upper_levels,
+seed_chain, prng_block, store_sparse/store_uniform, noised_rows, apb_partial).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from proof.int7.noise import LABEL_A
+from proof.int7.seeds import SEED_SALT_A
+
+from ._jit import jit
+from .activations import apb_partial
+from .blake3 import (ROOT, chunk_chaining_value, constant_words, level_counts, load_words8,
+                     store_words8, upper_levels)
+from .noise import noised_rows, prng_block, store_sparse, store_uniform
+from .seeds import seed_chain
+
+FUSED_ROWS = (16, 32, 64)  # rows per instance the fused A side takes (power-of-two tiles)
+_LANES = 128  # chunks / PRNG blocks per round: one per thread of 4 warps
+_ZERO_BLOCK = 1024
+_BLOCK_BYTES = 8192  # rows × columns of a step-2 program (the noised kernel's 16 × 512)
+_APPLY_WARPS = 8
+_APPLY_STAGES = 3  # the A·P_B k loop's pipelining depth
+
+
+class ASideError(ValueError):
+    """Bad input to the fused A side."""
+
+
+@jit
+def _commit_seed_kernel(q_ptr, key_ptr, sb_ptr, salt_ptr, nodes_ptr, sa_ptr, apb_ptr,
+                        words_per_instance, chunks, nodes_per_instance, dim, apb_per_instance,
+                        SALTED: tl.constexpr, LANES: tl.constexpr, ZERO_BLOCK: tl.constexpr):
+    """Instance `program_id`: zero its A·P_B rows, hash its int7 rows to the root, derive s_A."""
+    inst = tl.program_id(0).to(tl.int64)
+    zeros = tl.arange(0, ZERO_BLOCK)
+    for z0 in range(0, apb_per_instance, ZERO_BLOCK):
+        at = z0 + zeros
+        tl.store(apb_ptr + inst * apb_per_instance + at, tl.full((ZERO_BLOCK,), 0, tl.int32),
+                 mask=at < apb_per_instance)
+    lane = tl.arange(0, LANES).to(tl.int64)
+    every = lane >= 0
+    k0, k1, k2, k3, k4, k5, k6, k7 = load_words8(key_ptr + lane * 0, every)
+    nodes = nodes_ptr + inst * nodes_per_instance * 8  # leaves, then the parent levels, root last
+    last_flags = tl.where(chunks == 1, 8, 0)  # ROOT on a one-chunk tree's leaf
+    for first_chunk in range(0, chunks, LANES):
+        chunk = first_chunk + lane
+        live = chunk < chunks
+        c0, c1, c2, c3, c4, c5, c6, c7 = chunk_chaining_value(
+            q_ptr + inst * words_per_instance, chunk, words_per_instance, live,
+            k0, k1, k2, k3, k4, k5, k6, k7, last_flags)
+        store_words8(nodes + chunk * 8, c0, c1, c2, c3, c4, c5, c6, c7, live)
+    tl.debug_barrier()
+    upper_levels(nodes, nodes + chunks * 8, chunks, lane, k0, k1, k2, k3, k4, k5, k6, k7, LANES)
+    h0, h1, h2, h3, h4, h5, h6, h7 = load_words8(nodes + (nodes_per_instance - 1) * 8 + lane * 0, every)
+    p0, p1, p2, p3, p4, p5, p6, p7 = load_words8(sb_ptr + inst * 8 + lane * 0, every)
+    s0, s1, s2, s3, s4, s5, s6, s7 = seed_chain(
+        p0, p1, p2, p3, p4, p5, p6, p7, h0, h1, h2, h3, h4, h5, h6, h7, salt_ptr, dim,
+        salt_ptr, salt_ptr, SALTED, 0)
+    store_words8(sa_ptr + inst * 8 + lane * 0, s0, s1, s2, s3, s4, s5, s6, s7, lane == 0)
+
+
+@jit
+def _noise_apply_kernel(q_ptr, sa_ptr, label_ptr, u_ptr, first_ptr, second_ptr, out_ptr, pb_ptr,
+                        apb_ptr, K, u_blocks, column_blocks,
+                        R: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
+                        LANES: tl.constexpr):
+    """Instance program_id(0), columns [BC·program_id(1), +BC): P_A there and U_A, then A' and
+    the k-slice of A·P_B."""
+    inst = tl.program_id(0).to(tl.int64)
+    c_begin = tl.program_id(1) * BC
+    lane = tl.arange(0, LANES)
+    u_own = u_ptr + (inst * column_blocks + tl.program_id(1)) * (BR * R)  # this program's U_A copy
+    first_inst = first_ptr + inst * K
+    second_inst = second_ptr + inst * K
+    p_blocks = BC // 8
+    for b0 in range(0, p_blocks + u_blocks, LANES):
+        b = b0 + lane
+        live = b < p_blocks + u_blocks
+        sparse = b < p_blocks
+        block = tl.where(sparse, c_begin // 8 + b, b - p_blocks).to(tl.int64)
+        w0, w1, w2, w3, w4, w5, w6, w7 = prng_block(sa_ptr + inst * 8 + lane * 0, label_ptr, block + 1,
+                                                     sparse, live)
+        store_sparse(first_inst, second_inst, block, K, R, live & sparse, w0, w1, w2, w3, w4, w5, w6, w7)
+        store_uniform(u_own, block, BR * R, live & (b >= p_blocks), w0, w1, w2, w3, w4, w5, w6, w7)
+    tl.debug_barrier()  # the factors this program wrote are read back by its other threads
+    rows = tl.arange(0, BR).to(tl.int64)
+    ks = c_begin + tl.arange(0, BC)
+    q_inst = q_ptr + inst * BR * K
+    noised_rows(q_inst, u_own, first_inst, second_inst, out_ptr + inst * BR * K, rows, ks, ks < K, K, R)
+    ts = tl.arange(0, R)
+    steps = (tl.minimum(K, c_begin + BC) - c_begin) // BK
+    acc = apb_partial(q_inst, pb_ptr + inst * K * R, rows, ts, c_begin, steps, K, R, BK)
+    tl.atomic_add(apb_ptr + inst * BR * R + rows[:, None] * R + ts[None, :], acc,
+                  sem="relaxed")  # ordered by the kernel boundary
+
+
+def fused_applies(rows: int, k: int, rank: int) -> bool:
+    """Whether `fused_a_side` takes this shape: a power-of-two row count of FUSED_ROWS, K a
+    multiple of 64 and a power-of-two rank of at most 256 (the A·P_B accumulator's width)."""
+    return rows in FUSED_ROWS and k % 64 == 0 and k > 0 and rank in (32, 64, 128, 256)
+
+
+def fused_a_side(q: torch.Tensor, s_b: torch.Tensor, key_words: torch.Tensor, p_b: torch.Tensor, *,
+                 rank: int, salted: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(A', A·P_B, s_A) of E dense instances from their int7 codes q (E, M, K) int8, s_B (E, 8),
+    the job key (1, 8) and the job's dense P_B (E, K, r) int8: two launches, no host syncs."""
+    if q.dtype != torch.int8 or q.dim() != 3 or not q.is_contiguous():
+        raise ASideError(f"q must be contiguous int8 (E, M, K), got {q.dtype} {tuple(q.shape)}")
+    experts, rows, k = q.shape
+    if not fused_applies(rows, k, rank):
+        raise ASideError(f"the fused A side takes M in {FUSED_ROWS}, K a positive multiple of 64 and "
+                         f"rank 32..256 (power of two); got M={rows}, K={k}, rank={rank}")
+    for name, t, shape, dtype in (("s_b", s_b, (experts, 8), torch.int32),
+                                  ("key_words", key_words, (1, 8), torch.int32),
+                                  ("p_b", p_b, (experts, k, rank), torch.int8)):
+        if tuple(t.shape) != shape or t.dtype != dtype:
+            raise ASideError(f"{name} must be {dtype} {shape}, got {t.dtype} {tuple(t.shape)}")
+    device = q.device
+    nbytes = rows * k
+    chunks = triton.cdiv(nbytes, 1024)
+    node_count = sum(level_counts(nbytes)) + 1  # leaves, parent levels, the root (a lone leaf: 1)
+    nodes = torch.empty((experts, node_count, 8), dtype=torch.int32, device=device)
+    s_a = torch.empty((experts, 8), dtype=torch.int32, device=device)
+    apb = torch.empty((experts, rows, rank), dtype=torch.int32, device=device)
+    _commit_seed_kernel[(experts,)](
+        q.view(torch.int32), key_words.contiguous(), s_b.contiguous(), constant_words(SEED_SALT_A, device),
+        nodes, s_a, apb, nbytes // 4, chunks, node_count, rows, rows * rank,
+        SALTED=int(salted), LANES=_LANES, ZERO_BLOCK=_ZERO_BLOCK)
+    block_cols = _BLOCK_BYTES // rows
+    column_blocks = triton.cdiv(k, block_cols)
+    uniform = torch.empty((experts, column_blocks, rows, rank), dtype=torch.int8, device=device)
+    first = torch.empty((experts, k), dtype=torch.int32, device=device)
+    second = torch.empty_like(first)
+    a_noised = torch.empty_like(q)
+    _noise_apply_kernel[(experts, column_blocks)](
+        q, s_a, constant_words(LABEL_A, device), uniform, first, second, a_noised, p_b.contiguous(),
+        apb, k, rows * rank // 32, column_blocks,
+        R=rank, BR=rows, BC=block_cols, BK=128 if k % 128 == 0 else 64, LANES=_LANES,
+        num_warps=_APPLY_WARPS, num_stages=_APPLY_STAGES)
+    return a_noised, apb, s_a

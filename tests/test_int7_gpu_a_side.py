@@ -1,0 +1,64 @@
+"""kernels.int7.a_side (the fused decode A side) bit-exact against proof.int7 and a literal A·P_B,
+and equal to the staged kernels, on random instances (interpreted on CPU, compiled on a GPU)."""
+import numpy as np
+import pytest
+import torch
+
+from kernels.int7.a_side import ASideError, fused_a_side, fused_applies
+from kernels.int7.blake3 import bytes_from_words, words_from_bytes
+from kernels.int7.noise import dense_sparse_factor, sparse_factor as device_sparse_factor
+from proof.int7 import LABEL_B, commitment, noise_a_rows, noise_seeds, noised
+from proof.int7.noise import sparse_factor
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _words(rows: list[bytes]) -> torch.Tensor:
+    return torch.stack([words_from_bytes(r, DEVICE) for r in rows])
+
+
+@pytest.mark.parametrize("experts, rows, k, rank, salted, seed", [
+    (2, 16, 512, 32, True, 1),    # 8 chunks per instance, one column block
+    (1, 32, 192, 64, False, 2),   # K not a multiple of 128 (k steps of 64), 6 chunks, unsalted
+    (1, 64, 256, 128, True, 3),   # 16 chunks, 2 column blocks of 128
+    (2, 16, 64, 32, True, 4),     # a one-chunk tree (its leaf is the root)
+])
+def test_fused_a_side_matches_reference(experts, rows, k, rank, salted, seed):
+    rng = np.random.default_rng(seed)
+    key = rng.bytes(32)
+    acts = rng.integers(-64, 65, (experts, rows, k), dtype=np.int8)
+    hashes_b = [rng.bytes(32) for _ in range(experts)]
+    seeds = [noise_seeds(key, commitment(key, acts[e].tobytes()), hashes_b[e], salted=salted, m=rows, n=48)
+             for e in range(experts)]
+    s_b = _words([s for s, _ in seeds])
+    first, second = device_sparse_factor(s_b, LABEL_B, k, rank)
+    a_noised, apb, s_a = fused_a_side(torch.from_numpy(acts).to(DEVICE), s_b, _words([key]),
+                                      dense_sparse_factor(first, second, rank), rank=rank, salted=salted)
+    for e, (seed_b, seed_a) in enumerate(seeds):
+        assert bytes_from_words(s_a[e]) == seed_a
+        expected = noised(acts[e], noise_a_rows(seed_a, k, rank, range(rows)))
+        assert np.array_equal(a_noised[e].cpu().numpy(), expected)
+        plus, minus = sparse_factor(seed_b, LABEL_B, k, rank)
+        p_b = np.zeros((k, rank), dtype=np.int64)  # literal dense P_B
+        for row in range(k):
+            p_b[row, plus[row]] += 1
+            p_b[row, minus[row]] -= 1
+        assert np.array_equal(apb[e].cpu().numpy(), acts[e].astype(np.int64) @ p_b)
+
+
+def test_fused_a_side_shapes_and_bad_input():
+    assert fused_applies(16, 6144, 128) and fused_applies(64, 4096, 128)
+    assert not fused_applies(48, 4096, 128) and not fused_applies(128, 4096, 128)
+    assert not fused_applies(16, 4096 + 32, 128) and not fused_applies(16, 4096, 512)
+    q = torch.zeros((1, 16, 128), dtype=torch.int8, device=DEVICE)
+    s_b = torch.zeros((1, 8), dtype=torch.int32, device=DEVICE)
+    p_b = torch.zeros((1, 128, 32), dtype=torch.int8, device=DEVICE)
+    with pytest.raises(ASideError, match="M in"):
+        fused_a_side(torch.zeros((1, 48, 128), dtype=torch.int8, device=DEVICE), s_b, s_b, p_b,
+                     rank=32, salted=True)
+    with pytest.raises(ASideError, match="q must be"):
+        fused_a_side(q.float(), s_b, s_b, p_b, rank=32, salted=True)
+    with pytest.raises(ASideError, match="p_b must be"):
+        fused_a_side(q, s_b, s_b, p_b[:, :64], rank=32, salted=True)
+    with pytest.raises(ASideError, match="key_words must be"):
+        fused_a_side(q, s_b, s_b.view(8), p_b, rank=32, salted=True)
