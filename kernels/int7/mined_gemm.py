@@ -66,25 +66,44 @@ def _rotl13(x):
 
 
 @jit
-def _fold(j0, j1, j2, j3, j4, j5, j6, j7, j8, j9, j10, j11, j12, j13, j14, j15, x, w):
-    """J[w] ← rotl13(J[w]) ⊕ x for the runtime word index w (the other words unchanged)."""
-    j0 = tl.where(w == 0, _rotl13(j0) ^ x, j0)
-    j1 = tl.where(w == 1, _rotl13(j1) ^ x, j1)
-    j2 = tl.where(w == 2, _rotl13(j2) ^ x, j2)
-    j3 = tl.where(w == 3, _rotl13(j3) ^ x, j3)
-    j4 = tl.where(w == 4, _rotl13(j4) ^ x, j4)
-    j5 = tl.where(w == 5, _rotl13(j5) ^ x, j5)
-    j6 = tl.where(w == 6, _rotl13(j6) ^ x, j6)
-    j7 = tl.where(w == 7, _rotl13(j7) ^ x, j7)
-    j8 = tl.where(w == 8, _rotl13(j8) ^ x, j8)
-    j9 = tl.where(w == 9, _rotl13(j9) ^ x, j9)
-    j10 = tl.where(w == 10, _rotl13(j10) ^ x, j10)
-    j11 = tl.where(w == 11, _rotl13(j11) ^ x, j11)
-    j12 = tl.where(w == 12, _rotl13(j12) ^ x, j12)
-    j13 = tl.where(w == 13, _rotl13(j13) ^ x, j13)
-    j14 = tl.where(w == 14, _rotl13(j14) ^ x, j14)
-    j15 = tl.where(w == 15, _rotl13(j15) ^ x, j15)
-    return j0, j1, j2, j3, j4, j5, j6, j7, j8, j9, j10, j11, j12, j13, j14, j15
+def _fold(j0, j1, j2, j3, j4, j5, j6, j7, j8, j9, j10, j11, j12, j13, j14, j15, x):
+    """Fold x into the transcript queue: the head word (the one chunk c updates, c mod 16) becomes
+    rotl13(head) ⊕ x and moves to the back, so the next chunk's word is the head again.
+
+    A static word index: one rotate and one XOR per row (the queue shift is register renaming
+    across the loop's iterations), instead of 16 rotates and selects for a runtime index w.
+    After c folds, position p holds word (c + p) mod 16; `_unrotate` restores the order.
+    """
+    return j1, j2, j3, j4, j5, j6, j7, j8, j9, j10, j11, j12, j13, j14, j15, _rotl13(j0) ^ x
+
+
+@jit
+def _rotate(j0, j1, j2, j3, j4, j5, j6, j7, j8, j9, j10, j11, j12, j13, j14, j15,
+            BY: tl.constexpr, do):
+    """The queue rotated left by BY positions (new[p] = old[(p + BY) mod 16]) where `do` holds."""
+    w = (j0, j1, j2, j3, j4, j5, j6, j7, j8, j9, j10, j11, j12, j13, j14, j15)
+    return (tl.where(do, w[BY % 16], j0), tl.where(do, w[(1 + BY) % 16], j1),
+            tl.where(do, w[(2 + BY) % 16], j2), tl.where(do, w[(3 + BY) % 16], j3),
+            tl.where(do, w[(4 + BY) % 16], j4), tl.where(do, w[(5 + BY) % 16], j5),
+            tl.where(do, w[(6 + BY) % 16], j6), tl.where(do, w[(7 + BY) % 16], j7),
+            tl.where(do, w[(8 + BY) % 16], j8), tl.where(do, w[(9 + BY) % 16], j9),
+            tl.where(do, w[(10 + BY) % 16], j10), tl.where(do, w[(11 + BY) % 16], j11),
+            tl.where(do, w[(12 + BY) % 16], j12), tl.where(do, w[(13 + BY) % 16], j13),
+            tl.where(do, w[(14 + BY) % 16], j14), tl.where(do, w[(15 + BY) % 16], j15))
+
+
+@jit
+def _unrotate(j0, j1, j2, j3, j4, j5, j6, j7, j8, j9, j10, j11, j12, j13, j14, j15, folds):
+    """Transcript words in order after `folds` folds (word w sits at position (w − folds) mod 16):
+    a rotation by (−folds) mod 16 as four conditional rotations by 1, 2, 4, 8 (once per program)."""
+    by = (16 - folds % 16) % 16
+    j0, j1, j2, j3, j4, j5, j6, j7, j8, j9, j10, j11, j12, j13, j14, j15 = _rotate(
+        j0, j1, j2, j3, j4, j5, j6, j7, j8, j9, j10, j11, j12, j13, j14, j15, 1, (by & 1) != 0)
+    j0, j1, j2, j3, j4, j5, j6, j7, j8, j9, j10, j11, j12, j13, j14, j15 = _rotate(
+        j0, j1, j2, j3, j4, j5, j6, j7, j8, j9, j10, j11, j12, j13, j14, j15, 2, (by & 2) != 0)
+    j0, j1, j2, j3, j4, j5, j6, j7, j8, j9, j10, j11, j12, j13, j14, j15 = _rotate(
+        j0, j1, j2, j3, j4, j5, j6, j7, j8, j9, j10, j11, j12, j13, j14, j15, 4, (by & 4) != 0)
+    return _rotate(j0, j1, j2, j3, j4, j5, j6, j7, j8, j9, j10, j11, j12, j13, j14, j15, 8, (by & 8) != 0)
 
 
 @jit
@@ -146,8 +165,7 @@ def _mined_gemm_kernel(an_ptr, ac_ptr, bt_ptr, apb_ptr, ub_ptr, key_ptr, bound_p
         if MINE:
             if ((step + 1) % steps_per_chunk == 0) & (step < mined_steps):
                 j0, j1, j2, j3, j4, j5, j6, j7, j8, j9, j10, j11, j12, j13, j14, j15 = _fold(
-                    j0, j1, j2, j3, j4, j5, j6, j7, j8, j9, j10, j11, j12, j13, j14, j15,
-                    _row_xor(acc), (step // steps_per_chunk) % 16)
+                    j0, j1, j2, j3, j4, j5, j6, j7, j8, j9, j10, j11, j12, j13, j14, j15, _row_xor(acc))
     if PEEL:
         # A·B = A·B' − (A·P_B)·U_Bᵀ; A·P_B (int32) is split here into three signed base-256
         # int8 limbs (|A·P_B| ≤ 64·k ≤ 2^22, so the top limb stays within ±65).
@@ -167,6 +185,8 @@ def _mined_gemm_kernel(an_ptr, ac_ptr, bt_ptr, apb_ptr, ub_ptr, key_ptr, bound_p
     else:
         result = acc
     if MINE:
+        j0, j1, j2, j3, j4, j5, j6, j7, j8, j9, j10, j11, j12, j13, j14, j15 = _unrotate(
+            j0, j1, j2, j3, j4, j5, j6, j7, j8, j9, j10, j11, j12, j13, j14, j15, NC)
         t0, t1, t2, t3 = _tile_rows(j0, BM, H), _tile_rows(j1, BM, H), _tile_rows(j2, BM, H), _tile_rows(j3, BM, H)
         t4, t5, t6, t7 = _tile_rows(j4, BM, H), _tile_rows(j5, BM, H), _tile_rows(j6, BM, H), _tile_rows(j7, BM, H)
         t8, t9, t10, t11 = _tile_rows(j8, BM, H), _tile_rows(j9, BM, H), _tile_rows(j10, BM, H), _tile_rows(j11, BM, H)
