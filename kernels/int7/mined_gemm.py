@@ -166,25 +166,7 @@ def _mined_gemm_kernel(an_ptr, ac_ptr, bt_ptr, apb_ptr, ub_ptr, key_ptr, bound_p
             if ((step + 1) % steps_per_chunk == 0) & (step < mined_steps):
                 j0, j1, j2, j3, j4, j5, j6, j7, j8, j9, j10, j11, j12, j13, j14, j15 = _fold(
                     j0, j1, j2, j3, j4, j5, j6, j7, j8, j9, j10, j11, j12, j13, j14, j15, _row_xor(acc))
-    if PEEL:
-        # A·B = A·B' − (A·P_B)·U_Bᵀ; A·P_B (int32) is split here into three signed base-256
-        # int8 limbs (|A·P_B| ≤ 64·k ≤ 2^22, so the top limb stays within ±65).
-        ub_rows = (e * N + rn).to(tl.int64) * R
-        apb_rows = (e * M + rm).to(tl.int64) * R
-        for rr in range(0, R // BK):
-            kr = rr * BK + rk
-            ub = tl.load(ub_ptr + ub_rows[:, None] + kr[None, :])
-            rest = tl.load(apb_ptr + apb_rows[:, None] + kr[None, :])
-            for limb in tl.static_range(3):
-                low = ((rest + 128) & 255) - 128
-                product = tl.dot(low.to(tl.int8), tl.trans(ub), tl.full((BM, BN), 0, tl.int32),
-                                 out_dtype=tl.int32)
-                acc_clean -= product * (1 << (8 * limb))
-                rest = (rest - low) >> 8
-        result = acc_clean
-    else:
-        result = acc
-    if MINE:
+    if MINE:  # tickets before the peel: the transcript words are dead when the peel needs registers
         j0, j1, j2, j3, j4, j5, j6, j7, j8, j9, j10, j11, j12, j13, j14, j15 = _unrotate(
             j0, j1, j2, j3, j4, j5, j6, j7, j8, j9, j10, j11, j12, j13, j14, j15, NC)
         t0, t1, t2, t3 = _tile_rows(j0, BM, H), _tile_rows(j1, BM, H), _tile_rows(j2, BM, H), _tile_rows(j3, BM, H)
@@ -234,6 +216,24 @@ def _mined_gemm_kernel(an_ptr, ac_ptr, bt_ptr, apb_ptr, ub_ptr, key_ptr, bound_p
                 tl.store(record_ptr + 3, (best % tiles_n) * BN)
                 for i in tl.static_range(8):
                     tl.store(record_ptr + 4 + i, _pick(ticket[i], selected).to(tl.int32, bitcast=True))
+    if PEEL:
+        # A·B = A·B' − (A·P_B)·U_Bᵀ; A·P_B (int32) is split here into three signed base-256
+        # int8 limbs (|A·P_B| ≤ 64·k ≤ 2^22, so the top limb stays within ±65).
+        ub_rows = (e * N + rn).to(tl.int64) * R
+        apb_rows = (e * M + rm).to(tl.int64) * R
+        for rr in range(0, R // BK):
+            kr = rr * BK + rk
+            ub = tl.load(ub_ptr + ub_rows[:, None] + kr[None, :])
+            rest = tl.load(apb_ptr + apb_rows[:, None] + kr[None, :])
+            for limb in tl.static_range(3):
+                low = ((rest + 128) & 255) - 128
+                product = tl.dot(low.to(tl.int8), tl.trans(ub), tl.full((BM, BN), 0, tl.int32),
+                                 out_dtype=tl.int32)
+                acc_clean -= product * (1 << (8 * limb))
+                rest = (rest - low) >> 8
+        result = acc_clean
+    else:
+        result = acc
     out_offsets = (e * M + rm).to(tl.int64)[:, None] * N + rn[None, :]
     if WRITE_I32:
         tl.store(out32_ptr + out_offsets, result)
