@@ -2,7 +2,7 @@
 the Hopper model's structure — four K = 32 e4m3 WGMMAs per 128-k window, the first zero-initialised,
 then one fp32 add per accumulator register; the noisy-quantization kernel has no contracted
 multiply-add; the pre-quantization, row-scales, row-norms, noise-line, tile-map, lottery, payload,
-A-peel, fused peel/unscale, launch-keys and short-hash kernels compile."""
+A-peel, fused peel/unscale (+ lottery), launch-keys, routing-rank and short-hash kernels compile."""
 import os
 import re
 import subprocess
@@ -84,6 +84,11 @@ SCRIPT = textwrap.dedent("""
         "fresh_ptr": "*i32", **{f"{name}{i}": kind for i in range(4) for name, kind in
                                 (("src", "*i32"), ("dst", "*i32"), ("n", "i32"))},
         "BLOCK": "constexpr"}, constexprs={"BLOCK": 1024}), target=target)
+    for ids in ("*i32", "*i64"):
+        triton.compile(ASTSource(fn=routing._ranked_kernel, signature={
+            "ids_ptr": ids, "total": "i32", "experts": "i32", "top_k": "i32", "rflat_ptr": "*i32",
+            "bounds_ptr": "*i32", "BLOCK": "constexpr", "CHUNK": "constexpr"},
+            constexprs={"BLOCK": 64, "CHUNK": 128}), target=target)
     triton.compile(ASTSource(fn=routing._tile_map_kernel, signature={
         "ends_ptr": "*i32", "experts": "i32", "tile_rows": "i32", "partial": "i32", "row_start_ptr": "*i32",
         "expert_ptr": "*i32", "local_ptr": "*i32", "slots": "i32", "BLOCK": "constexpr"},

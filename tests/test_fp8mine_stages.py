@@ -273,6 +273,23 @@ def test_routing_table_matches_reference_and_tiles():
                     gemm_tiles.local[live].tolist())) == want
 
 
+@pytest.mark.parametrize("small_limit", [4096, 0])  # the one-kernel ranking, torch's sort
+def test_routing_table_paths_match_reference(small_limit, monkeypatch):
+    monkeypatch.setattr(dev_routing, "SMALL_ROUTING", small_limit)
+    rng = np.random.default_rng(12)
+    for tokens, top_k, experts in ((64, 8, 32), (37, 3, 5), (300, 2, 256), (16, 1, 1)):
+        topk = np.stack([rng.permutation(experts)[:top_k] for _ in range(tokens)])
+        table = dev_routing.routing_table(torch.from_numpy(topk).to(torch.int32 if tokens % 2 else torch.int64),
+                                          experts)
+        rflat, offsets = routing_from_topk(topk, experts)
+        assert table.rflat.tolist() == rflat and table.bounds.tolist() == [0] + offsets
+    wild = rng.integers(-3, 9, (40, 4))  # out-of-range ids are clamped (then repeats are possible)
+    clipped = np.clip(wild, 0, 5).reshape(-1)
+    table = dev_routing.routing_table(torch.from_numpy(wild), 6)
+    assert table.rflat.tolist() == (np.argsort(clipped, kind="stable") // 4).tolist()
+    assert table.bounds.tolist() == [0] + np.cumsum(np.bincount(clipped, minlength=6)).tolist()
+
+
 def test_grouped_matmul_is_the_model_per_expert():
     rng = np.random.default_rng(9)
     a = rng.integers(0, 256, (10, 64)).astype(np.uint8)

@@ -81,24 +81,15 @@ def _fold(acc_ptr, row_base, col_base, live, n, BT: tl.constexpr):
 @jit
 def _lane(lanes, j):
     """Column j of the (BT, 16) lanes tensor."""
-    return tl.reduce(tl.where(tl.arange(0, 16)[None, :] == j, lanes, 0), 1, _add)
-
-
-@jit
-def _add(a, b):
-    return a + b
-
-
-@jit
-def _minimum(a, b):
-    return tl.minimum(a, b)
+    return tl.reduce(tl.where(tl.arange(0, 16)[None, :] == j, lanes, 0), 1, tl.standard._sum_combine)
 
 
 @jit
 def _pick(values, slot_ids, slot):
-    """The entry of `values` at `slot` as a scalar (a masked sum; tl.reduce keeps the
-    interpreter path free of triton's jit'd standard-library reductions)."""
-    return tl.reduce(tl.where(slot_ids == slot, values, 0), 0, _add)
+    """The entry of `values` at `slot` as a scalar (a masked sum). Reductions here call tl.reduce
+    with tl.sum's / tl.min's own combines: triton's jit'd tl.sum does not run under int7's
+    interpreter wrapper, and the interpreter reduces these combines with numpy."""
+    return tl.reduce(tl.where(slot_ids == slot, values, 0), 0, tl.standard._sum_combine)
 
 
 @jit
@@ -126,7 +117,7 @@ def _mine_tiles(acc_ptr, n, row_base, live, col_tile, local, expert, key_ptr, th
         k0, k1, k2, k3, k4, k5, k6, k7,
         m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15, zero, zero + 27)
     wins = _le256(h0, h1, h2, h3, h4, h5, h6, h7, thr_ptr) & live
-    slot = tl.reduce(tl.where(wins, slot_ids, BT), 0, _minimum)
+    slot = tl.reduce(tl.where(wins, slot_ids, BT), 0, tl.standard._elementwise_min)
     if slot < BT:
         if tl.atomic_cas(lock_ptr, 0, 1) == 0:
             header = tl.arange(0, 16)

@@ -28,11 +28,6 @@ class NoiseError(ValueError):
 
 
 @jit
-def _add(a, b):
-    return a + b
-
-
-@jit
 def _pick_word(j, w0, w1, w2, w3, w4, w5, w6, w7):
     """word j // 4 of the digest for every (line, byte j) cell."""
     word = j // 4
@@ -66,7 +61,7 @@ def _noise_kernel(key_ptr, lines_ptr, out_ptr, count, address, target, LANES: tl
     raw = ((_pick_word(j, w0, w1, w2, w3, w4, w5, w6, w7) >> (8 * (j % 4)).to(tl.uint32)) & 0xFF).to(tl.int32)
     magnitude = (raw & 0x7F) + 1
     sample = tl.where((raw & 0x80) != 0, -magnitude, magnitude)
-    square = (tl.reduce(sample * sample, 1, _add) * 1024).to(tl.int64)
+    square = (tl.reduce(sample * sample, 1, tl.standard._sum_combine) * 1024).to(tl.int64)
     root = tl.sqrt(square.to(tl.float64)).to(tl.int64)
     root = tl.where(root * root > square, root - 1, root)
     root = tl.where((root + 1) * (root + 1) <= square, root + 1, root)

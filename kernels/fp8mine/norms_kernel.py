@@ -28,16 +28,6 @@ def rows_per_program(rows: int) -> int:
 
 
 @jit
-def _add(a, b):
-    return a + b
-
-
-@jit
-def _max(a, b):
-    return tl.maximum(a, b)
-
-
-@jit
 def _block_terms(codes_ptr, scales_ptr, rows, row_live, b0, nblocks, k,
                  BR: tl.constexpr, BB: tl.constexpr):
     """Per (row, block): energy M²Σq² (int64), doubled exponent 2·max(E*, 1), peak |q|max·|s| (f32)."""
@@ -51,8 +41,10 @@ def _block_terms(codes_ptr, scales_ptr, rows, row_live, b0, nblocks, k,
     lane = tl.arange(0, 8)
     code_ptr = codes_ptr + rows[:, None, None] * k + blocks[None, :, None] * 8 + lane[None, None, :]
     q = tl.load(code_ptr, mask=live[:, :, None], other=0).to(tl.int32)
-    square_sum = tl.reduce(q * q, 2, _add)
-    peak = tl.reduce(tl.abs(q), 2, _max)
+    # tl.sum's / tl.max's own combines: the same operations on the GPU, and the interpreter then
+    # reduces with numpy instead of element by element
+    square_sum = tl.reduce(q * q, 2, tl.standard._sum_combine)
+    peak = tl.reduce(tl.abs(q), 2, tl.standard._elementwise_max)
     energy = (mantissa * mantissa).to(tl.int64) * square_sum.to(tl.int64)
     value = (magnitude << 16).to(tl.float32, bitcast=True)
     return energy, doubled, peak.to(tl.float32) * value
@@ -112,13 +104,13 @@ def _norms_kernel(codes_ptr, scales_ptr, l2_ptr, linf_ptr, num_rows, k, wl2,
     peak = tl.full((BR,), 0.0, tl.float32)
     for b0 in range(0, nblocks, BB):
         energy, doubled, block_peak = _block_terms(codes_ptr, scales_ptr, rows64, row_live, b0, nblocks, k, BR, BB)
-        e_max = tl.maximum(e_max, tl.reduce(tl.where(energy != 0, doubled, 0), 1, _max))
-        peak = tl.maximum(peak, tl.reduce(block_peak, 1, _max))
+        e_max = tl.maximum(e_max, tl.reduce(tl.where(energy != 0, doubled, 0), 1, tl.standard._elementwise_max))
+        peak = tl.maximum(peak, tl.reduce(block_peak, 1, tl.standard._elementwise_max))
     frame = tl.full((BR,), 0, tl.int64)
     for b0 in range(0, nblocks, BB):
         energy, doubled, block_peak = _block_terms(codes_ptr, scales_ptr, rows64, row_live, b0, nblocks, k, BR, BB)
         shift = tl.minimum(tl.maximum(e_max[:, None] - doubled, 0), 63).to(tl.int64)
-        frame += tl.reduce((energy << wl2) >> shift, 1, _add)
+        frame += tl.reduce((energy << wl2) >> shift, 1, tl.standard._sum_combine)
     exponent = e_max - 268 - wl2
     root = _rne_sqrt_code(tl.maximum(frame, 1), exponent, k)
     l2 = tl.where(frame != 0, (root + 2) & ~3, 0)

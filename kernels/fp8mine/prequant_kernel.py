@@ -21,11 +21,6 @@ _BLOCKS = 64
 
 
 @jit
-def _max(a, b):
-    return tl.maximum(a, b)
-
-
-@jit
 def _prequant_kernel(x_ptr, codes_ptr, scales_ptr, values_ptr, num_rows, k, recip_127, magic,
                      X_BF16: tl.constexpr, BR: tl.constexpr, BB: tl.constexpr):
     rows = tl.program_id(0) * BR + tl.arange(0, BR)
@@ -38,7 +33,8 @@ def _prequant_kernel(x_ptr, codes_ptr, scales_ptr, values_ptr, num_rows, k, reci
         x = bits.to(tl.float32, bitcast=True)
     else:
         x = tl.load(x_ptr + offs, mask=live[:, :, None], other=0.0)
-    amax = tl.maximum(tl.reduce(tl.abs(x), 2, _max), 7.888609052210118e-31)  # 2^-100
+    # tl.max's own combine (tl.maximum, as before): the interpreter then reduces with numpy
+    amax = tl.maximum(tl.reduce(tl.abs(x), 2, tl.standard._elementwise_max), 7.888609052210118e-31)  # 2^-100
     scale = _rne_bf16((amax * recip_127).to(tl.int32, bitcast=True)).to(tl.float32, bitcast=True)
     reciprocal = tl.math.div_rn(tl.full(scale.shape, 1.0, tl.float32), scale)
     q = (x * reciprocal[:, :, None] + magic) - magic  # RNE to an integer

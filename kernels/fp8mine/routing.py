@@ -19,6 +19,9 @@ import triton.language as tl
 from kernels.int7._jit import jit
 
 _MAP_BLOCK = 256
+SMALL_ROUTING = 4096  # routing entries (m · top_k) ranked by one kernel; more go through torch.sort
+_RANK_BLOCK = 64
+_RANK_CHUNK = 128
 
 
 class RoutingError(ValueError):
@@ -48,19 +51,59 @@ class RoutingTable:
 
 
 def routing_table(topk_ids: torch.Tensor, experts: int) -> RoutingTable:
-    """From router top-k ids (m, top_k) — clamped to [0, e) — to (Rflat, O), without host syncs."""
+    """From router top-k ids (m, top_k) — clamped to [0, e) — to (Rflat, O), without host syncs.
+
+    Up to SMALL_ROUTING entries (decode) one Triton kernel ranks every entry directly (its
+    position is #{entries with a smaller id} + #{earlier entries with its id}: a stable counting
+    sort in one launch); larger launches use torch's stable sort and a scatter-add of the counts.
+    """
     if topk_ids.dim() != 2 or topk_ids.dtype not in (torch.int32, torch.int64):
         raise RoutingError(f"topk_ids must be an integer (m, top_k) tensor, "
                            f"got {topk_ids.dtype} {tuple(topk_ids.shape)}")
     if not 1 <= experts <= 1024:
         raise RoutingError(f"experts must be in 1..1024, got {experts}")
     top_k = topk_ids.shape[1]
+    if topk_ids.numel() <= SMALL_ROUTING:
+        return _ranked_table(topk_ids.contiguous(), experts)
     ids = topk_ids.to(torch.int64).clamp(0, experts - 1).reshape(-1)
     order = torch.sort(ids, stable=True).indices
     counts = torch.zeros(experts + 1, dtype=torch.int32, device=ids.device)
     counts[1:].scatter_add_(0, ids, _ones(ids.shape[0], ids.device))
     return RoutingTable(torch.div(order, top_k, rounding_mode="floor").to(torch.int32),
                         torch.cumsum(counts, 0, dtype=torch.int32))
+
+
+@jit
+def _ranked_kernel(ids_ptr, total, experts, top_k, rflat_ptr, bounds_ptr,
+                   BLOCK: tl.constexpr, CHUNK: tl.constexpr):
+    """Entries i (and experts w) of this program's block: Rflat[rank(i)] = i // top_k and
+    bounds[w] = #{entries with id < w}, counting over all entries CHUNK at a time."""
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    live_i = i < total
+    id_i = tl.minimum(tl.maximum(tl.load(ids_ptr + i, mask=live_i, other=0), 0), experts - 1).to(tl.int32)
+    rank = tl.full((BLOCK,), 0, tl.int32)
+    below = tl.full((BLOCK,), 0, tl.int32)  # for w = i: entries with a smaller id
+    for j0 in range(0, total, CHUNK):
+        j = j0 + tl.arange(0, CHUNK)
+        live_j = j < total
+        id_j = tl.minimum(tl.maximum(tl.load(ids_ptr + j, mask=live_j, other=0), 0), experts - 1).to(tl.int32)
+        id_j = tl.where(live_j, id_j, experts)  # dead entries sort past every expert
+        earlier = (id_j[None, :] < id_i[:, None]) | ((id_j[None, :] == id_i[:, None]) & (j[None, :] < i[:, None]))
+        # tl.sum's own combine: the interpreter then sums with numpy instead of element by element
+        rank += tl.reduce(earlier.to(tl.int32), 1, tl.standard._sum_combine)
+        below += tl.reduce((id_j[None, :] < i[:, None]).to(tl.int32), 1, tl.standard._sum_combine)
+    tl.store(rflat_ptr + rank, i // top_k, mask=live_i)
+    tl.store(bounds_ptr + i, below, mask=i <= experts)
+
+
+def _ranked_table(topk_ids: torch.Tensor, experts: int) -> RoutingTable:
+    total = topk_ids.numel()
+    rflat = torch.empty(total, dtype=torch.int32, device=topk_ids.device)
+    bounds = torch.empty(experts + 1, dtype=torch.int32, device=topk_ids.device)
+    grid = (triton.cdiv(max(total, experts + 1), _RANK_BLOCK),)
+    _ranked_kernel[grid](topk_ids, total, experts, topk_ids.shape[1], rflat, bounds,
+                         BLOCK=_RANK_BLOCK, CHUNK=_RANK_CHUNK)
+    return RoutingTable(rflat, bounds)
 
 
 @functools.lru_cache(maxsize=64)
