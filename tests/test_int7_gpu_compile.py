@@ -18,10 +18,15 @@ def test_kernels_compile_for_sm90a_and_mined_kernels_do_not_spill():
     results = {r["kernel"]: r for r in map(json.loads, run.stdout.splitlines())}
     assert {"blake3_chunks", "blake3_parents", "blake3_upper_levels", "seeds_salted1_fold1",
             "activations_quantise", "activations_apb_decode",
-            "activations_apb_prefill", "noised", "noise_factors",
+            "activations_apb_prefill", "noised", "noise_factors", "a_side_commit_seed",
+            "a_side_noise_apply_m16", "a_side_noise_apply_m64",
             "retain", "gemm_decode_mined_16x128x128", "gemm_prefill_mined_64x128x128"} <= set(results)
     assert results["gemm_decode_mined_16x128x128"]["stack_bytes"] == 0
     assert results["gemm_decode_unmined_16x128x128"]["stack_bytes"] == 0
+    capped = results["gemm_decode_mined_16x128x128_cap160"]  # the default decode tiling's register cap
+    assert capped["stack_bytes"] == 0 and capped["registers"] <= 168  # 3 programs of 4 warps per SM
     assert results["gemm_prefill_mined_64x128x128"]["stack_bytes"] == 0
     assert all(r["registers"] <= 255 for r in results.values())
     assert results["noised"]["stack_bytes"] == 0
+    assert all(results[f"a_side_noise_apply_m{m}"]["stack_bytes"] == 0 for m in (16, 32, 64))
+    assert results["a_side_commit_seed"]["stack_bytes"] == 0

@@ -33,7 +33,7 @@ from proof.int7.seeds import SEED_SALT_A
 
 from ._jit import jit
 from .activations import apb_partial
-from .blake3 import (ROOT, chunk_chaining_value, constant_words, level_counts, load_words8,
+from .blake3 import (chunk_chaining_value, constant_words, level_counts, load_words8,
                      store_words8, upper_levels)
 from .noise import noised_rows, prng_block, store_sparse, store_uniform
 from .seeds import seed_chain

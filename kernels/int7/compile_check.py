@@ -101,6 +101,10 @@ def _variants() -> list[tuple[str, object, dict, dict, int, int]]:
     return out
 
 
+# Variants compiled a second time under a register cap (Tiling.max_registers), named "<name>_cap<N>".
+_CAPPED = {"gemm_decode_mined_16x128x128": mined_gemm.DECODE_REGISTER_CAP}
+
+
 def _resources(cubin: bytes) -> dict[str, int]:
     tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     with tempfile.NamedTemporaryFile(suffix=".cubin") as handle:
@@ -120,13 +124,17 @@ def compile_all() -> list[dict]:
     if INTERPRETING:
         raise RuntimeError("set PEARL_INT7_INTERPRET=0 before importing kernels.int7 to compile")
     results = []
-    for name, kernel, signature, constexprs, warps, stages in _variants():
+    runs = [(variant, {}) for variant in _variants()]
+    runs += [(variant, {"maxnreg": _CAPPED[variant[0]]}) for variant in _variants() if variant[0] in _CAPPED]
+    for (name, kernel, signature, constexprs, warps, stages), extra in runs:
         aligned = [i for i, (arg, kind) in enumerate(signature.items())
                    if kind.startswith("*") or arg in ("M", "N", "K")]
         attrs = {(i,): [["tt.divisibility", 16]] for i in aligned}
         compiled = triton.compile(ASTSource(fn=kernel, signature=dict(signature), constexprs=constexprs,
                                             attrs=attrs), target=TARGET,
-                                  options={"num_warps": warps, "num_stages": stages})
+                                  options={"num_warps": warps, "num_stages": stages, **extra})
+        if extra:
+            name = f"{name}_cap{extra['maxnreg']}"
         results.append({"kernel": name, "num_warps": warps, "num_stages": stages,
                         "shared_bytes": compiled.metadata.shared, **_resources(compiled.asm["cubin"])})
     return results

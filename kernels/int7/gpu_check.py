@@ -35,7 +35,8 @@ from proof.int7.noise import LABEL_A
 
 from .activations import a_times_p_b, prepare_rows, quantise_rows
 from .blake3 import bytes_from_words, keyed_trees
-from .mined_gemm import DUMP_WORDS, Tiling, lottery_tile, mined_gemm, plain_gemm
+from .a_side import fused_a_side, fused_applies
+from .mined_gemm import DECODE_REGISTER_CAP, DUMP_WORDS, Tiling, lottery_tile, mined_gemm, plain_gemm
 from .noise import noise_factors, noised
 from .pipeline import MinedPass, bound_words, prepare_job
 from .seeds import noise_seed_a
@@ -54,7 +55,8 @@ SHAPES = [
     ("GLM-5 FC1 prefill", 32, 2048, 6144, 4096),
     ("Qwen3-235B FC1 prefill", 16, 2048, 4096, 3072),
 ]
-DECODE_TILINGS = [Tiling(16, TILE_W, 128, 4, 4), Tiling(16, TILE_W, 128, 4, 6)]  # block_n = TILE_W
+DECODE_TILINGS = [Tiling(16, TILE_W, 128, 4, 4, DECODE_REGISTER_CAP), Tiling(16, TILE_W, 128, 4, 4),
+                  Tiling(16, TILE_W, 128, 4, 6, DECODE_REGISTER_CAP)]  # block_n = TILE_W; the default first
 DECODE_PLAIN_TILINGS = [Tiling(16, 128, 128, 4, 4), Tiling(16, 256, 128, 4, 4)]
 PREFILL_TILINGS = [Tiling(64, TILE_W, 128, 8, 3), Tiling(128, TILE_W, 128, 8, 3)]
 PREFILL_PLAIN_TILINGS = [Tiling(128, 128, 128, 8, 3), Tiling(128, 256, 128, 8, 3)]
@@ -113,13 +115,13 @@ def markdown(results: dict) -> str:
         lines += ["", "## Timings (µs, median of CUDA-graph replays, L2 flushed before each)", "",
                   "| shape | E | M | K | N | unmined Triton int8 | unmined grouped_gemm int8 (E) | "
                   "unmined grouped_gemm int8→bf16 | "
-                  "mined GEMM kernel | transcript only (no peel) | whole mined pass | "
+                  "mined GEMM kernel | transcript only (no peel) | whole mined pass | same, staged A side | "
                   "pass / best unmined | pass / Triton unmined |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for row in timing["rows"]:
             lines.append("| " + " | ".join(str(row.get(key, "")) for key in (
                 "shape", "E", "M", "K", "N", "plain_us", "grouped_gemm_us", "grouped_gemm_bf16_us", "mined_kernel_us",
-                "transcript_only_us", "mined_pass_us", "pass_over_best_unmined",
+                "transcript_only_us", "mined_pass_us", "mined_pass_staged_a_us", "pass_over_best_unmined",
                 "pass_over_triton_unmined")) + " |")
         lines += ["", "Acceptance (issue 7): whole mined pass ≤ 1.10 × the unmined int8 GEMM of the same run."]
         for row in timing["rows"]:
@@ -317,6 +319,11 @@ class Timer:
         return {name: round(statistics.median(values), 1) for name, values in times.items()}
 
 
+def _tag(t: Tiling) -> str:
+    cap = "" if t.max_registers is None else f"/cap{t.max_registers}"
+    return f"{t.block_m}x{t.block_n}x{t.block_k}/w{t.num_warps}s{t.num_stages}{cap}"
+
+
 def _shape_inputs(experts: int, rows: int, k: int, n: int):
     gen = torch.Generator(device="cuda").manual_seed(experts * rows + k)
     weights = torch.randint(-64, 65, (experts, n, k), dtype=torch.int8, device="cuda", generator=gen)
@@ -352,7 +359,7 @@ def _time_shape(timer: Timer, shape: tuple) -> dict:
     row = {"shape": name, "E": experts, "M": rows, "K": k, "N": n}
     plain_tilings = DECODE_PLAIN_TILINGS if decode else PREFILL_PLAIN_TILINGS
     mined_tilings = DECODE_TILINGS if decode else PREFILL_TILINGS
-    plain = {f"{t.block_m}x{t.block_n}x{t.block_k}/w{t.num_warps}s{t.num_stages}":
+    plain = {_tag(t):
              (lambda t=t: plain_gemm(q, weights, scale_a, scale_b, out=out, tiling=t)) for t in plain_tilings}
     plain_name, row["plain_us"], row["plain_detail"] = _best(timer, plain)
     row["plain_tiling"] = plain_name
@@ -376,12 +383,15 @@ def _time_shape(timer: Timer, shape: tuple) -> dict:
         row["grouped_gemm_bf16_error"] = repr(error)[:300]
     passes = {}
     for t in mined_tilings:
-        tag = f"{t.block_m}x{t.block_n}x{t.block_k}/w{t.num_warps}s{t.num_stages}"
+        tag = _tag(t)
         passes[tag] = MinedPass(job, rows, tiling=t)
     pass_name, row["mined_pass_us"], row["mined_pass_detail"] = _best(
         timer, {tag: (lambda p=p: p.run(x)) for tag, p in passes.items()})
     row["mined_tiling"] = pass_name
     chosen = passes[pass_name]
+    if chosen.fused_a:  # the same pass with the staged A side (8 launches), for comparison
+        staged = MinedPass(job, rows, tiling=chosen.tiling, fused_a=False)
+        row["mined_pass_staged_a_us"] = timer.median_us({"s": timer.graph(lambda: staged.run(x))})["s"]
     # The mined GEMM kernel alone, with and without the peel, on the pass's prepared operands.
     a_trees = keyed_trees(job.key_words, q.view(experts, -1))
     s_a = noise_seed_a(job.s_b, a_trees.roots, salted_seeds=True, m=rows)
@@ -435,6 +445,7 @@ def section_breakdown() -> dict:
         s_a = noise_seed_a(job.s_b, trees.roots, salted_seeds=True, m=rows)
         u_a, first, second = noise_factors(s_a, LABEL_A, rows, k, RANK)
         stages = {
+            "quantise": lambda: quantise_rows(x),
             "quantise_and_A_times_P_B": lambda: prepare_rows(x, job.p_b, rows_per_instance=rows),
             "A_times_P_B": lambda: a_times_p_b(q, job.p_b, rows_per_instance=rows),
             "hash_A": lambda: keyed_trees(job.key_words, q.view(experts, -1)),
@@ -442,6 +453,11 @@ def section_breakdown() -> dict:
             "noise_factors_A": lambda: noise_factors(s_a, LABEL_A, rows, k, RANK),
             "noised_A": lambda: noised(q, u_a, first, second),
         }
+        if fused_applies(rows, k, RANK):  # the fused A side (a_side): 3 launches with the quantiser
+            stages["fused_A_side"] = lambda: fused_a_side(quantise_rows(x)[0], job.s_b, job.key_words, job.p_b,
+                                                          rank=RANK, salted=True)
+            stages["fused_A_side_after_quantise"] = lambda: fused_a_side(q, job.s_b, job.key_words, job.p_b,
+                                                                         rank=RANK, salted=True)
         result[name] = timer.median_us({stage: timer.graph(fn) for stage, fn in stages.items()})
     return result
 

@@ -32,6 +32,9 @@ TILE_H = 2  # lottery tile rows: the protocol's smallest even height, so a tile 
 TILE_WIDTHS = (128, 64, 32, 16)  # block_n options = lottery tile widths, widest first
 RECORD_WORDS = 16  # [0] claim, [1] instance, [2] tile row, [3] tile column, [4:12] ticket words
 DUMP_WORDS = 24  # per tile: 16 transcript words, 8 ticket words
+# Decode register cap: 154 registers without spills (174 uncapped) lets 3 programs of 4 warps share
+# an SM instead of 2 (65536 registers; 3 × 61.7 KB shared memory fits), more weight loads in flight.
+DECODE_REGISTER_CAP = 160
 _NO_TILE = tl.constexpr(2**31 - 1)  # a global read inside a kernel must be constexpr
 
 
@@ -48,6 +51,7 @@ class Tiling:
     block_k: int
     num_warps: int = 4
     num_stages: int = 3
+    max_registers: int | None = None  # ptxas register cap (maxnreg): more resident programs per SM
 
 
 @jit
@@ -261,7 +265,8 @@ def lottery_tile(n: int, k: int, rank: int, *, moe: bool = False) -> tuple[int, 
 
 def default_tiling(m: int, n: int, k: int, rank: int, tile_h: int = TILE_H,
                    tile_w: int | None = None) -> Tiling:
-    """Decode (few rows per instance): 16-row blocks; prefill: 64-row blocks; k steps of 128 or 64.
+    """Decode (few rows per instance): 16-row blocks (register-capped, DECODE_REGISTER_CAP);
+    prefill: 64-row blocks; k steps of 128 or 64.
 
     block_n is the lottery tile width when mining (the widest of 128..16 dividing N otherwise);
     block_m the largest option dividing M that holds whole tile rows. _check_tiling names what
@@ -273,10 +278,17 @@ def default_tiling(m: int, n: int, k: int, rank: int, tile_h: int = TILE_H,
     block_k = 128 if rank % 128 == 0 and k % 128 == 0 else 64
     block_n = tile_w if tile_w is not None else largest(n, TILE_WIDTHS, 1)
     if m <= 32:
-        return Tiling(largest(m, (16, 32), tile_h), block_n, block_k, num_warps=4, num_stages=4)
+        block_m = largest(m, (16, 32), tile_h)
+        cap = DECODE_REGISTER_CAP if block_m == 16 else None  # 32-row blocks spill under the cap
+        return Tiling(block_m, block_n, block_k, num_warps=4, num_stages=4, max_registers=cap)
     # 64 rows: with 128 columns, the two int32 accumulators (noised and clean) and the rows'
     # transcripts fit the registers of 8 warps; 128 rows spill (compile_check)
     return Tiling(largest(m, (64, 32, 16), tile_h), block_n, block_k, num_warps=8, num_stages=3)
+
+
+def _register_cap(tiling: Tiling) -> dict[str, int]:
+    """The maxnreg launch option where the tiling sets one (none: the compiler's choice)."""
+    return {} if tiling.max_registers is None else {"maxnreg": tiling.max_registers}
 
 
 def _check_operand(name: str, t: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> None:
@@ -347,7 +359,7 @@ def mined_gemm(a_noised: torch.Tensor, a_clean: torch.Tensor, bt_noised: torch.T
         m, n, k, k // rank,
         R=rank, BM=tiling.block_m, BN=tiling.block_n, BK=tiling.block_k, H=tile_h,
         MINE=1, PEEL=int(peel), WRITE_I32=int(out_i32 is not None), DUMP=int(dump is not None),
-        num_warps=tiling.num_warps, num_stages=tiling.num_stages)
+        num_warps=tiling.num_warps, num_stages=tiling.num_stages, **_register_cap(tiling))
 
 
 def plain_gemm(a: torch.Tensor, bt: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor, *,
@@ -371,4 +383,4 @@ def plain_gemm(a: torch.Tensor, bt: torch.Tensor, scale_a: torch.Tensor, scale_b
         m, n, k, 0,
         R=tiling.block_k, BM=tiling.block_m, BN=tiling.block_n, BK=tiling.block_k, H=2,
         MINE=0, PEEL=0, WRITE_I32=int(out_i32 is not None), DUMP=0,
-        num_warps=tiling.num_warps, num_stages=tiling.num_stages)
+        num_warps=tiling.num_warps, num_stages=tiling.num_stages, **_register_cap(tiling))
