@@ -25,7 +25,7 @@ from ._jit import INTERPRETING
 
 TARGET = GPUTarget("cuda", 90, 32)
 _GEMM_SIGNATURE = {
-    "an_ptr": "*i8", "ac_ptr": "*i8", "bt_ptr": "*i8", "apb_ptr": "*i32", "ub_ptr": "*i8",
+    "an_ptr": "*i8", "ac_ptr": "*i8", "bt_ptr": "*i8", "apb_ptr": "*i32", "ub_ptr": "*i8", "ua_ptr": "*i8", "q_ptr": "*i32",
     "key_ptr": "*i32", "bound_ptr": "*i32", "mvalid_ptr": "*i32", "record_ptr": "*i32",
     "sa_ptr": "*fp32", "sb_ptr": "*fp32", "out_ptr": "*bf16", "out32_ptr": "*i32", "dump_ptr": "*i32",
     "M": "i32", "N": "i32", "K": "i32", "NC": "i32",
@@ -88,12 +88,17 @@ def _variants() -> list[tuple[str, object, dict, dict, int, int]]:
                      "LANES": "constexpr"},
                     {"R": 128, "BR": rows, "BC": a_side._BLOCK_BYTES // rows, "BK": 128,
                      "LANES": a_side._LANES}, a_side._APPLY_WARPS, a_side._APPLY_STAGES))
+    out.append(("q_peel_operand", mined_gemm._q_kernel,
+                {"bt_ptr": "*i8", "first_ptr": "*i32", "second_ptr": "*i32", "q_ptr": "*i32", "N": "i32",
+                 "K": "i32", "factor_stride": "i32", "R": "constexpr", "BN": "constexpr", "BK": "constexpr"},
+                {"R": 128, "BN": 128, "BK": 128}, 8, 3))
     out.append(("retain", winner._retain_kernel,
                 {"record_ptr": "*i32", "src_ptr": "*i32", "dst_ptr": "*i32", "per_instance": "i32",
                  "USE_INDEX": "constexpr", "BLOCK": "constexpr"}, {"USE_INDEX": 1, "BLOCK": 1024}, 4, 1))
     gemms = [("decode", 16, 128, 4, 4), ("prefill", 64, 128, 8, 3)]
     for regime, bm, bn, warps, stages in gemms:
-        for label, mine, peel in (("mined", 1, 1), ("unmined", 0, 0)):
+        for label, mine, peel in (("mined", 1, mined_gemm.STACKED), ("unmined", 0, mined_gemm.NO_PEEL),
+                                  ("mined_qpeel", 1, mined_gemm.Q_PEEL)):
             constexprs = {"R": 128, "BM": bm, "BN": bn, "BK": 128, "H": mined_gemm.TILE_H, "MINE": mine,
                           "PEEL": peel, "WRITE_I32": 0, "DUMP": 0}
             out.append((f"gemm_{regime}_{label}_{bm}x{bn}x128", mined_gemm._mined_gemm_kernel,
