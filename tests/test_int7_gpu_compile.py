@@ -26,6 +26,8 @@ def test_kernels_compile_for_sm90a_and_mined_kernels_do_not_spill():
     capped = results["gemm_decode_mined_16x128x128_cap160"]  # the default decode tiling's register cap
     assert capped["stack_bytes"] == 0 and capped["registers"] <= 168  # 3 programs of 4 warps per SM
     assert results["gemm_prefill_mined_64x128x128"]["stack_bytes"] == 0
+    assert results["gemm_prefill_mined_qpeel_64x128x128"]["stack_bytes"] == 0  # the prefill default
+    assert results["q_peel_operand"]["stack_bytes"] == 0
     assert all(r["registers"] <= 255 for r in results.values())
     assert results["noised"]["stack_bytes"] == 0
     assert all(results[f"a_side_noise_apply_m{m}"]["stack_bytes"] == 0 for m in (16, 32, 64))

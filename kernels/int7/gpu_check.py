@@ -36,7 +36,8 @@ from proof.int7.noise import LABEL_A
 from .activations import a_times_p_b, prepare_rows, quantise_rows
 from .blake3 import bytes_from_words, keyed_trees
 from .a_side import fused_a_side, fused_applies
-from .mined_gemm import DECODE_REGISTER_CAP, DUMP_WORDS, Tiling, lottery_tile, mined_gemm, plain_gemm
+from .mined_gemm import (DECODE_REGISTER_CAP, DUMP_WORDS, Tiling, lottery_tile, mined_gemm, p_a_t_b,
+                         plain_gemm)
 from .noise import noise_factors, noised
 from .pipeline import MinedPass, bound_words, prepare_job
 from .seeds import noise_seed_a
@@ -115,13 +116,15 @@ def markdown(results: dict) -> str:
         lines += ["", "## Timings (µs, median of CUDA-graph replays, L2 flushed before each)", "",
                   "| shape | E | M | K | N | unmined Triton int8 | unmined grouped_gemm int8 (E) | "
                   "unmined grouped_gemm int8→bf16 | "
-                  "mined GEMM kernel | transcript only (no peel) | whole mined pass | same, staged A side | "
+                  "mined GEMM kernel (stacked peel) | transcript only (no peel) | Q peel (Q pass + kernel) | "
+                  "whole mined pass | same, staged A side | "
                   "pass / best unmined | pass / Triton unmined |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for row in timing["rows"]:
             lines.append("| " + " | ".join(str(row.get(key, "")) for key in (
                 "shape", "E", "M", "K", "N", "plain_us", "grouped_gemm_us", "grouped_gemm_bf16_us", "mined_kernel_us",
-                "transcript_only_us", "mined_pass_us", "mined_pass_staged_a_us", "pass_over_best_unmined",
+                "transcript_only_us", "q_peel_with_operand_us", "mined_pass_us", "mined_pass_staged_a_us",
+                "pass_over_best_unmined",
                 "pass_over_triton_unmined")) + " |")
         lines += ["", "Acceptance (issue 7): whole mined pass ≤ 1.10 × the unmined int8 GEMM of the same run."]
         for row in timing["rows"]:
@@ -395,17 +398,26 @@ def _time_shape(timer: Timer, shape: tuple) -> dict:
     # The mined GEMM kernel alone, with and without the peel, on the pass's prepared operands.
     a_trees = keyed_trees(job.key_words, q.view(experts, -1))
     s_a = noise_seed_a(job.s_b, a_trees.roots, salted_seeds=True, m=rows)
-    a_noised = noised(q, *noise_factors(s_a, LABEL_A, rows, k, RANK))
+    u_a, first_a, second_a = noise_factors(s_a, LABEL_A, rows, k, RANK)
+    a_noised = noised(q, u_a, first_a, second_a)
     tiling = chosen.tiling
 
-    def kernel(peel: bool) -> None:
+    def kernel(peel: bool, **q_peel: torch.Tensor) -> None:
         mined_gemm(a_noised, q, job.bt_noised, apb, job.u_b, s_a, job.bound, chosen.rows_valid,
                    chosen.slot.record, scale_a, scale_b, rank=RANK, tile_h=TILE_H, tile_w=TILE_W,
-                   out=out, tiling=tiling, peel=peel)
+                   out=out, tiling=tiling, peel=peel, **q_peel)
 
-    times = timer.median_us({"mined": timer.graph(lambda: kernel(True)),
-                             "transcript": timer.graph(lambda: kernel(False))})
+    q_operand = p_a_t_b(first_a, second_a, job.bt_noised, RANK)
+    times = timer.median_us({
+        "mined": timer.graph(lambda: kernel(True)),
+        "transcript": timer.graph(lambda: kernel(False)),
+        "q_peel": timer.graph(lambda: kernel(True, u_a=u_a, q=p_a_t_b(first_a, second_a, job.bt_noised, RANK))),
+        "q_operand": timer.graph(lambda: p_a_t_b(first_a, second_a, job.bt_noised, RANK)),
+        "q_peel_kernel": timer.graph(lambda: kernel(True, u_a=u_a, q=q_operand))})
     row["mined_kernel_us"], row["transcript_only_us"] = times["mined"], times["transcript"]
+    row["q_peel_with_operand_us"], row["q_operand_us"] = times["q_peel"], times["q_operand"]
+    row["q_peel_kernel_us"] = times["q_peel_kernel"]
+    row["pass_peel"] = "Q" if chosen.q_peel else "stacked"
     unmined = [v for v in (row["plain_us"], row.get("grouped_gemm_us"), row.get("grouped_gemm_bf16_us")) if v]
     row["pass_over_best_unmined"] = round(row["mined_pass_us"] / min(unmined), 3)
     row["pass_over_triton_unmined"] = round(row["mined_pass_us"] / row["plain_us"], 3)
