@@ -195,8 +195,8 @@ class MinedGemm:
         self.latch = LotteryLatch(self.b.device, {
             "codes": ((m, k), torch.int8), "scales": ((m, k // 8), torch.bfloat16),
             "rflat": ((rows,), torch.int32), "offsets": ((self.b.experts,), torch.int32)})
-        routed_words = 5 if self.moe else 3
-        self.seed_message = torch.zeros((1, routed_words * 8 + 8), dtype=torch.int32, device=self.b.device)
+        self.seed_message = torch.zeros((1, transcript.seed_a_message_words(self.moe)), dtype=torch.int32,
+                                        device=self.b.device)
         self.p_a_len = 0
         self.threshold = torch.zeros(8, dtype=torch.int32, device=self.b.device)
         self.state: BState | None = None

@@ -100,6 +100,11 @@ def seed_a_message(seed_b_: torch.Tensor, key_a_: torch.Tensor, p_a: bytes, rout
     return torch.cat([head, seed_b_, key_a_, tail], dim=1)
 
 
+def seed_a_message_words(routed: bool) -> int:
+    """Length in words of a seedA message buffer: HA [, HR, HO], seedB, keyA, the padded pA."""
+    return (5 if routed else 3) * _DIGEST_WORDS + _MAX_P_A // 4
+
+
 def _key_a_offset(message: torch.Tensor) -> int:
     return message.shape[1] - _DIGEST_WORDS - _MAX_P_A // 4
 
@@ -164,7 +169,7 @@ def launch_keys(message: torch.Tensor, p_a_len: int, roots: tuple[torch.Tensor, 
     scales), the routing roots (HR, HO) or None (dense), and the job's `seed_a_message` (pA of
     `p_a_len` bytes), whose head this writes. One launch, no host sync."""
     routed = routing is not None
-    words = (5 if routed else 3) * _DIGEST_WORDS + _MAX_P_A // 4
+    words = seed_a_message_words(routed)
     if message.dtype != torch.int32 or tuple(message.shape) != (1, words):
         raise HashError(f"the seedA message must be (1, {words}) int32 for routed={routed}, "
                         f"got {message.dtype} {tuple(message.shape)}")
