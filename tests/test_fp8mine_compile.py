@@ -2,7 +2,7 @@
 the Hopper model's structure — four K = 32 e4m3 WGMMAs per 128-k window, the first zero-initialised,
 then one fp32 add per accumulator register; the noisy-quantization kernel has no contracted
 multiply-add; the pre-quantization, row-scales, row-norms, noise-line, tile-map, lottery, payload,
-A-peel, fused peel/unscale (+ lottery), launch-keys, routing-rank and short-hash kernels compile."""
+A-peel, peel/unscale, launch-keys, routing-rank and short-hash kernels compile."""
 import os
 import re
 import subprocess
@@ -54,14 +54,12 @@ SCRIPT = textwrap.dedent("""
             "k": "i32", "recip_127": "fp32", "magic": "fp32", "X_BF16": "constexpr", "BR": "constexpr",
             "BB": "constexpr"}, constexprs={"X_BF16": x_bf16, "BR": 16, "BB": 64}),
             target=target, options={"enable_fp_fusion": False})
-    for rows, mine in ((16, True), (64, True), (16, False)):
+    for rows in (16, 64):
         triton.compile(ASTSource(fn=peel._peel_unscale_kernel, signature={
             "acc_ptr": "*fp32", "rflat_ptr": "*i32", "a_peel_ptr": "*i16", "alpha_a_ptr": "*i16",
             "b_peel_ptr": "*i16", "alpha_b_ptr": "*i16", "tile_row_ptr": "*i32", "tile_expert_ptr": "*i32",
-            "bounds_ptr": "*i32", "out_ptr": "*i16", "n": "i32", "key_ptr": "*i32", "thr_ptr": "*i32",
-            "seed_b_ptr": "*i32", "lock_ptr": "*i32", "record_ptr": "*i32", "fresh_ptr": "*i32", "header_ptr": "*i32",
-            "BR": "constexpr", "BN": "constexpr", "MINE": "constexpr"},
-            constexprs={"BR": rows, "BN": 128, "MINE": mine}), target=target)
+            "bounds_ptr": "*i32", "out_ptr": "*i16", "n": "i32", "BR": "constexpr", "BN": "constexpr"},
+            constexprs={"BR": rows, "BN": 128}), target=target)
     triton.compile(ASTSource(fn=peel._a_peel_kernel, signature={
         "codes_ptr": "*u8", "beta_ptr": "*i16", "e_ptr": "*u8", "f_b_ptr": "*u8", "out_ptr": "*i16",
         "rows": "i32", "k": "i32", "BR": "constexpr", "BK": "constexpr"}, constexprs={"BR": 16, "BK": 128}),
@@ -93,10 +91,10 @@ SCRIPT = textwrap.dedent("""
         "ends_ptr": "*i32", "experts": "i32", "tile_rows": "i32", "partial": "i32", "row_start_ptr": "*i32",
         "expert_ptr": "*i32", "local_ptr": "*i32", "slots": "i32", "BLOCK": "constexpr"},
         constexprs={"BLOCK": 256}), target=target)
-    for rows in (4, 16):
+    for rows, blocks in (norms_kernel.block_shape(768), (16, 64)):
         triton.compile(ASTSource(fn=norms_kernel._norms_kernel, signature={
             "codes_ptr": "*i8", "scales_ptr": "*i16", "l2_ptr": "*i16", "linf_ptr": "*i16", "num_rows": "i32",
-            "k": "i32", "wl2": "i32", "BR": "constexpr", "BB": "constexpr"}, constexprs={"BR": rows, "BB": 64}),
+            "k": "i32", "wl2": "i32", "BR": "constexpr", "BB": "constexpr"}, constexprs={"BR": rows, "BB": blocks}),
             target=target, options={"enable_fp_fusion": False})
     triton.compile(ASTSource(fn=hashing._short_kernel, signature={
         "key_ptr": "*i32", "key_stride": "i32", "msg_ptr": "*i32", "out_ptr": "*i32", "total": "i32",

@@ -25,7 +25,7 @@ from proof.chain import BlockHeader, sha256d
 
 EXPERTS, N_E, K, TOKENS, TOP_K = 4, 64, 1024, 16, 2
 A_SIDE_BUDGET = 14
-PASS_BUDGET = 23
+PASS_BUDGET = 25
 # Ops that only allocate, alias or describe a tensor: no kernel on CUDA.
 _FREE = {"empty", "empty_strided", "empty_like", "view", "_unsafe_view", "alias", "slice", "select",
          "expand", "t", "transpose", "permute", "as_strided", "detach", "unsqueeze", "squeeze",

@@ -85,10 +85,12 @@ def test_prequantize_and_norms_match_reference():
         assert np.array_equal(u16(values), ref_prequant.open_values(want_codes, want_scales))
 
 
-@pytest.mark.parametrize("k, rows_per_program", [(16, 4), (64, 16), (1024, 4)])
-def test_row_norms_match_reference_on_random_planes(k, rows_per_program, monkeypatch):
+@pytest.mark.parametrize("k, shape", [(16, None), (1024, None), (64, (16, 4)), (1024, (4, 32))])
+def test_row_norms_match_reference_on_random_planes(k, shape, monkeypatch):
+    """Default block shape (one row, one step) and multi-row, multi-step programs."""
     from kernels.fp8mine import norms_kernel
-    monkeypatch.setattr(norms_kernel, "rows_per_program", lambda rows: rows_per_program)
+    if shape is not None:
+        monkeypatch.setattr(norms_kernel, "block_shape", lambda nblocks: shape)
     rng = np.random.default_rng(k)
     q = rng.integers(-127, 128, (32, k)).astype(np.int8)
     q[rng.random(q.shape) < 0.4] = 0
@@ -378,36 +380,6 @@ def test_lottery_latches_the_planted_winner_and_matches_reference_tickets():
     assert latch.poll() is None
 
 
-def test_fused_peel_pass_latches_the_planted_winner():
-    """The mined pass runs the lottery inside the peel pass (16-row tiles within an expert, two
-    64-column tiles per program): it latches the same planted tile with the same ticket."""
-    from kernels.fp8mine.peel import peel_and_unscale
-    rng = np.random.default_rng(11)
-    tokens, experts, n_e = 22, 3, 192
-    topk = np.stack([rng.permutation(experts)[:2] for _ in range(tokens)])
-    table = dev_routing.routing_table(torch.from_numpy(topk), experts)
-    acc = rng.standard_normal((2 * tokens, n_e)).astype(np.float32)
-    acc[0, 0], acc[5, 9] = -0.0, np.nan
-    key = rng.bytes(32)
-    tickets = _reference_tickets(acc, dev_routing.row_tiles(table), key)
-    planted, ticket = min(tickets.items(), key=lambda kv: int.from_bytes(kv[1], "little"))
-    latch = dev_lottery.LotteryLatch("cpu", {"rflat": ((2 * tokens,), torch.int32)})
-    latch.set_header(tokens, experts * n_e, 1024, 5, 24, 6)
-    thr = words(ticket)
-    peel_rows = torch.zeros(tokens, 64, dtype=torch.bfloat16)
-    alpha = torch.ones(tokens, dtype=torch.bfloat16)
-    b_peel, alpha_b = torch.zeros(experts, n_e, 64, dtype=torch.bfloat16), torch.ones(experts, n_e, dtype=torch.bfloat16)
-    out = peel_and_unscale(torch.from_numpy(acc), peel_rows, alpha, b_peel, alpha_b, table,
-                           latch.mining_args(words(key), thr, words(PARENT)))
-    latch.capture({"rflat": table.rflat})
-    latch.publish()
-    record = latch.poll()
-    assert (record.group_id, record.tile_row, record.tile_column) == planted and record.ticket == ticket
-    assert latch.payload["rflat"].tolist() == table.rflat.tolist()
-    finite = ~np.isnan(acc)
-    assert np.array_equal(out.float().numpy()[finite], torch.from_numpy(acc[finite]).to(torch.bfloat16).float().numpy())
-
-
 def test_lottery_threshold_below_every_ticket_publishes_nothing():
     acc = torch.randn(8, 64)
     tiles = dev_routing.row_tiles(dev_routing.dense_table(8, "cpu"))
@@ -454,7 +426,7 @@ def test_peel_recovers_the_denoised_product():
 
 
 def test_a_peel_and_routed_peel_match_the_formula():
-    """The A peel kernel and the fused pass with rows in expert order (tiles never straddle an
+    """The A peel kernel and the peel pass with rows in expert order (tiles never straddle an
     expert; A peel rows and α_A gathered through Rflat) against the formula in torch."""
     from kernels.fp8mine.peel import a_peel, peel_and_unscale
     from kernels.fp8mine.quant import NoisySide

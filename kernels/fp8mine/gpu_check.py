@@ -12,7 +12,8 @@ Sections (each runs on its own; a failure is recorded and the next section still
 - graph: the decode mined pass captured in a CUDA graph, replayed on new inputs, vs eager;
 - timing: mined pass vs unmined fp8 grouped GEMM (kernels.grouped_gemm, bf16 out; CUDA graphs,
   medians) on decode and prefill shapes, the GEMM implementation the pass used, per-stage times
-  (both GEMM implementations), and the layer output's error against a bf16 reference.
+  (both GEMM implementations), each stage of the A side alone ("A side stages"), and the layer
+  output's error against a bf16 reference.
 JSON (results.json) and markdown (results.md) go to DIR.
 """
 from __future__ import annotations
@@ -300,13 +301,10 @@ def _unmined(xq, wq, offsets, xs, ws):
 
 def _parts(gemm: MinedGemm, x: torch.Tensor, topk, result) -> dict:
     """Where the mined pass spends its time: each stage alone, as a graph of one call."""
-    from kernels.timing import time_methods
-
     from .peel import peel_and_unscale
     from .pipeline import prepare_a
     state, table, a = gemm.state, result.table, result.a
     codes, b_codes = gemm.expert_rows(a.side.codes, table), gemm.b_codes()
-    tiles = row_tiles(table)
     peel_args = (result.acc, a.peel, a.side.alpha, state.peel.view(gemm.b.experts, gemm.b.n_e, -1),
                  state.side.alpha.view(gemm.b.experts, gemm.b.n_e), table)
     sources = {"codes": a.codes, "scales": a.scales, "rflat": table.rflat, "offsets": table.offsets}
@@ -315,15 +313,51 @@ def _parts(gemm: MinedGemm, x: torch.Tensor, topk, result) -> dict:
         "A side": lambda: prepare_a(x, gemm.seed_message, gemm.p_a_len, state, table if gemm.moe else None),
         "A' rows to expert order": lambda: gemm.expert_rows(a.side.codes, table),
         **{f"GEMM ({impl})": functools.partial(grouped_matmul, codes, b_codes, table, impl) for impl in IMPLS},
-        "lottery alone (checks' pass)": lambda: gemm.latch.run(result.acc, tiles, a.pow_key, gemm.threshold,
-                                                               state.seed_b, {}),
-        "peel + unscale alone": functools.partial(peel_and_unscale, *peel_args),
-        "peel + unscale + lottery (the pass's)": lambda: peel_and_unscale(
-            *peel_args, gemm.latch.mining_args(a.pow_key, gemm.threshold, state.seed_b)),
+        "lottery tile map + lottery": lambda: gemm.latch.run(result.acc, row_tiles(table), a.pow_key,
+                                                             gemm.threshold, state.seed_b, {}),
+        "peel + unscale": functools.partial(peel_and_unscale, *peel_args),
         "payload capture + publish": lambda: (gemm.latch.capture(sources), gemm.latch.publish()),
     }
+    return _time_each(stages)
+
+
+def _time_each(stages: dict) -> dict:
+    """Median µs of each callable alone (a CUDA graph of one call, L2 flushed), or its error."""
+    from kernels.timing import time_methods
     timings = time_methods({name: [fn] for name, fn in stages.items()}, target_ms=10.0, replays=3)
     return {name: repr(t) if isinstance(t, Exception) else t.median_us for name, t in timings.items()}
+
+
+def _a_side_stages(gemm: MinedGemm, x: torch.Tensor, table: RoutingTable) -> dict:
+    """Each stage of `prepare_a` alone, on the intermediates of one eager A side (same order)."""
+    from . import noise, noisy_kernel, prequant, quant, transcript
+    from .peel import a_peel
+    state = gemm.state
+    codes, scales, values = prequant.prequantize_and_open(x)
+    l2, linf = prequant.row_norms(codes, scales)
+    key_a = transcript.key_a_of(gemm.seed_message)
+    roots = (transcript.tree_root(key_a, codes), transcript.tree_root(key_a, scales))
+    routing = (transcript.tree_root(key_a, table.rflat), transcript.tree_root(key_a, table.offsets)) if gemm.moe else None
+    keys = transcript.launch_keys(gemm.seed_message, gemm.p_a_len, roots, routing)
+    e_a = noise.noise_lines(keys[2:3], "A", "E", x.shape[0])
+    noise_dot = matmul(e_a, state.f_a)
+    alpha, beta = quant.row_scales(l2, linf)
+    side = quant.NoisySide(noisy_kernel.noisy_codes(alpha, beta, x, noise_dot), alpha, beta, e_a)
+    stages = {
+        "prequant + open": lambda: prequant.prequantize_and_open(x),
+        "row norms": lambda: prequant.row_norms(codes, scales),
+        "tree codes": lambda: transcript.tree_root(key_a, codes),
+        "tree scales": lambda: transcript.tree_root(key_a, scales),
+        **({"tree Rflat": lambda: transcript.tree_root(key_a, table.rflat),
+            "tree offsets": lambda: transcript.tree_root(key_a, table.offsets)} if gemm.moe else {}),
+        "launch keys": lambda: transcript.launch_keys(gemm.seed_message, gemm.p_a_len, roots, routing),
+        "noise lines E_A": lambda: noise.noise_lines(keys[2:3], "A", "E", x.shape[0]),
+        "noise dot E_A F_A (GEMM k=32)": lambda: matmul(e_a, state.f_a),
+        "row scales": lambda: quant.row_scales(l2, linf),
+        "noisy codes": lambda: noisy_kernel.noisy_codes(alpha, beta, x, noise_dot),
+        "A peel": lambda: a_peel(side, state.f_b),
+    }
+    return _time_each(stages)
 
 
 def _median_us(timing) -> float:
@@ -361,6 +395,7 @@ def check_timing() -> dict:
                           "unmined median us": base_us, "mined median us": mined_us,
                           "mined graph": timings["mined"].graph, "slowdown": mined_us / base_us})
             entry["parts median us"] = _parts(gemm, x, topk, result)
+            entry["A side stages median us"] = _a_side_stages(gemm, x, result.table)
             gemm.b.slots = [None, None]
         except Exception as exc:
             entry["error"] = repr(exc)

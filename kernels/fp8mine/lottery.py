@@ -97,7 +97,7 @@ def _mine_tiles(acc_ptr, n, row_base, live, col_tile, local, expert, key_ptr, th
                 lock_ptr, record_ptr, fresh_ptr, header_ptr, BT: tl.constexpr):
     """Fold, hash and compare BT tiles (rows row_base .. +3, columns 64·col_tile .. +63; `local`
     and `expert` per tile); the lowest winner among them CASes the lock and writes the record.
-    Returns the tickets' 8 words. Shared by the lottery kernel and the fused peel pass."""
+    Returns the tickets' 8 words."""
     slot_ids = tl.arange(0, BT)
     lanes = _fold(acc_ptr, row_base, col_tile * 64, live, n, BT)
     m0, m1, m2, m3 = _lane(lanes, 0), _lane(lanes, 1), _lane(lanes, 2), _lane(lanes, 3)
@@ -248,8 +248,7 @@ class LotteryLatch:
             seed_b: torch.Tensor, sources: dict[str, torch.Tensor],
             tickets: torch.Tensor | None = None) -> None:
         """Fold, hash and compare every tile of `acc` (rows, n_e) fp32; latch the first winner;
-        then `capture(sources)`. The mined pass does the same inside its peel pass
-        (peel.peel_and_unscale with `mining_args`); this standalone pass serves the checks.
+        then `capture(sources)`. The mined pass runs this right after its GEMM.
 
         `tickets`, for checks: an int32 (row tiles, n_e/64, 8) tensor that receives every ticket.
         """
@@ -267,7 +266,7 @@ class LotteryLatch:
 
     def mining_args(self, pow_key: torch.Tensor, threshold_: torch.Tensor,
                     seed_b: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """The kernel arguments of a mining pass into this latch, in `_mine_tiles` order:
+        """The lottery kernel's latch arguments, in `_mine_tiles` order:
         jackpot key, threshold words, seedB, lock, record, fresh flag, header words."""
         return (pow_key.contiguous(), threshold_.contiguous(), seed_b.contiguous(), self.lock,
                 self.record, self.fresh, self.header)

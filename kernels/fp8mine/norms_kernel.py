@@ -6,7 +6,8 @@ l2 = grid4(RNE_bf16(√(S·2^(E_MAX−268−Wl2)/k))); linf = RNE_bf16(max |q|·
 The square root is correctly rounded without big integers: an f64 estimate gives a candidate
 code within one of the answer, and exact int64 comparisons of v with the squared midpoints to the
 neighbouring codes (shifting the side with the larger exponent down and keeping the remainder, so
-nothing overflows) pick the RNE result. Two passes over the row's blocks (E_MAX, then S).
+nothing overflows) pick the RNE result. Two passes over the row's blocks (E_MAX, then S); with
+the whole row in one step the second pass re-reads it from L1/L2.
 """
 from __future__ import annotations
 
@@ -18,13 +19,15 @@ from kernels.int7._jit import jit
 
 from .noisy_kernel import _rne_bf16
 
-_BLOCKS = 64  # scale blocks (of 8 codes) per step
+_MAX_BLOCKS = 1024  # scale blocks (of 8 codes) per step: 8192 codes, 64 per thread of 4 warps
 
 
-def rows_per_program(rows: int) -> int:
-    """4 rows per program for decode-sized operands (a 64-row launch then spreads over 16 SMs
-    instead of 4: each program walks its rows' blocks serially, twice), 16 for large ones."""
-    return 4 if rows <= 1024 else 16
+def block_shape(nblocks: int) -> tuple[int, int]:
+    """(rows, scale blocks) per program and step: one row per program, the whole row in one step
+    up to k = 8192 (64 decode rows then spread over 64 SMs and read their codes once per pass;
+    the first pass put 4 rows on a program that walked 64 blocks at a time, 12 serial steps per
+    pass at k = 6144, on 16 programs)."""
+    return 1, min(_MAX_BLOCKS, triton.next_power_of_2(nblocks))
 
 
 @jit
@@ -124,8 +127,8 @@ def row_norms(codes: torch.Tensor, scales: torch.Tensor, wl2: int) -> tuple[torc
     rows, k = codes.shape
     l2 = torch.empty(rows, dtype=torch.int16, device=codes.device)
     linf = torch.empty(rows, dtype=torch.int16, device=codes.device)
-    per_program = rows_per_program(rows)
+    per_program, blocks = block_shape(k // 8)
     _norms_kernel[(triton.cdiv(rows, per_program),)](codes.contiguous(), scales.contiguous().view(torch.int16),
-                                                     l2, linf, rows, k, wl2, BR=per_program, BB=_BLOCKS,
+                                                     l2, linf, rows, k, wl2, BR=per_program, BB=blocks,
                                                      enable_fp_fusion=False)
     return l2.view(torch.bfloat16), linf.view(torch.bfloat16)

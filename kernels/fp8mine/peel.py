@@ -8,8 +8,9 @@ A peel (rows, 2r) = [β_A ⊙ E_A | A′ · F_Bᵀ]; B peel (n, 2r) = [(β_B ⊙
 Per launch this is two Triton kernels: the A peel (one pass over A′), and the rank-64 correction,
 add and unscale fused in one pass over the accumulator (row tiles never straddle an expert, so a
 tile's correction is one small dot against its expert's B peel; A peel rows and α_A are gathered
-through Rflat in the kernel). The mined pass runs the lottery in that same pass, so the
-accumulator is read from memory once. The B peel is per job (torch ops).
+through Rflat in the kernel). The lottery is its own pass (lottery.py): fused into this one it
+was slower on the H200 than the two passes apart (docs/kernels-fp8mine.md). The B peel is per
+job (torch ops).
 """
 from __future__ import annotations
 
@@ -19,7 +20,6 @@ import triton.language as tl
 
 from kernels.int7._jit import jit
 
-from .lottery import TILE_COLS, _mine_tiles
 from .noisy_kernel import _bf16_of_bits, _rne_bf16
 from .numerics import bf16_fma
 from .quant import NoisySide
@@ -92,7 +92,7 @@ def b_peel(side: NoisySide, noise: torch.Tensor, f_a: torch.Tensor) -> torch.Ten
 
 
 def _peel_rows(rows: int, experts: int) -> int:
-    """Row-tile height of the fused pass: 16 for decode-like launches, 64 once experts average
+    """Row-tile height of the peel pass: 16 for decode-like launches, 64 once experts average
     64 rows or more."""
     return 64 if rows >= 64 * experts else 16
 
@@ -100,13 +100,9 @@ def _peel_rows(rows: int, experts: int) -> int:
 @jit
 def _peel_unscale_kernel(acc_ptr, rflat_ptr, a_peel_ptr, alpha_a_ptr, b_peel_ptr, alpha_b_ptr,
                          tile_row_ptr, tile_expert_ptr, bounds_ptr, out_ptr, n,
-                         key_ptr, thr_ptr, seed_b_ptr, lock_ptr, record_ptr, fresh_ptr, header_ptr,
-                         BR: tl.constexpr, BN: tl.constexpr, MINE: tl.constexpr):
+                         BR: tl.constexpr, BN: tl.constexpr):
     """out = (acc + A_peel[token] · B_peel[w]ᵀ) · (1/α_A[token]) · (1/α_B[w, col]) → bf16 for one
-    row tile of expert w (rows in expert order, token = Rflat[row]) and BN columns.
-
-    MINE: also the lottery of the tile's 4×64 tiles (expert-local quads of rows: row tiles start
-    at the expert's first row and BR is a multiple of 4), while the accumulator is in cache."""
+    row tile of expert w (rows in expert order, token = Rflat[row]) and BN columns."""
     row0 = tl.load(tile_row_ptr + tl.program_id(0))
     if row0 >= 0:
         expert = tl.load(tile_expert_ptr + tl.program_id(0)).to(tl.int64)
@@ -129,34 +125,18 @@ def _peel_unscale_kernel(acc_ptr, rflat_ptr, a_peel_ptr, alpha_a_ptr, b_peel_ptr
         out = (acc + correction) * inv_a[:, None] * inv_b[None, :]
         bits = _rne_bf16(out.to(tl.int32, bitcast=True)) >> 16  # RNE, the same in the interpreter
         tl.store(out_ptr + cell, bits.to(tl.int16), mask=live)
-        if MINE:
-            quads = tl.arange(0, BR // 4)
-            row_base = (row0 + 4 * quads).to(tl.int64)
-            live_q = row_base + 4 <= row_end
-            local = (row0 - tl.load(bounds_ptr + expert)) // 4 + quads
-            experts = tl.full((BR // 4,), 0, tl.int32) + expert.to(tl.int32)
-            for half in tl.static_range(BN // 64):
-                col_tile = tl.program_id(1) * (BN // 64) + half
-                live_t = live_q & ((quads * 0 + col_tile * 64) < n)
-                _mine_tiles(acc_ptr, n, row_base, live_t, col_tile, local, experts,
-                            key_ptr, thr_ptr, seed_b_ptr, lock_ptr, record_ptr, fresh_ptr, header_ptr, BR // 4)
 
 
 def peel_and_unscale(acc: torch.Tensor, a_peel_: torch.Tensor, alpha_a: torch.Tensor,
-                     b_peel_: torch.Tensor, alpha_b: torch.Tensor, table: RoutingTable,
-                     mining: tuple[torch.Tensor, ...] | None = None) -> torch.Tensor:
+                     b_peel_: torch.Tensor, alpha_b: torch.Tensor, table: RoutingTable) -> torch.Tensor:
     """out[i, j] = (acc[i, j] + A_peel[t] · B_peel[w, j]) / (α_A[t] α_B[w, j]) as BF16, t = Rflat[i].
 
     acc (rows, n_e) fp32 in expert order; a_peel_ (m, 64) and alpha_a (m,) in token order;
     b_peel_ (e, n_e, 64), alpha_b (e, n_e). One Triton pass plus the row-tile map, no host sync
     (approximate arithmetic: the output is not consensus).
-    mining: `LotteryLatch.mining_args(...)` to run the lottery of every tile in the same pass
-    (bit-exact: it hashes the accumulator's bits); the caller then runs the latch's `capture`.
     """
     rows, n = acc.shape
     experts = table.experts
-    if mining is not None and n % TILE_COLS:
-        raise ValueError(f"mining needs n_e % {TILE_COLS} == 0, got {n}")
     if b_peel_.shape != (experts, n, 64) or alpha_b.shape != (experts, n) or a_peel_.shape[1] != 64:
         raise ValueError(f"peel shapes do not match acc {tuple(acc.shape)} with {experts} experts: "
                          f"a_peel {tuple(a_peel_.shape)}, b_peel {tuple(b_peel_.shape)}, alpha_b {tuple(alpha_b.shape)}")
@@ -168,6 +148,5 @@ def peel_and_unscale(acc: torch.Tensor, a_peel_: torch.Tensor, alpha_a: torch.Te
     _peel_unscale_kernel[grid](acc, table.rflat, a_peel_.contiguous().view(torch.int16),
                                alpha_a.contiguous().view(torch.int16), b_peel_.contiguous().view(torch.int16),
                                alpha_b.contiguous().view(torch.int16), tiles.row_start, tiles.expert,
-                               table.bounds, out, n, *(mining or (acc,) * 7),
-                               BR=block_rows, BN=_PEEL_COLS, MINE=mining is not None)
+                               table.bounds, out, n, BR=block_rows, BN=_PEEL_COLS)
     return out.view(torch.bfloat16)

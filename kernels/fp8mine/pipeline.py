@@ -7,8 +7,8 @@
   state window) and the parent's state is prefetched before it leaves.
 - `prepare_a` is the per-launch A side: planes, norms, HA, (HR, HO), seedA, noise and jackpot
   keys, E_A, A′ and the A peel — device tensors only, no host syncs.
-- `MinedGemm.forward` runs A side → grouped FP8 GEMM (128-k promotion) → one pass of lottery
-  (first winner into the latch) and peel + unscale into the BF16 output, rows in expert order.
+- `MinedGemm.forward` runs A side → grouped FP8 GEMM (128-k promotion) → the lottery (first
+  winner into the latch) → peel + unscale into the BF16 output, rows in expert order.
   Dense V4 is one group.
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ from .hashing import constant_bytes
 from .lottery import LotteryLatch, threshold_words
 from .matmul import grouped_matmul
 from .peel import a_peel, b_peel, peel_and_unscale
-from .routing import RoutingTable, dense_table, routing_table
+from .routing import RoutingTable, dense_table, routing_table, row_tiles
 
 
 class PipelineError(ValueError):
@@ -236,11 +236,11 @@ class MinedGemm:
         state = self.state
         a = prepare_a(x, self.seed_message, self.p_a_len, state, table if self.moe else None)
         acc = grouped_matmul(self.expert_rows(a.side.codes, table), self.b_codes(), table)
-        out = peel_and_unscale(acc, a.peel, a.side.alpha, state.peel.view(self.b.experts, self.b.n_e, -1),
-                               state.side.alpha.view(self.b.experts, self.b.n_e), table,
-                               self.latch.mining_args(a.pow_key, self.threshold, state.seed_b))
-        self.latch.capture({"codes": a.codes, "scales": a.scales, "rflat": table.rflat, "offsets": table.offsets})
+        self.latch.run(acc, row_tiles(table), a.pow_key, self.threshold, state.seed_b,
+                       {"codes": a.codes, "scales": a.scales, "rflat": table.rflat, "offsets": table.offsets})
         self.latch.publish()
+        out = peel_and_unscale(acc, a.peel, a.side.alpha, state.peel.view(self.b.experts, self.b.n_e, -1),
+                               state.side.alpha.view(self.b.experts, self.b.n_e), table)
         return LaunchResult(out, acc, table, a)
 
     def expert_rows(self, a_codes: torch.Tensor, table: RoutingTable) -> torch.Tensor:
