@@ -60,10 +60,15 @@ SCRIPT = textwrap.dedent("""
             "b_peel_ptr": "*i16", "alpha_b_ptr": "*i16", "tile_row_ptr": "*i32", "tile_expert_ptr": "*i32",
             "bounds_ptr": "*i32", "out_ptr": "*i16", "n": "i32", "BR": "constexpr", "BN": "constexpr"},
             constexprs={"BR": rows, "BN": 128}), target=target)
-    triton.compile(ASTSource(fn=peel._a_peel_kernel, signature={
-        "codes_ptr": "*u8", "beta_ptr": "*i16", "e_ptr": "*u8", "f_b_ptr": "*u8", "out_ptr": "*i16",
-        "rows": "i32", "k": "i32", "BR": "constexpr", "BK": "constexpr"}, constexprs={"BR": 16, "BK": 128}),
-        target=target)
+    for split in (False, True):
+        triton.compile(ASTSource(fn=peel._a_peel_kernel, signature={
+            "codes_ptr": "*u8", "beta_ptr": "*i16", "e_ptr": "*u8", "f_b_ptr": "*u8", "out_ptr": "*i16",
+            "partial_ptr": "*fp32" if split else "*i16", "rows": "i32", "k": "i32", "k_per_split": "i32",
+            "BR": "constexpr", "BK": "constexpr", "SPLIT": "constexpr"},
+            constexprs={"BR": 16, "BK": 128, "SPLIT": split}), target=target)
+    triton.compile(ASTSource(fn=peel._a_peel_combine_kernel, signature={
+        "partial_ptr": "*fp32", "beta_ptr": "*i16", "e_ptr": "*u8", "out_ptr": "*i16", "rows": "i32",
+        "splits": "i32", "BR": "constexpr"}, constexprs={"BR": 16}), target=target)
     for routed in (False, True):
         triton.compile(ASTSource(fn=transcript._launch_keys_kernel, signature={
             "roots_codes_ptr": "*i32", "roots_scales_ptr": "*i32", "hr_ptr": "*i32", "ho_ptr": "*i32",

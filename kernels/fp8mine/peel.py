@@ -5,7 +5,8 @@ A peel (rows, 2r) = [β_A ⊙ E_A | A′ · F_Bᵀ]; B peel (n, 2r) = [(β_B ⊙
 (the first block one bf16 FMA per element, as the reference); C″ = acc + A_peel · B_peelᵀ =
 (A′ − β_A N_A)(B′ − β_B N_B)ᵀ; out = C″ / (α_A α_B) in BF16.
 
-Per launch this is two Triton kernels: the A peel (one pass over A′), and the rank-64 correction,
+Per launch this is two Triton kernels: the A peel (one pass over A′; split over k, plus a
+combine pass, when there are too few rows to fill the GPU), and the rank-64 correction,
 add and unscale fused in one pass over the accumulator (row tiles never straddle an expert, so a
 tile's correction is one small dot against its expert's B peel; A peel rows and α_A are gathered
 through Rflat in the kernel). The lottery is its own pass (lottery.py): fused into this one it
@@ -27,6 +28,7 @@ from .routing import RoutingTable, row_tiles
 
 ROW_CHUNK = 2048  # rows per pass of the torch FMA emulation (bounds its f64 temporaries)
 _A_PEEL_ROWS = 16
+_A_PEEL_PROGRAMS = 128  # split k until row blocks × splits reaches this (H200: 132 SMs)
 _PEEL_COLS = 128
 
 
@@ -46,36 +48,80 @@ def _e4m3_value(code):
 
 
 @jit
-def _a_peel_kernel(codes_ptr, beta_ptr, e_ptr, f_b_ptr, out_ptr, rows, k,
-                   BR: tl.constexpr, BK: tl.constexpr):
-    """out[r] = [bf16(β[r] · E[r, :]) | bf16(Σ_k A′[r, k] · F_B[k, :])], one program per BR rows."""
-    r = tl.program_id(0) * BR + tl.arange(0, BR)
+def _store_a_peel(out_ptr, beta_ptr, e_ptr, r, right_sum, rows, BR: tl.constexpr):
+    """Rows r of the A peel: [bf16(β[r] · E[r, :]) | bf16(right_sum)]."""
     live = (r < rows)[:, None]
     r64 = r.to(tl.int64)[:, None]
     j = tl.arange(0, 32)[None, :]
     beta = _bf16_of_bits(beta_ptr, r, r < rows)
     e = _e4m3_value(tl.load(e_ptr + r64 * 32 + j, mask=live, other=0).to(tl.int32))
     left = _rne_bf16((beta[:, None] * e).to(tl.int32, bitcast=True)) >> 16
-    kk = tl.arange(0, BK)
-    total = tl.full((BR, 32), 0.0, tl.float32)
-    for k0 in range(0, k, BK):
-        a = _e4m3_value(tl.load(codes_ptr + r64 * k + k0 + kk[None, :], mask=live, other=0).to(tl.int32))
-        f = _e4m3_value(tl.load(f_b_ptr + (k0 + kk).to(tl.int64)[:, None] * 32 + j).to(tl.int32))
-        total = tl.dot(a, f, total)  # e4m3 values are exact in tf32
-    right = _rne_bf16(total.to(tl.int32, bitcast=True)) >> 16
+    right = _rne_bf16(right_sum.to(tl.int32, bitcast=True)) >> 16
     out = out_ptr + r64 * 64 + j
     tl.store(out, left.to(tl.int16), mask=live)
     tl.store(out + 32, right.to(tl.int16), mask=live)
 
 
+@jit
+def _a_peel_kernel(codes_ptr, beta_ptr, e_ptr, f_b_ptr, out_ptr, partial_ptr, rows, k, k_per_split,
+                   BR: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr):
+    """Σ_k A′[r, k] · F_B[k, :] over split program_id(1)'s k range for BR rows: the A peel rows
+    themselves when SPLIT is False, else fp32 partial sums into partial[split, r, :]."""
+    r = tl.program_id(0) * BR + tl.arange(0, BR)
+    live = (r < rows)[:, None]
+    r64 = r.to(tl.int64)[:, None]
+    j = tl.arange(0, 32)[None, :]
+    kk = tl.arange(0, BK)
+    total = tl.full((BR, 32), 0.0, tl.float32)
+    k_start = tl.program_id(1) * k_per_split
+    k_end = tl.minimum(k_start + k_per_split, k)
+    for k0 in range(k_start, k_end, BK):
+        a = _e4m3_value(tl.load(codes_ptr + r64 * k + k0 + kk[None, :], mask=live, other=0).to(tl.int32))
+        f = _e4m3_value(tl.load(f_b_ptr + (k0 + kk).to(tl.int64)[:, None] * 32 + j).to(tl.int32))
+        total = tl.dot(a, f, total)  # e4m3 values are exact in tf32
+    if SPLIT:
+        tl.store(partial_ptr + (tl.program_id(1) * rows + r64) * 32 + j, total, mask=live)
+    else:
+        _store_a_peel(out_ptr, beta_ptr, e_ptr, r, total, rows, BR)
+
+
+@jit
+def _a_peel_combine_kernel(partial_ptr, beta_ptr, e_ptr, out_ptr, rows, splits, BR: tl.constexpr):
+    """The A peel rows from the split partial sums, added in split order (deterministic)."""
+    r = tl.program_id(0) * BR + tl.arange(0, BR)
+    live = (r < rows)[:, None]
+    cell = r.to(tl.int64)[:, None] * 32 + tl.arange(0, 32)[None, :]
+    total = tl.full((BR, 32), 0.0, tl.float32)
+    for split in range(splits):
+        total += tl.load(partial_ptr + split * rows * 32 + cell, mask=live, other=0.0)
+    _store_a_peel(out_ptr, beta_ptr, e_ptr, r, total, rows, BR)
+
+
+def a_peel_splits(rows: int, k: int, block_k: int) -> tuple[int, int]:
+    """(k splits, k per split): enough (row block, k split) programs to fill ~128 SMs, each k
+    range a whole number of BK steps. Decode (64 rows = 4 row blocks, k = 6144) gets 24 splits
+    of 256 instead of 4 programs walking 48 serial steps; prefill keeps one split (no partials)."""
+    row_blocks = triton.cdiv(rows, _A_PEEL_ROWS)
+    wanted = max(1, min(k // block_k, _A_PEEL_PROGRAMS // row_blocks))
+    per_split = triton.cdiv(triton.cdiv(k, wanted), block_k) * block_k
+    return triton.cdiv(k, per_split), per_split
+
+
 def a_peel(side: NoisySide, f_b: torch.Tensor) -> torch.Tensor:
-    """(rows, 64) bf16: [β_A ⊙ E_A | A′ · F_Bᵀ] (one Triton pass; k a multiple of 32)."""
+    """(rows, 64) bf16: [β_A ⊙ E_A | A′ · F_Bᵀ] (k a multiple of 32). One Triton pass, or a
+    split-k pass and a combine pass when the rows alone give too few programs (decode)."""
     rows, k = side.codes.shape
+    block_k = 128 if k % 128 == 0 else 32
+    splits, per_split = a_peel_splits(rows, k, block_k)
     out = torch.empty((rows, 64), dtype=torch.int16, device=side.codes.device)
-    _a_peel_kernel[(triton.cdiv(rows, _A_PEEL_ROWS),)](
-        side.codes.contiguous().view(torch.uint8), side.beta.contiguous().view(torch.int16),
-        side.e_lines.contiguous().view(torch.uint8), f_b.contiguous().view(torch.uint8), out, rows, k,
-        BR=_A_PEEL_ROWS, BK=128 if k % 128 == 0 else 32)
+    partial = torch.empty((splits, rows, 32), dtype=torch.float32, device=side.codes.device) if splits > 1 else out
+    beta, e_lines = side.beta.contiguous().view(torch.int16), side.e_lines.contiguous().view(torch.uint8)
+    row_blocks = triton.cdiv(rows, _A_PEEL_ROWS)
+    _a_peel_kernel[(row_blocks, splits)](
+        side.codes.contiguous().view(torch.uint8), beta, e_lines, f_b.contiguous().view(torch.uint8), out,
+        partial, rows, k, per_split, BR=_A_PEEL_ROWS, BK=block_k, SPLIT=splits > 1)
+    if splits > 1:
+        _a_peel_combine_kernel[(row_blocks,)](partial, beta, e_lines, out, rows, splits, BR=_A_PEEL_ROWS)
     return out.view(torch.bfloat16)
 
 
