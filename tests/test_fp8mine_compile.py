@@ -2,7 +2,7 @@
 the Hopper model's structure — four K = 32 e4m3 WGMMAs per 128-k window, the first zero-initialised,
 then one fp32 add per accumulator register; the noisy-quantization kernel has no contracted
 multiply-add; the pre-quantization, row-scales, row-norms, noise-line, tile-map, lottery, payload,
-A-peel, peel/unscale, launch-keys, routing-rank and short-hash kernels compile."""
+A-peel (+ split-k combine), peel/unscale, plane-forest, launch-keys, routing-rank and short-hash kernels compile."""
 import os
 import re
 import subprocess
@@ -69,6 +69,14 @@ SCRIPT = textwrap.dedent("""
     triton.compile(ASTSource(fn=peel._a_peel_combine_kernel, signature={
         "partial_ptr": "*fp32", "beta_ptr": "*i16", "e_ptr": "*u8", "out_ptr": "*i16", "rows": "i32",
         "splits": "i32", "BR": "constexpr"}, constexprs={"BR": 16}), target=target)
+    triton.compile(ASTSource(fn=transcript._forest_leaves_kernel, signature={
+        "key_ptr": "*i32", **{f"p{i}": "*i32" for i in range(4)}, **{f"w{i}": "i32" for i in range(4)},
+        "c1": "i32", "c2": "i32", "c3": "i32", "total": "i32", "leaves_ptr": "*i32", "LANES": "constexpr"},
+        constexprs={"LANES": 32}), target=target)
+    triton.compile(ASTSource(fn=transcript._forest_tops_kernel, signature={
+        "key_ptr": "*i32", "leaves_ptr": "*i32", "parents_ptr": "*i32", "roots_ptr": "*i32", "c1": "i32",
+        "c2": "i32", "c3": "i32", "total": "i32", "q1": "i32", "q2": "i32", "q3": "i32", "LANES": "constexpr"},
+        constexprs={"LANES": 128}), target=target)
     for routed in (False, True):
         triton.compile(ASTSource(fn=transcript._launch_keys_kernel, signature={
             "roots_codes_ptr": "*i32", "roots_scales_ptr": "*i32", "hr_ptr": "*i32", "ho_ptr": "*i32",

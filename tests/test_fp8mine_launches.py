@@ -24,8 +24,8 @@ from kernels.fp8mine.pipeline import MinedGemm, prepare_a
 from proof.chain import BlockHeader, sha256d
 
 EXPERTS, N_E, K, TOKENS, TOP_K = 4, 64, 1024, 16, 2
-A_SIDE_BUDGET = 15  # incl. the A peel's split-k combine (decode-sized launch)
-PASS_BUDGET = 26  # incl. the lottery's tile map and pass (no longer fused into the peel)
+A_SIDE_BUDGET = 11  # the four plane trees in two launches; the A peel's split-k combine (decode)
+PASS_BUDGET = 22  # incl. the lottery's tile map and pass (no longer fused into the peel)
 # Ops that only allocate, alias or describe a tensor: no kernel on CUDA.
 _FREE = {"empty", "empty_strided", "empty_like", "view", "_unsafe_view", "alias", "slice", "select",
          "expand", "t", "transpose", "permute", "as_strided", "detach", "unsqueeze", "squeeze",

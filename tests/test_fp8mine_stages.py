@@ -176,6 +176,28 @@ def test_offsets_root_pin():
         dev_transcript.check_hash_id(0)
 
 
+def test_plane_roots_match_the_reference_tree():
+    """The launch's trees in two shared launches (leaves, then one program per tree) against
+    proof.blake3tree: one-chunk trees (ROOT on the chunk), ragged and odd leaf counts, mixed
+    dtypes, and the pinned offsets root in any slot."""
+    from proof.blake3tree import keyed_tree_root
+    rng = np.random.default_rng(21)
+    key = rng.bytes(32)
+    planes = [torch.from_numpy(rng.integers(-128, 128, (5, 1024), dtype=np.int8)),  # 5 leaves
+              torch.from_numpy(rng.integers(0, 2**16, (12, 160), dtype=np.uint16).astype(np.int16)).view(torch.bfloat16),
+              torch.from_numpy(rng.integers(0, 64, 513, dtype=np.int32)),  # 2 leaves, the last ragged
+              torch.tensor([3, 7, 9], dtype=torch.int32)]
+    for plane, root in zip(planes, dev_transcript.plane_roots(words(key), planes)):
+        assert root.shape == (1, 8)
+        assert digest(root) == keyed_tree_root(key, plane.contiguous().view(torch.uint8).numpy().tobytes(), 1024)
+    assert digest(dev_transcript.plane_roots(words(PARENT), planes[3:])[0]).hex() == \
+        "53aa5cb0b531c648f26f806b927438ad8790b843cbb07a4f367f73d91d0129dd"
+    with pytest.raises(ValueError, match="1..4 planes"):
+        dev_transcript.plane_roots(words(key), planes + planes[:1])
+    with pytest.raises(ValueError, match="multiple of 4 bytes"):
+        dev_transcript.plane_roots(words(key), [torch.zeros(3, dtype=torch.int8)])
+
+
 # -------------------------------------------------------------------------------------------- noise
 
 def test_noise_line_pins():

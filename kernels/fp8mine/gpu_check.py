@@ -336,9 +336,10 @@ def _a_side_stages(gemm: MinedGemm, x: torch.Tensor, table: RoutingTable) -> dic
     codes, scales, values = prequant.prequantize_and_open(x)
     l2, linf = prequant.row_norms(codes, scales)
     key_a = transcript.key_a_of(gemm.seed_message)
-    roots = (transcript.tree_root(key_a, codes), transcript.tree_root(key_a, scales))
-    routing = (transcript.tree_root(key_a, table.rflat), transcript.tree_root(key_a, table.offsets)) if gemm.moe else None
-    keys = transcript.launch_keys(gemm.seed_message, gemm.p_a_len, roots, routing)
+    planes = [codes, scales] + ([table.rflat, table.offsets] if gemm.moe else [])
+    roots = transcript.plane_roots(key_a, planes)
+    routing = (roots[2], roots[3]) if gemm.moe else None
+    keys = transcript.launch_keys(gemm.seed_message, gemm.p_a_len, (roots[0], roots[1]), routing)
     e_a = noise.noise_lines(keys[2:3], "A", "E", x.shape[0])
     noise_dot = matmul(e_a, state.f_a)
     alpha, beta = quant.row_scales(l2, linf)
@@ -346,13 +347,13 @@ def _a_side_stages(gemm: MinedGemm, x: torch.Tensor, table: RoutingTable) -> dic
     stages = {
         "prequant + open": lambda: prequant.prequantize_and_open(x),
         "row norms": lambda: prequant.row_norms(codes, scales),
-        "tree codes": lambda: transcript.tree_root(key_a, codes),
-        "tree scales": lambda: transcript.tree_root(key_a, scales),
-        **({"tree Rflat": lambda: transcript.tree_root(key_a, table.rflat),
-            "tree offsets": lambda: transcript.tree_root(key_a, table.offsets)} if gemm.moe else {}),
-        "launch keys": lambda: transcript.launch_keys(gemm.seed_message, gemm.p_a_len, roots, routing),
+        "plane trees (all, plane_roots)": lambda: transcript.plane_roots(key_a, planes),
+        **{f"tree {name} alone (int7 keyed_trees, for comparison)": functools.partial(transcript.tree_root, key_a, plane)
+           for name, plane in zip(("codes", "scales", "Rflat", "offsets"), planes)},
+        "launch keys": lambda: transcript.launch_keys(gemm.seed_message, gemm.p_a_len, (roots[0], roots[1]), routing),
         "noise lines E_A": lambda: noise.noise_lines(keys[2:3], "A", "E", x.shape[0]),
-        "noise dot E_A F_A (GEMM k=32)": lambda: matmul(e_a, state.f_a),
+        **{f"noise dot E_A F_A (GEMM k=32, {impl})": functools.partial(matmul, e_a, state.f_a, impl)
+           for impl in IMPLS},
         "row scales": lambda: quant.row_scales(l2, linf),
         "noisy codes": lambda: noisy_kernel.noisy_codes(alpha, beta, x, noise_dot),
         "A peel": lambda: a_peel(side, state.f_b),

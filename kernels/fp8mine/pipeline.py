@@ -158,11 +158,9 @@ def prepare_a(x: torch.Tensor, seed_message: torch.Tensor, p_a_len: int, state: 
     codes, scales, values = prequant.prequantize_and_open(x)
     l2, linf = prequant.row_norms(codes, scales)
     key_a = transcript.key_a_of(seed_message)
-    roots = (transcript.tree_root(key_a, codes), transcript.tree_root(key_a, scales))
-    routing = None
-    if table is not None:
-        routing = (transcript.tree_root(key_a, table.rflat), transcript.tree_root(key_a, table.offsets))
-    keys = transcript.launch_keys(seed_message, p_a_len, roots, routing)
+    roots = transcript.plane_roots(key_a, [codes, scales] + ([table.rflat, table.offsets] if table else []))
+    routing = (roots[2], roots[3]) if table is not None else None
+    keys = transcript.launch_keys(seed_message, p_a_len, (roots[0], roots[1]), routing)
     e_a = noise.noise_lines(keys[2:3], "A", "E", x.shape[0])
     side, _ = quant.noisy_quantize(values, l2, linf, e_a, state.f_a)
     return ASide(codes, scales, keys, side, a_peel(side, state.f_b))

@@ -17,7 +17,8 @@ import torch
 import triton.language as tl
 
 from kernels.int7._jit import jit
-from kernels.int7.blake3 import compress_block, keyed_trees, load_words8, store_words8
+from kernels.int7.blake3 import (chunk_chaining_value, compress_block, keyed_trees, level_counts, load_words8,
+                                 store_words8, upper_levels)
 from proof.fp8.params import HashId
 from proof.fp8.transcript import LABEL_PREFIX, subkey
 
@@ -66,6 +67,112 @@ def tree_root(key: torch.Tensor, data: torch.Tensor) -> torch.Tensor:
     """Keyed chunk-tree root of a tensor's bytes (row-major, zero-padded to 1024-byte leaves)."""
     flat = data.contiguous().view(torch.uint8).view(1, -1)
     return keyed_trees(key, flat).roots
+
+
+_FOREST_TREES = 4  # codes, scales, Rflat, offsets
+_FOREST_MAX_CHUNKS = 2048  # larger planes: int7's trees (parent levels spread over the GPU)
+_FOREST_LANES = 32  # chunks per leaf program (one warp: decode has few chunks to spread)
+_TOP_LANES = 128
+
+
+@jit
+def _pick4(index, v0, v1, v2, v3):
+    """v[index] for index in 0..3 (scalars or lane tensors; pointers too)."""
+    return tl.where(index == 0, v0, tl.where(index == 1, v1, tl.where(index == 2, v2, v3)))
+
+
+@jit
+def _forest_leaves_kernel(key_ptr, p0, p1, p2, p3, w0, w1, w2, w3, c1, c2, c3, total, leaves_ptr,
+                          LANES: tl.constexpr):
+    """Leaf chaining values of up to four planes' trees in one launch: lane = a chunk of the
+    concatenated chunk lists (tree t's chunks start at c_t, c_0 = 0; w_t words per plane)."""
+    lane = tl.program_id(0) * LANES + tl.arange(0, LANES)
+    live = lane < total
+    tree = (lane >= c1).to(tl.int32) + (lane >= c2).to(tl.int32) + (lane >= c3).to(tl.int32)
+    first = _pick4(tree, 0, c1, c2, c3)
+    words = _pick4(tree, w0, w1, w2, w3)
+    chunks = _pick4(tree, c1, c2 - c1, c3 - c2, total - c3)
+    base = _pick4(tree, p0 + lane * 0, p1 + lane * 0, p2 + lane * 0, p3 + lane * 0)
+    every = lane >= 0
+    k0, k1, k2, k3, k4, k5, k6, k7 = load_words8(key_ptr + lane * 0, every)
+    last_flags = tl.where(chunks == 1, 8, 0)  # ROOT on a one-chunk tree's only chunk
+    c0_, c1_, c2_, c3_, c4_, c5_, c6_, c7_ = chunk_chaining_value(
+        base, lane - first, words, live, k0, k1, k2, k3, k4, k5, k6, k7, last_flags)
+    store_words8(leaves_ptr + lane.to(tl.int64) * 8, c0_, c1_, c2_, c3_, c4_, c5_, c6_, c7_, live)
+
+
+@jit
+def _forest_tops_kernel(key_ptr, leaves_ptr, parents_ptr, roots_ptr, c1, c2, c3, total,
+                        q1, q2, q3, LANES: tl.constexpr):
+    """Program t: every parent level of tree t (its leaves at chunk offset c_t, its parents at
+    node offset q_t of parents_ptr), then its root into roots[t]."""
+    tree = tl.program_id(0)
+    first = _pick4(tree, 0, c1, c2, c3)
+    chunks = _pick4(tree, c1, c2 - c1, c3 - c2, total - c3)
+    parents_at = _pick4(tree, 0, q1, q2, q3)
+    lane = tl.arange(0, LANES).to(tl.int64)
+    every = lane >= 0
+    k0, k1, k2, k3, k4, k5, k6, k7 = load_words8(key_ptr + lane * 0, every)
+    leaves = leaves_ptr + first.to(tl.int64) * 8
+    parents = parents_ptr + parents_at.to(tl.int64) * 8
+    upper_levels(leaves, parents, chunks, lane, k0, k1, k2, k3, k4, k5, k6, k7, LANES)
+    nodes = 0
+    count = chunks
+    while count > 1:
+        count = (count + 1) // 2
+        nodes += count
+    root = tl.where(nodes == 0, leaves + lane * 0, parents + (nodes - 1) * 8 + lane * 0)
+    r0, r1, r2, r3, r4, r5, r6, r7 = load_words8(root, every)
+    store_words8(roots_ptr + tree * 8 + lane * 0, r0, r1, r2, r3, r4, r5, r6, r7, lane == 0)
+
+
+def _parent_nodes(chunks: int) -> int:
+    return sum(level_counts(chunks * 1024)[1:]) + (1 if chunks > 1 else 0)
+
+
+def _forest_roots(key: torch.Tensor, planes: list[torch.Tensor]) -> torch.Tensor:
+    """(len(planes), 8) roots of up to four small planes' trees: two launches in all."""
+    device = key.device
+    words = [p.contiguous().view(torch.int32).view(-1) for p in planes]
+    chunks = [-(-w.numel() // 256) for w in words]
+    starts = np.cumsum([0] + chunks).tolist()
+    node_starts = np.cumsum([0] + [_parent_nodes(c) for c in chunks]).tolist()
+    pad = _FOREST_TREES - len(planes)
+    words += [words[0]] * pad
+    counts = [w.numel() for w in words[:len(planes)]] + [0] * pad
+    starts += [starts[-1]] * pad  # empty trees at the end
+    node_starts += [node_starts[-1]] * pad
+    total = starts[len(planes)]
+    leaves = torch.empty((total, 8), dtype=torch.int32, device=device)
+    parents = torch.empty((max(node_starts[-1], 1), 8), dtype=torch.int32, device=device)
+    roots = torch.empty((_FOREST_TREES, 8), dtype=torch.int32, device=device)
+    _forest_leaves_kernel[(-(-total // _FOREST_LANES),)](
+        key, *words, *counts, *starts[1:4], total, leaves, LANES=_FOREST_LANES)
+    _forest_tops_kernel[(len(planes),)](key, leaves, parents, roots, *starts[1:4], total,
+                                        *node_starts[1:4], LANES=_TOP_LANES)
+    return roots[:len(planes)]
+
+
+def plane_roots(key: torch.Tensor, planes: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The keyed chunk-tree roots (each (1, 8)) of up to four planes, equal to `tree_root` of each.
+
+    Planes of at most 2048 chunks (all of a decode launch's: codes, scales, Rflat, offsets) share
+    two launches (leaves, then one program per tree for the parent levels) instead of two per
+    plane; larger ones go through int7's trees."""
+    if not 1 <= len(planes) <= _FOREST_TREES:
+        raise HashError(f"plane_roots takes 1..{_FOREST_TREES} planes, got {len(planes)}")
+    if key.dtype != torch.int32 or tuple(key.shape) != (1, 8):
+        raise HashError(f"the key must be (1, 8) int32, got {key.dtype} {tuple(key.shape)}")
+    for plane in planes:
+        if plane.numel() * plane.element_size() % 4 or plane.numel() == 0:
+            raise HashError(f"a plane must hold a positive multiple of 4 bytes, got {tuple(plane.shape)} {plane.dtype}")
+    small = [i for i, p in enumerate(planes) if p.numel() * p.element_size() <= _FOREST_MAX_CHUNKS * 1024]
+    roots: list[torch.Tensor | None] = [None] * len(planes)
+    if small:
+        forest = _forest_roots(key.contiguous(), [planes[i] for i in small])
+        for row, i in enumerate(small):
+            roots[i] = forest[row:row + 1]
+    return [r if r is not None else tree_root(key, planes[i]) for i, r in enumerate(roots)]
 
 
 def operand_digest(key: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
