@@ -108,7 +108,7 @@ SCRIPT = textwrap.dedent("""
         triton.compile(ASTSource(fn=norms_kernel._norms_kernel, signature={
             "codes_ptr": "*i8", "scales_ptr": "*i16", "l2_ptr": "*i16", "linf_ptr": "*i16", "num_rows": "i32",
             "k": "i32", "wl2": "i32", "BR": "constexpr", "BB": "constexpr"}, constexprs={"BR": rows, "BB": blocks}),
-            target=target, options={"enable_fp_fusion": False})
+            target=target, options={"enable_fp_fusion": False, "num_warps": norms_kernel._warps(rows * blocks)})
     triton.compile(ASTSource(fn=hashing._short_kernel, signature={
         "key_ptr": "*i32", "key_stride": "i32", "msg_ptr": "*i32", "out_ptr": "*i32", "total": "i32",
         "nbytes": "i32", "blocks": "i32", "keyed": "i32", "LANES": "constexpr"}, constexprs={"LANES": 16}),
