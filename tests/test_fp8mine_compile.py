@@ -72,7 +72,7 @@ SCRIPT = textwrap.dedent("""
     triton.compile(ASTSource(fn=transcript._forest_leaves_kernel, signature={
         "key_ptr": "*i32", **{f"p{i}": "*i32" for i in range(4)}, **{f"w{i}": "i32" for i in range(4)},
         "c1": "i32", "c2": "i32", "c3": "i32", "total": "i32", "leaves_ptr": "*i32", "LANES": "constexpr"},
-        constexprs={"LANES": 32}), target=target)
+        constexprs={"LANES": 32}), target=target, options={"num_warps": 1})
     triton.compile(ASTSource(fn=transcript._forest_tops_kernel, signature={
         "key_ptr": "*i32", "leaves_ptr": "*i32", "parents_ptr": "*i32", "roots_ptr": "*i32", "c1": "i32",
         "c2": "i32", "c3": "i32", "total": "i32", "q1": "i32", "q2": "i32", "q3": "i32", "LANES": "constexpr"},

@@ -71,7 +71,7 @@ def tree_root(key: torch.Tensor, data: torch.Tensor) -> torch.Tensor:
 
 _FOREST_TREES = 4  # codes, scales, Rflat, offsets
 _FOREST_MAX_CHUNKS = 2048  # larger planes: int7's trees (parent levels spread over the GPU)
-_FOREST_LANES = 32  # chunks per leaf program (one warp: decode has few chunks to spread)
+_FOREST_LANES = 32  # chunks per one-warp leaf program (decode has few chunks: spread them over SMs)
 _TOP_LANES = 128
 
 
@@ -147,7 +147,7 @@ def _forest_roots(key: torch.Tensor, planes: list[torch.Tensor]) -> torch.Tensor
     parents = torch.empty((max(node_starts[-1], 1), 8), dtype=torch.int32, device=device)
     roots = torch.empty((_FOREST_TREES, 8), dtype=torch.int32, device=device)
     _forest_leaves_kernel[(-(-total // _FOREST_LANES),)](
-        key, *words, *counts, *starts[1:4], total, leaves, LANES=_FOREST_LANES)
+        key, *words, *counts, *starts[1:4], total, leaves, LANES=_FOREST_LANES, num_warps=_FOREST_LANES // 32)
     _forest_tops_kernel[(len(planes),)](key, leaves, parents, roots, *starts[1:4], total,
                                         *node_starts[1:4], LANES=_TOP_LANES)
     return roots[:len(planes)]
