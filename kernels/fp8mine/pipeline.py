@@ -158,7 +158,7 @@ def prepare_a(x: torch.Tensor, seed_message: torch.Tensor, p_a_len: int, state: 
     codes, scales, values = prequant.prequantize_and_open(x)
     l2, linf = prequant.row_norms(codes, scales)
     key_a = transcript.key_a_of(seed_message)
-    roots = transcript.plane_roots(key_a, [codes, scales] + ([table.rflat, table.offsets] if table else []))
+    roots = transcript.plane_roots(key_a, [codes, scales] + ([table.rflat, table.offsets] if table is not None else []))
     routing = (roots[2], roots[3]) if table is not None else None
     keys = transcript.launch_keys(seed_message, p_a_len, (roots[0], roots[1]), routing)
     e_a = noise.noise_lines(keys[2:3], "A", "E", x.shape[0])
