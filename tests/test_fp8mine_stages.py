@@ -184,7 +184,7 @@ def test_plane_roots_match_the_reference_tree():
     rng = np.random.default_rng(21)
     key = rng.bytes(32)
     planes = [torch.from_numpy(rng.integers(-128, 128, (5, 1024), dtype=np.int8)),  # 5 leaves
-              torch.from_numpy(rng.integers(0, 2**16, (12, 160), dtype=np.uint16).astype(np.int16)).view(torch.bfloat16),
+              torch.from_numpy(rng.integers(-2**15, 2**15, (12, 160), dtype=np.int16)).view(torch.bfloat16),
               torch.from_numpy(rng.integers(0, 64, 513, dtype=np.int32)),  # 2 leaves, the last ragged
               torch.tensor([3, 7, 9], dtype=torch.int32)]
     for plane, root in zip(planes, dev_transcript.plane_roots(words(key), planes)):

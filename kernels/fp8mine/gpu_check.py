@@ -348,7 +348,8 @@ def _a_side_stages(gemm: MinedGemm, x: torch.Tensor, table: RoutingTable) -> dic
         "prequant + open": lambda: prequant.prequantize_and_open(x),
         "row norms": lambda: prequant.row_norms(codes, scales),
         "plane trees (all, plane_roots)": lambda: transcript.plane_roots(key_a, planes),
-        **{f"tree {name} alone (int7 keyed_trees, for comparison)": functools.partial(transcript.tree_root, key_a, plane)
+        **{f"tree {name} alone (int7 keyed_trees, for comparison)":
+           functools.partial(transcript.tree_root, key_a, plane)
            for name, plane in zip(("codes", "scales", "Rflat", "offsets"), planes)},
         "launch keys": lambda: transcript.launch_keys(gemm.seed_message, gemm.p_a_len, (roots[0], roots[1]), routing),
         "noise lines E_A": lambda: noise.noise_lines(keys[2:3], "A", "E", x.shape[0]),
