@@ -447,9 +447,10 @@ def test_peel_recovers_the_denoised_product():
     assert float((out.float() - want).norm() / want.norm()) < 2e-2
 
 
-@pytest.mark.parametrize("split_k", [True, False])
-def test_a_peel_and_routed_peel_match_the_formula(split_k, monkeypatch):
-    """The A peel kernel (split over k plus the combine pass, or one pass) and the peel pass with
+@pytest.mark.parametrize("split_k, wide", [(True, False), (False, False), (False, True)])
+def test_a_peel_and_routed_peel_match_the_formula(split_k, wide, monkeypatch):
+    """The A peel kernel (split over k plus the combine pass, or one pass with 16- or 64-row
+    blocks) and the peel pass with
     rows in expert order (tiles never straddle an expert; A peel rows and α_A gathered through
     Rflat) against the formula in torch."""
     from kernels.fp8mine import peel
@@ -457,7 +458,10 @@ def test_a_peel_and_routed_peel_match_the_formula(split_k, monkeypatch):
     from kernels.fp8mine.quant import NoisySide
     if not split_k:
         monkeypatch.setattr(peel, "_A_PEEL_PROGRAMS", 1)
+    if wide:
+        monkeypatch.setattr(peel, "_A_PEEL_WIDE_FROM", 1)
     assert (peel.a_peel_splits(12, 256, 128)[0] > 1) == split_k
+    assert peel.a_peel_rows(12) == (64 if wide else 16)
     g = torch.Generator().manual_seed(4)
     tokens, top_k, experts, n_e, k = 12, 2, 3, 64, 256
     codes = (torch.randn(tokens, k, generator=g) * 40).to(torch.float8_e4m3fn)

@@ -28,6 +28,8 @@ from .routing import RoutingTable, row_tiles
 
 ROW_CHUNK = 2048  # rows per pass of the torch FMA emulation (bounds its f64 temporaries)
 _A_PEEL_ROWS = 16
+_A_PEEL_WIDE_ROWS = 64  # row block once rows alone fill the GPU (prefill)
+_A_PEEL_WIDE_FROM = 64 * 128  # rows from which the wide block is used
 _A_PEEL_PROGRAMS = 128  # split k until row blocks × splits reaches this (H200: 132 SMs)
 _PEEL_COLS = 128
 
@@ -97,11 +99,18 @@ def _a_peel_combine_kernel(partial_ptr, beta_ptr, e_ptr, out_ptr, rows, splits, 
     _store_a_peel(out_ptr, beta_ptr, e_ptr, r, total, rows, BR)
 
 
+def a_peel_rows(rows: int) -> int:
+    """Row block of the A peel: 16 (decode: more programs), 64 once 64-row blocks alone give
+    128+ programs (prefill): each k step decodes a BK × 32 F_B block for the whole row block, and
+    with 16 rows that decode was twice the work of the A′ codes it multiplies."""
+    return _A_PEEL_WIDE_ROWS if rows >= _A_PEEL_WIDE_FROM else _A_PEEL_ROWS
+
+
 def a_peel_splits(rows: int, k: int, block_k: int) -> tuple[int, int]:
     """(k splits, k per split): enough (row block, k split) programs to fill ~128 SMs, each k
     range a whole number of BK steps. Decode (64 rows = 4 row blocks, k = 6144) gets 24 splits
     of 256 instead of 4 programs walking 48 serial steps; prefill keeps one split (no partials)."""
-    row_blocks = triton.cdiv(rows, _A_PEEL_ROWS)
+    row_blocks = triton.cdiv(rows, a_peel_rows(rows))
     wanted = max(1, min(k // block_k, _A_PEEL_PROGRAMS // row_blocks))
     per_split = triton.cdiv(triton.cdiv(k, wanted), block_k) * block_k
     return triton.cdiv(k, per_split), per_split
@@ -116,12 +125,13 @@ def a_peel(side: NoisySide, f_b: torch.Tensor) -> torch.Tensor:
     out = torch.empty((rows, 64), dtype=torch.int16, device=side.codes.device)
     partial = torch.empty((splits, rows, 32), dtype=torch.float32, device=side.codes.device) if splits > 1 else out
     beta, e_lines = side.beta.contiguous().view(torch.int16), side.e_lines.contiguous().view(torch.uint8)
-    row_blocks = triton.cdiv(rows, _A_PEEL_ROWS)
+    block_rows = a_peel_rows(rows)
+    row_blocks = triton.cdiv(rows, block_rows)
     _a_peel_kernel[(row_blocks, splits)](
         side.codes.contiguous().view(torch.uint8), beta, e_lines, f_b.contiguous().view(torch.uint8), out,
-        partial, rows, k, per_split, BR=_A_PEEL_ROWS, BK=block_k, SPLIT=splits > 1)
+        partial, rows, k, per_split, BR=block_rows, BK=block_k, SPLIT=splits > 1)
     if splits > 1:
-        _a_peel_combine_kernel[(row_blocks,)](partial, beta, e_lines, out, rows, splits, BR=_A_PEEL_ROWS)
+        _a_peel_combine_kernel[(row_blocks,)](partial, beta, e_lines, out, rows, splits, BR=block_rows)
     return out.view(torch.bfloat16)
 
 
