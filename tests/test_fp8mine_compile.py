@@ -60,12 +60,12 @@ SCRIPT = textwrap.dedent("""
             "b_peel_ptr": "*i16", "alpha_b_ptr": "*i16", "tile_row_ptr": "*i32", "tile_expert_ptr": "*i32",
             "bounds_ptr": "*i32", "out_ptr": "*i16", "n": "i32", "BR": "constexpr", "BN": "constexpr"},
             constexprs={"BR": rows, "BN": 128}), target=target)
-    for split in (False, True):
+    for split, rows in ((False, 16), (True, 16), (False, 64)):
         triton.compile(ASTSource(fn=peel._a_peel_kernel, signature={
             "codes_ptr": "*u8", "beta_ptr": "*i16", "e_ptr": "*u8", "f_b_ptr": "*u8", "out_ptr": "*i16",
             "partial_ptr": "*fp32" if split else "*i16", "rows": "i32", "k": "i32", "k_per_split": "i32",
             "BR": "constexpr", "BK": "constexpr", "SPLIT": "constexpr"},
-            constexprs={"BR": 16, "BK": 128, "SPLIT": split}), target=target)
+            constexprs={"BR": rows, "BK": 128, "SPLIT": split}), target=target)
     triton.compile(ASTSource(fn=peel._a_peel_combine_kernel, signature={
         "partial_ptr": "*fp32", "beta_ptr": "*i16", "e_ptr": "*u8", "out_ptr": "*i16", "rows": "i32",
         "splits": "i32", "BR": "constexpr"}, constexprs={"BR": 16}), target=target)
@@ -85,12 +85,15 @@ SCRIPT = textwrap.dedent("""
             "out_ptr": "*i32", "ROUTED": "constexpr", "LANES": "constexpr"},
             constexprs={"ROUTED": routed, "LANES": 16}), target=target)
     for store, tiles in ((False, 32), (True, 32), (False, 128)):
-        triton.compile(ASTSource(fn=lottery._lottery_kernel, signature={
-            "acc_ptr": "*i32", "n": "i32", "tile_row_ptr": "*i32", "tile_expert_ptr": "*i32",
+        mined = triton.compile(ASTSource(fn=lottery._lottery_kernel, signature={
+            "acc_ptr": "*i64", "n": "i32", "tile_row_ptr": "*i32", "tile_expert_ptr": "*i32",
             "tile_local_ptr": "*i32", "num_tiles": "i32", "key_ptr": "*i32", "thr_ptr": "*i32",
             "seed_b_ptr": "*i32", "lock_ptr": "*i32", "record_ptr": "*i32", "fresh_ptr": "*i32",
             "header_ptr": "*i32", "tickets_ptr": "*i32", "BT": "constexpr", "STORE_TICKETS": "constexpr"},
             constexprs={"BT": tiles, "STORE_TICKETS": store}), target=target)
+    print("LOTTERY-BEGIN")
+    print(mined.asm["ptx"])
+    print("LOTTERY-END")
     triton.compile(ASTSource(fn=lottery._payload_kernel, signature={
         "fresh_ptr": "*i32", **{f"{name}{i}": kind for i in range(4) for name, kind in
                                 (("src", "*i32"), ("dst", "*i32"), ("n", "i32"))},
@@ -137,6 +140,13 @@ def test_window_is_four_zero_initialised_k32_wgmmas_then_an_fp32_add(compiled):
     adds = re.findall(r"^\s*add(?:\.rn)?\.f32\s", gemm_ptx, flags=re.M)
     assert len(adds) == 64 * 128 // 128  # one promotion add per accumulator register per thread
     assert not re.search(r"^\s*add\.r[zmp]\.f32", gemm_ptx, flags=re.M)
+
+
+def test_lottery_fold_reads_the_accumulator_in_8_byte_loads(compiled):
+    """The fold's pair loads stay 64-bit (or wider) in the PTX: no 32-bit accumulator loads."""
+    ptx = compiled.split("LOTTERY-BEGIN")[1].split("LOTTERY-END")[0]
+    wide = re.findall(r"ld\.global(?:\.\w+)*\.(?:v[24]\.)?b64", ptx)
+    assert len(wide) >= 8  # the 8 (nb) pair loads per lane
 
 
 def test_noisy_kernel_has_no_contracted_multiply_add(compiled):
