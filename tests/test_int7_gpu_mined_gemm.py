@@ -8,7 +8,7 @@ from kernels.int7 import noise as device_noise
 from kernels.int7.activations import prepare_rows
 from kernels.int7.blake3 import bytes_from_words
 from kernels.int7.mined_gemm import (DUMP_WORDS, RECORD_WORDS, MinedGemmError, Tiling, lottery_tile,
-                                     mined_gemm, p_a_t_b, plain_gemm)
+                                     mined_gemm, plain_gemm)
 from kernels.int7.pipeline import bound_words
 from proof.int7 import LABEL_A, LABEL_B, ticket, ticket_value, tile_transcripts
 
@@ -27,12 +27,12 @@ def _operands(seed):
     u_b = device_noise.uniform_factor(s_b, LABEL_B, N, RANK)
     p_a = device_noise.sparse_factor(s_a, LABEL_A, K, RANK)
     p_b = device_noise.sparse_factor(s_b, LABEL_B, K, RANK)
-    return dict(a=a, bt=bt, s_a=s_a, u_a=u_a, p_a=p_a, u_b=u_b, p_b=p_b,
+    return dict(a=a, bt=bt, s_a=s_a, u_b=u_b, p_b=p_b,
                 a_noised=device_noise.noised(a, u_a, *p_a),
                 bt_noised=device_noise.noised(bt, u_b, *p_b))
 
 
-def _run(ops, bound, rows_valid=M, dump=True, q_peel=False):
+def _run(ops, bound, rows_valid=M, dump=True):
     record = torch.zeros(RECORD_WORDS, dtype=torch.int32, device=DEVICE)
     out = torch.empty((E, M, N), dtype=torch.bfloat16, device=DEVICE)
     out_i32 = torch.empty((E, M, N), dtype=torch.int32, device=DEVICE)
@@ -41,11 +41,10 @@ def _run(ops, bound, rows_valid=M, dump=True, q_peel=False):
     scale_b = torch.linspace(0.01, 0.1, E * N, device=DEVICE).view(E, N)
     _, _, apb = prepare_rows(ops["a"], device_noise.dense_sparse_factor(*ops["p_b"], RANK),
                              rows_per_instance=M, scale=scale_a)
-    peel = dict(u_a=ops["u_a"], q=p_a_t_b(*ops["p_a"], ops["bt_noised"], RANK)) if q_peel else {}
     mined_gemm(ops["a_noised"], ops["a"], ops["bt_noised"], apb, ops["u_b"], ops["s_a"],
                bound_words(bound, DEVICE), torch.full((E,), rows_valid, dtype=torch.int32, device=DEVICE),
                record, scale_a, scale_b, rank=RANK, tile_h=H, tile_w=W, out=out, out_i32=out_i32,
-               dump=dumped, tiling=TILING, **peel)
+               dump=dumped, tiling=TILING)
     return record.cpu(), out.cpu(), out_i32.cpu(), dumped, scale_a.cpu(), scale_b.cpu()
 
 
@@ -68,26 +67,6 @@ def test_every_tile_transcript_and_ticket_match_reference(mined):
             for j in range(cols.shape[0]):
                 assert bytes_from_words(dumped[e, i, j, 16:]) == ticket(key, words[i, j])
     assert record[0] == 0  # bound 0: nobody wins
-
-
-def test_q_peel_operand_is_p_a_transposed_times_b_noised():
-    ops = _operands(5)
-    q = p_a_t_b(*ops["p_a"], ops["bt_noised"], RANK).cpu().long()
-    first, second = (f.cpu().long() for f in ops["p_a"])
-    for e in range(E):  # literal: row t of Q sums the B' columns l with first[l] = t, minus second[l] = t
-        bt = ops["bt_noised"][e].cpu().long()
-        expected = torch.zeros((RANK, N), dtype=torch.long)
-        for col in range(K):
-            expected[first[e, col]] += bt[:, col]
-            expected[second[e, col]] -= bt[:, col]
-        assert torch.equal(q[e], expected)
-
-
-def test_q_peel_is_exact_with_the_same_transcripts(mined):
-    ops, (_, _, stacked_i32, stacked_dump, _, _) = mined
-    _, _, out_i32, dumped, _, _ = _run(ops, bound=0, q_peel=True)
-    assert torch.equal(out_i32, stacked_i32)  # = A·B (test_peel_is_exact_and_output_is_dequantised)
-    assert torch.equal(dumped, stacked_dump)
 
 
 def test_peel_is_exact_and_output_is_dequantised(mined):

@@ -28,9 +28,9 @@ def _plant(job, wins):
     return best
 
 
-# the fused decode A side, the staged kernels with the stacked peel and with the Q peel
-@pytest.mark.parametrize("fused_a, q_peel", [(True, False), (False, False), (False, True)])
-def test_dense_v3_salted_planted_winner_verifies(fused_a, q_peel):
+# the fused decode A side and the staged kernels
+@pytest.mark.parametrize("fused_a", [True, False])
+def test_dense_v3_salted_planted_winner_verifies(fused_a):
     experts = 2
     rng = np.random.default_rng(21)
     weights = rng.integers(-64, 65, (experts, N, K), dtype=np.int8)
@@ -44,8 +44,8 @@ def test_dense_v3_salted_planted_winner_verifies(fused_a, q_peel):
         assert bytes_from_words(job.s_b[e]) == ref.s_b
         assert np.array_equal(job.bt_noised[e].cpu().numpy(), ref.bt_noised)
     expert, best = _plant(job, [(e, w) for e, ref in enumerate(refs) for w in instance_tickets(ref)])
-    mined = MinedPass(job, M, write_i32=True, fused_a=fused_a, q_peel=q_peel)
-    assert (mined.fused_a, mined.q_peel) == (fused_a, q_peel)
+    mined = MinedPass(job, M, write_i32=True, fused_a=fused_a)
+    assert mined.fused_a == fused_a
     mined.run_quantized(torch.from_numpy(acts).to(DEVICE), torch.ones(experts, M, device=DEVICE))
     expected = np.einsum("emk,enk->emn", acts.astype(np.int64), weights.astype(np.int64))
     assert np.array_equal(mined.out_i32.cpu().numpy(), expected)
@@ -58,8 +58,7 @@ def test_dense_v3_salted_planted_winner_verifies(fused_a, q_peel):
     assert mined.take_proof() is None  # re-armed, nothing pending
 
 
-@pytest.mark.parametrize("q_peel", [False, True])
-def test_moe_v2_planted_winner_verifies(q_peel):
+def test_moe_v2_planted_winner_verifies():
     experts, top_k = 4, 2
     tokens = experts * M // top_k
     rng = np.random.default_rng(22)
@@ -74,7 +73,7 @@ def test_moe_v2_planted_winner_verifies(q_peel):
     assert bytes_from_words(job.b_trees.roots[0]) == ref.hash_b
     assert bytes_from_words(job.s_b[0]) == ref.s_b
     best = _plant(job, [(w.expert, w) for w in instance_tickets(ref)])[1]
-    mined = MinedPass(job, M, tokens=tokens, q_peel=q_peel, write_i32=True)
+    mined = MinedPass(job, M, tokens=tokens, write_i32=True)
     mined.run_quantized(torch.from_numpy(acts).to(DEVICE), torch.ones(tokens, device=DEVICE),
                         torch.tensor(routing, dtype=torch.int32, device=DEVICE))
     expected = np.einsum("emk,enk->emn", acts[np.array(routing)].astype(np.int64), weights.astype(np.int64))
@@ -100,8 +99,6 @@ def test_no_winner_below_a_zero_bound_and_bad_arguments():
                     bound=0, moe=False)
     with pytest.raises(PipelineError, match="fused A side needs"):
         MinedPass(job, 48, fused_a=True)
-    with pytest.raises(PipelineError, match="keeps the stacked peel"):
-        MinedPass(job, M, fused_a=True, q_peel=True)
     with pytest.raises(PipelineError, match="dense pass needs activations"):
         mined.run_quantized(torch.zeros((1, M + 2, K), dtype=torch.int8, device=DEVICE),
                             torch.ones(1, M + 2, device=DEVICE))

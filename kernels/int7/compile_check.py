@@ -2,7 +2,8 @@
 
     PEARL_INT7_INTERPRET=0 python -m kernels.int7.compile_check
 
-Prints one JSON line per kernel variant: registers, local-memory stack (spills), shared memory.
+Prints one JSON line per kernel variant: registers, local-memory stack (spills), shared memory,
+and how many local loads/stores the SASS has, and how many of them inside loops.
 Run in its own process with PEARL_INT7_INTERPRET=0 (kernels.int7 picks the interpreter at import
 when there is no CUDA device). tests/test_int7_gpu_compile.py runs it in CI.
 """
@@ -25,7 +26,7 @@ from ._jit import INTERPRETING
 
 TARGET = GPUTarget("cuda", 90, 32)
 _GEMM_SIGNATURE = {
-    "an_ptr": "*i8", "ac_ptr": "*i8", "bt_ptr": "*i8", "apb_ptr": "*i32", "ub_ptr": "*i8", "ua_ptr": "*i8", "q_ptr": "*i32",
+    "an_ptr": "*i8", "ac_ptr": "*i8", "bt_ptr": "*i8", "apb_ptr": "*i32", "ub_ptr": "*i8",
     "key_ptr": "*i32", "bound_ptr": "*i32", "mvalid_ptr": "*i32", "record_ptr": "*i32",
     "sa_ptr": "*fp32", "sb_ptr": "*fp32", "out_ptr": "*bf16", "out32_ptr": "*i32", "dump_ptr": "*i32",
     "M": "i32", "N": "i32", "K": "i32", "NC": "i32",
@@ -88,39 +89,55 @@ def _variants() -> list[tuple[str, object, dict, dict, int, int]]:
                      "LANES": "constexpr"},
                     {"R": 128, "BR": rows, "BC": a_side._BLOCK_BYTES // rows, "BK": 128,
                      "LANES": a_side._LANES}, a_side._APPLY_WARPS, a_side._APPLY_STAGES))
-    out.append(("q_peel_operand", mined_gemm._q_kernel,
-                {"bt_ptr": "*i8", "first_ptr": "*i32", "second_ptr": "*i32", "q_ptr": "*i32", "N": "i32",
-                 "K": "i32", "factor_stride": "i32", "R": "constexpr", "BN": "constexpr", "BK": "constexpr"},
-                {"R": 128, "BN": 128, "BK": 128}, 8, 3))
     out.append(("retain", winner._retain_kernel,
                 {"record_ptr": "*i32", "src_ptr": "*i32", "dst_ptr": "*i32", "per_instance": "i32",
                  "USE_INDEX": "constexpr", "BLOCK": "constexpr"}, {"USE_INDEX": 1, "BLOCK": 1024}, 4, 1))
-    gemms = [("decode", 16, 128, 4, 4), ("prefill", 64, 128, 8, 3)]
-    for regime, bm, bn, warps, stages in gemms:
-        for label, mine, peel in (("mined", 1, mined_gemm.STACKED), ("unmined", 0, mined_gemm.NO_PEEL),
-                                  ("mined_qpeel", 1, mined_gemm.Q_PEEL)):
-            constexprs = {"R": 128, "BM": bm, "BN": bn, "BK": 128, "H": mined_gemm.TILE_H, "MINE": mine,
-                          "PEEL": peel, "WRITE_I32": 0, "DUMP": 0}
-            out.append((f"gemm_{regime}_{label}_{bm}x{bn}x128", mined_gemm._mined_gemm_kernel,
-                        _GEMM_SIGNATURE, constexprs, warps, stages))
+    for regime, rows in (("decode", 16), ("prefill", 2048)):  # the default tilings, GLM-5's shape
+        t = mined_gemm.default_tiling(rows, 4096, 6144, 128)
+        for label, mine in (("mined", 1), ("unmined", 0)):
+            constexprs = {"R": 128, "BM": t.block_m, "BN": t.block_n, "BK": t.block_k, "H": mined_gemm.TILE_H,
+                          "MINE": mine, "PEEL": mine, "WRITE_I32": 0, "DUMP": 0}
+            out.append((f"gemm_{regime}_{label}_{t.block_m}x{t.block_n}x{t.block_k}",
+                        mined_gemm._mined_gemm_kernel, _GEMM_SIGNATURE, constexprs, t.num_warps, t.num_stages))
     return out
 
 
-# Variants compiled a second time under a register cap (Tiling.max_registers), named "<name>_cap<N>".
-_CAPPED = {"gemm_decode_mined_16x128x128": mined_gemm.DECODE_REGISTER_CAP}
-
-
-def _resources(cubin: bytes) -> dict[str, int]:
+def _cuobjdump(cubin: bytes, flag: str) -> str:
     tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     with tempfile.NamedTemporaryFile(suffix=".cubin") as handle:
         handle.write(cubin)
         handle.flush()
-        text = subprocess.run([str(tool), "--dump-resource-usage", handle.name], capture_output=True,
-                              text=True, check=True).stdout
+        return subprocess.run([str(tool), flag, handle.name], capture_output=True, text=True,
+                              check=True).stdout
+
+
+def local_accesses(sass: str) -> dict[str, int]:
+    """Local-memory (stack) loads and stores in SASS, and how many of them sit inside a loop (an
+    instruction range closed by a branch back to a lower address): a spill in the k loop costs
+    every step, one outside it once per program."""
+    loops: list[tuple[int, int]] = []
+    local: list[int] = []
+    for line in sass.splitlines():
+        found = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*)", line)
+        if found is None:
+            continue
+        address, instruction = int(found[1], 16), found[2]
+        branch = re.search(r"\bBRA\s+0x([0-9a-f]+)", instruction)
+        if branch and int(branch[1], 16) < address:
+            loops.append((int(branch[1], 16), address))
+        if re.search(r"\b(STL|LDL)\b", instruction):
+            local.append(address)
+    in_loop = [a for a in local if any(start <= a <= end for start, end in loops)]
+    return {"local_accesses": len(local), "local_accesses_in_loops": len(in_loop)}
+
+
+def _resources(cubin: bytes) -> dict[str, int]:
+    text = _cuobjdump(cubin, "--dump-resource-usage")
     found = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", text)
     if found is None:
         raise RuntimeError(f"cuobjdump printed no resource usage: {text[:300]}")
-    return {"registers": int(found[1]), "stack_bytes": int(found[2]), "local_bytes": int(found[4])}
+    return {"registers": int(found[1]), "stack_bytes": int(found[2]), "local_bytes": int(found[4]),
+            **local_accesses(_cuobjdump(cubin, "-sass"))}
 
 
 def compile_all() -> list[dict]:
@@ -129,17 +146,13 @@ def compile_all() -> list[dict]:
     if INTERPRETING:
         raise RuntimeError("set PEARL_INT7_INTERPRET=0 before importing kernels.int7 to compile")
     results = []
-    runs = [(variant, {}) for variant in _variants()]
-    runs += [(variant, {"maxnreg": _CAPPED[variant[0]]}) for variant in _variants() if variant[0] in _CAPPED]
-    for (name, kernel, signature, constexprs, warps, stages), extra in runs:
+    for name, kernel, signature, constexprs, warps, stages in _variants():
         aligned = [i for i, (arg, kind) in enumerate(signature.items())
                    if kind.startswith("*") or arg in ("M", "N", "K")]
         attrs = {(i,): [["tt.divisibility", 16]] for i in aligned}
         compiled = triton.compile(ASTSource(fn=kernel, signature=dict(signature), constexprs=constexprs,
                                             attrs=attrs), target=TARGET,
-                                  options={"num_warps": warps, "num_stages": stages, **extra})
-        if extra:
-            name = f"{name}_cap{extra['maxnreg']}"
+                                  options={"num_warps": warps, "num_stages": stages})
         results.append({"kernel": name, "num_warps": warps, "num_stages": stages,
                         "shared_bytes": compiled.metadata.shared, **_resources(compiled.asm["cubin"])})
     return results

@@ -36,8 +36,7 @@ from proof.int7.noise import LABEL_A
 from .activations import a_times_p_b, prepare_rows, quantise_rows
 from .blake3 import bytes_from_words, keyed_trees
 from .a_side import fused_a_side, fused_applies
-from .mined_gemm import (DECODE_REGISTER_CAP, DUMP_WORDS, Tiling, lottery_tile, mined_gemm, p_a_t_b,
-                         plain_gemm)
+from .mined_gemm import DUMP_WORDS, Tiling, default_tiling, lottery_tile, mined_gemm, plain_gemm
 from .noise import noise_factors, noised
 from .pipeline import MinedPass, bound_words, prepare_job
 from .seeds import noise_seed_a
@@ -56,12 +55,10 @@ SHAPES = [
     ("GLM-5 FC1 prefill", 32, 2048, 6144, 4096),
     ("Qwen3-235B FC1 prefill", 16, 2048, 4096, 3072),
 ]
-# block_n = TILE_W; the default first. Fewer warps per program keep a row's columns in fewer
-# warps (the per-row XOR then needs no cross-warp exchange through shared memory).
-DECODE_TILINGS = [Tiling(16, TILE_W, 128, 4, 4, DECODE_REGISTER_CAP), Tiling(16, TILE_W, 128, 4, 4),
-                  Tiling(16, TILE_W, 128, 2, 4)]
+# block_n = TILE_W; the default first (the measured winner, docs/kernels-int7.md), then the runner-up.
+DECODE_TILINGS = [default_tiling(16, 4096, 6144, RANK), Tiling(16, TILE_W, 128, 4, 4)]
 DECODE_PLAIN_TILINGS = [Tiling(16, 128, 128, 4, 4), Tiling(16, 256, 128, 4, 4)]
-PREFILL_TILINGS = [Tiling(64, TILE_W, 128, 8, 3), Tiling(64, TILE_W, 128, 4, 3)]
+PREFILL_TILINGS = [default_tiling(2048, 4096, 6144, RANK), Tiling(64, TILE_W, 128, 8, 3)]
 PREFILL_PLAIN_TILINGS = [Tiling(128, 128, 128, 8, 3), Tiling(128, 256, 128, 8, 3)]
 ITERATIONS = 15
 WARMUP = 3
@@ -118,14 +115,14 @@ def markdown(results: dict) -> str:
         lines += ["", "## Timings (µs, median of CUDA-graph replays, L2 flushed before each)", "",
                   "| shape | E | M | K | N | unmined Triton int8 | unmined grouped_gemm int8 (E) | "
                   "unmined grouped_gemm int8→bf16 | "
-                  "mined GEMM kernel (stacked peel) | transcript only (no peel) | Q peel (Q pass + kernel) | "
+                  "mined GEMM kernel (with peel) | transcript only (no peel) | "
                   "whole mined pass | same, staged A side | "
                   "pass / best unmined | pass / Triton unmined |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for row in timing["rows"]:
             lines.append("| " + " | ".join(str(row.get(key, "")) for key in (
                 "shape", "E", "M", "K", "N", "plain_us", "grouped_gemm_us", "grouped_gemm_bf16_us", "mined_kernel_us",
-                "transcript_only_us", "q_peel_with_operand_us", "mined_pass_us", "mined_pass_staged_a_us",
+                "transcript_only_us", "mined_pass_us", "mined_pass_staged_a_us",
                 "pass_over_best_unmined",
                 "pass_over_triton_unmined")) + " |")
         lines += ["", "Acceptance (issue 7): whole mined pass ≤ 1.10 × the unmined int8 GEMM of the same run."]
@@ -325,8 +322,7 @@ class Timer:
 
 
 def _tag(t: Tiling) -> str:
-    cap = "" if t.max_registers is None else f"/cap{t.max_registers}"
-    return f"{t.block_m}x{t.block_n}x{t.block_k}/w{t.num_warps}s{t.num_stages}{cap}"
+    return f"{t.block_m}x{t.block_n}x{t.block_k}/w{t.num_warps}s{t.num_stages}"
 
 
 def _shape_inputs(experts: int, rows: int, k: int, n: int):
@@ -386,10 +382,7 @@ def _time_shape(timer: Timer, shape: tuple) -> dict:
         row["grouped_gemm_bf16_us"] = timer.median_us({"g": graph})["g"]
     except Exception as error:  # noqa: BLE001 — the other baselines still stand
         row["grouped_gemm_bf16_error"] = repr(error)[:300]
-    passes = {}
-    for t in mined_tilings:
-        for q_peel in (False,) if decode else (False, True):  # the Q peel only pays off, if at all, at prefill
-            passes[_tag(t) + ("/Q" if q_peel else "")] = MinedPass(job, rows, tiling=t, q_peel=q_peel)
+    passes = {_tag(t): MinedPass(job, rows, tiling=t) for t in mined_tilings}
     pass_name, row["mined_pass_us"], row["mined_pass_detail"] = _best(
         timer, {tag: (lambda p=p: p.run(x)) for tag, p in passes.items()})
     row["mined_tiling"] = pass_name
@@ -404,22 +397,14 @@ def _time_shape(timer: Timer, shape: tuple) -> dict:
     a_noised = noised(q, u_a, first_a, second_a)
     tiling = chosen.tiling
 
-    def kernel(peel: bool, **q_peel: torch.Tensor) -> None:
+    def kernel(peel: bool) -> None:
         mined_gemm(a_noised, q, job.bt_noised, apb, job.u_b, s_a, job.bound, chosen.rows_valid,
                    chosen.slot.record, scale_a, scale_b, rank=RANK, tile_h=TILE_H, tile_w=TILE_W,
-                   out=out, tiling=tiling, peel=peel, **q_peel)
+                   out=out, tiling=tiling, peel=peel)
 
-    q_operand = p_a_t_b(first_a, second_a, job.bt_noised, RANK)
-    times = timer.median_us({
-        "mined": timer.graph(lambda: kernel(True)),
-        "transcript": timer.graph(lambda: kernel(False)),
-        "q_peel": timer.graph(lambda: kernel(True, u_a=u_a, q=p_a_t_b(first_a, second_a, job.bt_noised, RANK))),
-        "q_operand": timer.graph(lambda: p_a_t_b(first_a, second_a, job.bt_noised, RANK)),
-        "q_peel_kernel": timer.graph(lambda: kernel(True, u_a=u_a, q=q_operand))})
+    times = timer.median_us({"mined": timer.graph(lambda: kernel(True)),
+                             "transcript": timer.graph(lambda: kernel(False))})
     row["mined_kernel_us"], row["transcript_only_us"] = times["mined"], times["transcript"]
-    row["q_peel_with_operand_us"], row["q_operand_us"] = times["q_peel"], times["q_operand"]
-    row["q_peel_kernel_us"] = times["q_peel_kernel"]
-    row["pass_peel"] = "Q" if chosen.q_peel else "stacked"
     unmined = [v for v in (row["plain_us"], row.get("grouped_gemm_us"), row.get("grouped_gemm_bf16_us")) if v]
     row["pass_over_best_unmined"] = round(row["mined_pass_us"] / min(unmined), 3)
     row["pass_over_triton_unmined"] = round(row["mined_pass_us"] / row["plain_us"], 3)

@@ -11,15 +11,11 @@ compression per tile under s_A and a compare with the bound (8 LE u32 words, mos
 first). The first winner claims the device record with an atomic CAS and writes (instance, tile
 row, tile column, ticket).
 
-The peel, two options (PEEL), both exact (int32 arithmetic wraps, and A·B fits), then the
-dequantised bf16 output:
-- STACKED (decode): the program also multiplies the clean A rows by B' (same B' tile, a second
-  MMA) and subtracts (A·P_B)·U_Bᵀ with three int8 limb MMAs of depth r: A·B' − (A·P_B)·U_Bᵀ = A·B
-  because A·E_B = A·P_B·U_Bᵀ; nothing re-reads the weights, and the second MMA is nearly free in
-  a memory-bound GEMM.
-- Q (prefill): A·B = A'·B' − U_A·Q − (A·P_B)·U_Bᵀ with Q = P_Aᵀ·B' (r × N per instance, from
-  `p_a_t_b`, one extra pass over B' per launch): one MMA in the k loop and six limb MMAs of depth
-  r in the epilogue (Q in three limbs: |Q| ≤ 127·k < 2^23) instead of a second MMA over all of k.
+The peel (exact: int32 arithmetic wraps, and A·B fits), then the dequantised bf16 output: the
+program also multiplies the clean A rows by B' (same B' tile, a second MMA) and subtracts
+(A·P_B)·U_Bᵀ with three int8 limb MMAs of depth r: A·B' − (A·P_B)·U_Bᵀ = A·B because
+A·E_B = A·P_B·U_Bᵀ; nothing re-reads the weights, and the second MMA is nearly free in a
+memory-bound GEMM. (A Q peel through P_Aᵀ·B' was measured slower everywhere: docs/kernels-int7.md.)
 """
 from __future__ import annotations
 
@@ -33,14 +29,10 @@ from proof.int7.config import MAX_WORKER_INPUT
 from ._jit import jit
 from .blake3 import compress
 
-NO_PEEL, STACKED, Q_PEEL = 0, 1, 2  # the kernel's PEEL modes
 TILE_H = 2  # lottery tile rows: the protocol's smallest even height, so a tile spans the block width
 TILE_WIDTHS = (128, 64, 32, 16)  # block_n options = lottery tile widths, widest first
 RECORD_WORDS = 16  # [0] claim, [1] instance, [2] tile row, [3] tile column, [4:12] ticket words
 DUMP_WORDS = 24  # per tile: 16 transcript words, 8 ticket words
-# Decode register cap: 154 registers without spills (174 uncapped) lets 3 programs of 4 warps share
-# an SM instead of 2 (65536 registers; 3 × 61.7 KB shared memory fits), more weight loads in flight.
-DECODE_REGISTER_CAP = 160
 _NO_TILE = tl.constexpr(2**31 - 1)  # a global read inside a kernel must be constexpr
 
 
@@ -57,7 +49,6 @@ class Tiling:
     block_k: int
     num_warps: int = 4
     num_stages: int = 3
-    max_registers: int | None = None  # ptxas register cap (maxnreg): more resident programs per SM
 
 
 @jit
@@ -150,7 +141,7 @@ def _pick(values, selected):
 
 
 @jit
-def _mined_gemm_kernel(an_ptr, ac_ptr, bt_ptr, apb_ptr, ub_ptr, ua_ptr, q_ptr, key_ptr, bound_ptr, mvalid_ptr,
+def _mined_gemm_kernel(an_ptr, ac_ptr, bt_ptr, apb_ptr, ub_ptr, key_ptr, bound_ptr, mvalid_ptr,
                        record_ptr, sa_ptr, sb_ptr, out_ptr, out32_ptr, dump_ptr,
                        M, N, K, NC,
                        R: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
@@ -176,7 +167,7 @@ def _mined_gemm_kernel(an_ptr, ac_ptr, bt_ptr, apb_ptr, ub_ptr, ua_ptr, q_ptr, k
         b = tl.load(bt_ptr + b_rows[:, None] + kk[None, :])
         a = tl.load(an_ptr + a_rows[:, None] + kk[None, :])
         acc = tl.dot(a, tl.trans(b), acc, out_dtype=tl.int32)
-        if PEEL == 1:  # STACKED
+        if PEEL:  # the clean rows through the same B' tile
             a_clean = tl.load(ac_ptr + a_rows[:, None] + kk[None, :])
             acc_clean = tl.dot(a_clean, tl.trans(b), acc_clean, out_dtype=tl.int32)
         if MINE:
@@ -233,11 +224,8 @@ def _mined_gemm_kernel(an_ptr, ac_ptr, bt_ptr, apb_ptr, ub_ptr, ua_ptr, q_ptr, k
                 tl.store(record_ptr + 3, (best % tiles_n) * BN)
                 for i in tl.static_range(8):
                     tl.store(record_ptr + 4 + i, _pick(ticket[i], selected).to(tl.int32, bitcast=True))
-    if PEEL == 1:  # STACKED: A·B' from the second accumulator
+    if PEEL:  # A·B' from the second accumulator
         result = acc_clean
-    else:
-        result = acc
-    if PEEL:
         # − (A·P_B)·U_Bᵀ; A·P_B (int32) is split here into three signed base-256 int8 limbs
         # (|A·P_B| ≤ 64·k ≤ 2^22, so the top limb stays within ±65).
         ub_rows = (e * N + rn).to(tl.int64) * R
@@ -250,17 +238,8 @@ def _mined_gemm_kernel(an_ptr, ac_ptr, bt_ptr, apb_ptr, ub_ptr, ua_ptr, q_ptr, k
                 low, rest = _split_limb(rest)
                 product = tl.dot(low, tl.trans(ub), tl.full((BM, BN), 0, tl.int32), out_dtype=tl.int32)
                 result -= product * (1 << (8 * limb))
-    if PEEL == 2:  # Q: − U_A·Q, Q = P_Aᵀ·B' (int32, r × N) in three int8 limbs (|Q| ≤ 127·k < 2^23)
-        ua_rows = (e * M + rm).to(tl.int64) * R
-        q_cols = e * R * N + rn
-        for rr in range(0, R // BK):
-            kr = rr * BK + rk
-            ua = tl.load(ua_ptr + ua_rows[:, None] + kr[None, :])
-            rest = tl.load(q_ptr + kr.to(tl.int64)[:, None] * N + q_cols[None, :])
-            for limb in tl.static_range(3):
-                low, rest = _split_limb(rest)
-                product = tl.dot(ua, low, tl.full((BM, BN), 0, tl.int32), out_dtype=tl.int32)
-                result -= product * (1 << (8 * limb))
+    else:
+        result = acc
     out_offsets = (e * M + rm).to(tl.int64)[:, None] * N + rn[None, :]
     if WRITE_I32:
         tl.store(out32_ptr + out_offsets, result)
@@ -268,49 +247,6 @@ def _mined_gemm_kernel(an_ptr, ac_ptr, bt_ptr, apb_ptr, ub_ptr, ua_ptr, q_ptr, k
     scale_b = tl.load(sb_ptr + e * N + rn)
     value = result.to(tl.float32) * scale_a[:, None] * scale_b[None, :]
     tl.store(out_ptr + out_offsets, value.to(tl.bfloat16))
-
-
-@jit
-def _q_kernel(bt_ptr, first_ptr, second_ptr, q_ptr, N, K, factor_stride,
-              R: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
-    """Q[e][:, column block] = P_Aᵀ·B' = Σ_l P_A[l]ᵀ ⊗ B'ᵀ[:, l]: the one-hot block of P_A
-    (+1 at first[l], −1 at second[l]) is built in registers per k-step and multiplied on the tensor
-    cores with the B'ᵀ tile; one pass over the instance's B'."""
-    e = tl.program_id(1).to(tl.int64)
-    rn = tl.program_id(0) * BN + tl.arange(0, BN)
-    ts = tl.arange(0, R)
-    rk = tl.arange(0, BK)
-    b_rows = (e * N + rn).to(tl.int64) * K
-    acc = tl.full((R, BN), 0, tl.int32)
-    for step in range(0, K // BK):
-        kk = step * BK + rk
-        first = tl.load(first_ptr + e * factor_stride + kk)
-        second = tl.load(second_ptr + e * factor_stride + kk)
-        one_hot = (first[None, :] == ts[:, None]).to(tl.int8) - (second[None, :] == ts[:, None]).to(tl.int8)
-        b = tl.load(bt_ptr + b_rows[:, None] + kk[None, :])
-        acc = tl.dot(one_hot, tl.trans(b), acc, out_dtype=tl.int32)
-    tl.store(q_ptr + e * R * N + ts.to(tl.int64)[:, None] * N + rn[None, :], acc)
-
-
-def p_a_t_b(first: torch.Tensor, second: torch.Tensor, bt_noised: torch.Tensor, rank: int) -> torch.Tensor:
-    """Q = P_Aᵀ·B' per instance, (E, r, N) int32, for the Q peel: first/second (E or 1, K) int32
-    (P_A's index pairs), bt_noised (E, N, K) int8 (B'ᵀ)."""
-    e, n, k = bt_noised.shape
-    _check_operand("bt_noised", bt_noised, (e, n, k), torch.int8)
-    if first.shape not in ((e, k), (1, k)) or second.shape != first.shape or first.dtype != torch.int32 \
-            or second.dtype != torch.int32:
-        raise MinedGemmError(f"first/second must be int32 ({e} or 1, {k}), got {first.dtype} "
-                             f"{tuple(first.shape)} and {second.dtype} {tuple(second.shape)}")
-    block_n = next((b for b in TILE_WIDTHS if n % b == 0), None)
-    block_k = 128 if k % 128 == 0 else 64
-    if block_n is None or k % block_k or rank not in (32, 64, 128, 256):
-        raise MinedGemmError(f"Q needs N a multiple of 16, K of 64 and rank 32..256; got N={n}, K={k}, "
-                             f"rank={rank}")
-    q = torch.empty((e, rank, n), dtype=torch.int32, device=bt_noised.device)
-    _q_kernel[(n // block_n, e)](bt_noised, first.contiguous(), second.contiguous(), q, n, k,
-                                 0 if first.shape[0] == 1 else k, R=rank, BN=block_n, BK=block_k,
-                                 num_warps=8 if rank >= 128 else 4)
-    return q
 
 
 def lottery_tile(n: int, k: int, rank: int, *, moe: bool = False) -> tuple[int, int]:
@@ -331,8 +267,10 @@ def lottery_tile(n: int, k: int, rank: int, *, moe: bool = False) -> tuple[int, 
 
 def default_tiling(m: int, n: int, k: int, rank: int, tile_h: int = TILE_H,
                    tile_w: int | None = None) -> Tiling:
-    """Decode (few rows per instance): 16-row blocks (register-capped, DECODE_REGISTER_CAP);
-    prefill: 64-row blocks; k steps of 128 or 64.
+    """Decode (few rows per instance): 16-row blocks, 2 warps, 4 stages; prefill: 64-row blocks,
+    4 warps, 3 stages; k steps of 128 or 64 — the fastest whole mined pass measured on the H200
+    (docs/kernels-int7.md: decode w2s4 beat w4s4 and a 160-register cap on GLM-5, DeepSeek-V3 and
+    Qwen3; prefill w4s3 beat w8s3 by 28–30 % despite a small epilogue spill).
 
     block_n is the lottery tile width when mining (the widest of 128..16 dividing N otherwise);
     block_m the largest option dividing M that holds whole tile rows. _check_tiling names what
@@ -344,17 +282,8 @@ def default_tiling(m: int, n: int, k: int, rank: int, tile_h: int = TILE_H,
     block_k = 128 if rank % 128 == 0 and k % 128 == 0 else 64
     block_n = tile_w if tile_w is not None else largest(n, TILE_WIDTHS, 1)
     if m <= 32:
-        block_m = largest(m, (16, 32), tile_h)
-        cap = DECODE_REGISTER_CAP if block_m == 16 else None  # 32-row blocks spill under the cap
-        return Tiling(block_m, block_n, block_k, num_warps=4, num_stages=4, max_registers=cap)
-    # 64 rows: with 128 columns, the two int32 accumulators (noised and clean) and the rows'
-    # transcripts fit the registers of 8 warps; 128 rows spill (compile_check)
-    return Tiling(largest(m, (64, 32, 16), tile_h), block_n, block_k, num_warps=8, num_stages=3)
-
-
-def _register_cap(tiling: Tiling) -> dict[str, int]:
-    """The maxnreg launch option where the tiling sets one (none: the compiler's choice)."""
-    return {} if tiling.max_registers is None else {"maxnreg": tiling.max_registers}
+        return Tiling(largest(m, (16, 32), tile_h), block_n, block_k, num_warps=2, num_stages=4)
+    return Tiling(largest(m, (64, 32, 16), tile_h), block_n, block_k, num_warps=4, num_stages=3)
 
 
 def _check_operand(name: str, t: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> None:
@@ -386,8 +315,7 @@ def mined_gemm(a_noised: torch.Tensor, a_clean: torch.Tensor, bt_noised: torch.T
                scale_a: torch.Tensor, scale_b: torch.Tensor, *, rank: int, tile_h: int,
                tile_w: int, out: torch.Tensor, out_i32: torch.Tensor | None = None,
                dump: torch.Tensor | None = None, tiling: Tiling | None = None,
-               peel: bool = True, u_a: torch.Tensor | None = None,
-               q: torch.Tensor | None = None) -> None:
+               peel: bool = True) -> None:
     """Mined GEMM of E instances: out[e] = dequant(A_e·B_e) from the noised operands.
 
     a_noised/a_clean: (E, M, K) int8 (A' and A); bt_noised: (E, N, K) int8 (B'ᵀ); apb:
@@ -397,8 +325,7 @@ def mined_gemm(a_noised: torch.Tensor, a_clean: torch.Tensor, bt_noised: torch.T
     and scale_b (E, N) float32; out (E, M, N) bf16; out_i32 optional exact A·B; dump optional
     (E, M/h, N/w, 24) int32 per-tile transcript words and tickets (for checks). Lottery tiles are
     tile_h rows × tile_w = block_n columns. peel=False skips the peel (the output is then
-    A'·B'): only for measuring what the peel costs. With u_a (E, M, r) int8 (U_A of each row) and
-    q (E, r, N) int32 (`p_a_t_b`) the Q peel replaces the stacked one (a_clean is then not read).
+    A'·B'): only for measuring what the peel costs.
     """
     e, m, k = a_noised.shape
     n = bt_noised.shape[1]
@@ -418,23 +345,16 @@ def mined_gemm(a_noised: torch.Tensor, a_clean: torch.Tensor, bt_noised: torch.T
         _check_operand("out_i32", out_i32, (e, m, n), torch.int32)
     if dump is not None:
         _check_operand("dump", dump, (e, m // tile_h, n // tile_w, DUMP_WORDS), torch.int32)
-    if (u_a is None) != (q is None):
-        raise MinedGemmError("the Q peel needs both u_a and q")
-    if q is not None:
-        _check_operand("u_a", u_a, (e, m, rank), torch.int8)
-        _check_operand("q", q, (e, rank, n), torch.int32)
-    mode = NO_PEEL if not peel else (STACKED if q is None else Q_PEEL)
     tiling = tiling or default_tiling(m, n, k, rank, tile_h, tile_w)
     _check_tiling(tiling, m, n, k, rank, (tile_h, tile_w))
     grid = (n // tiling.block_n, m // tiling.block_m, e)
     _mined_gemm_kernel[grid](
-        a_noised, a_clean, bt_noised, apb, u_b, u_b if u_a is None else u_a, apb if q is None else q,
-        s_a, bound_words, rows_valid, record,
+        a_noised, a_clean, bt_noised, apb, u_b, s_a, bound_words, rows_valid, record,
         scale_a, scale_b, out, out if out_i32 is None else out_i32, out if dump is None else dump,
         m, n, k, k // rank,
         R=rank, BM=tiling.block_m, BN=tiling.block_n, BK=tiling.block_k, H=tile_h,
-        MINE=1, PEEL=mode, WRITE_I32=int(out_i32 is not None), DUMP=int(dump is not None),
-        num_warps=tiling.num_warps, num_stages=tiling.num_stages, **_register_cap(tiling))
+        MINE=1, PEEL=int(peel), WRITE_I32=int(out_i32 is not None), DUMP=int(dump is not None),
+        num_warps=tiling.num_warps, num_stages=tiling.num_stages)
 
 
 def plain_gemm(a: torch.Tensor, bt: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor, *,
@@ -454,8 +374,8 @@ def plain_gemm(a: torch.Tensor, bt: torch.Tensor, scale_a: torch.Tensor, scale_b
     _check_tiling(tiling, m, n, k, tiling.block_k, None)
     grid = (n // tiling.block_n, m // tiling.block_m, e)
     _mined_gemm_kernel[grid](
-        a, a, bt, a, a, a, a, a, a, a, a, scale_a, scale_b, out, out if out_i32 is None else out_i32, out,
+        a, a, bt, a, a, a, a, a, a, scale_a, scale_b, out, out if out_i32 is None else out_i32, out,
         m, n, k, 0,
         R=tiling.block_k, BM=tiling.block_m, BN=tiling.block_n, BK=tiling.block_k, H=2,
         MINE=0, PEEL=0, WRITE_I32=int(out_i32 is not None), DUMP=0,
-        num_warps=tiling.num_warps, num_stages=tiling.num_stages, **_register_cap(tiling))
+        num_warps=tiling.num_warps, num_stages=tiling.num_stages)

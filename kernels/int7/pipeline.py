@@ -32,13 +32,10 @@ from proof.int7.seeds import job_key, salted_for
 from .a_side import fused_a_side, fused_applies
 from .activations import int7_codes, prepare_rows
 from .blake3 import KeyedTrees, bytes_from_words, keyed_trees, words_from_bytes
-from .mined_gemm import TILE_WIDTHS, Tiling, mined_gemm, p_a_t_b
+from .mined_gemm import TILE_WIDTHS, Tiling, mined_gemm
 from .noise import dense_sparse_factor, noise_factors, noised
 from .seeds import noise_seed_a, noise_seed_b
 from .winner import INSTANCE, TICKET, TILE_COL, TILE_ROW, WinnerSlot, row_opening
-
-
-Q_PEEL_MIN_ROWS = 128  # rows per expert from which the peel is the Q peel (prefill; mined_gemm)
 
 
 class PipelineError(ValueError):
@@ -152,13 +149,11 @@ class MinedPass:
     Buffers are static so `run` can be captured in a CUDA graph and replayed.
     fused_a: the dense A side through `a_side.fused_a_side` (3 launches instead of 8); None picks
     it wherever it applies (decode row counts), False keeps the staged kernels.
-    q_peel: the Q peel (U_A·P_Aᵀ·B' correction, one MMA in the k loop) instead of the stacked one
-    (a second MMA); None picks it from Q_PEEL_MIN_ROWS rows per expert on (prefill).
     """
 
     def __init__(self, job: MiningJob, rows: int, *, tokens: int | None = None,
                  tiling: Tiling | None = None, write_i32: bool = False,
-                 fused_a: bool | None = None, q_peel: bool | None = None) -> None:
+                 fused_a: bool | None = None) -> None:
         if job.ready is not None:  # the job's B side ran on a side stream: order it before us
             torch.cuda.current_stream(job.bt.device).wait_event(job.ready)
         self.job = job
@@ -187,10 +182,7 @@ class MinedPass:
         if fused_a and not applies:
             raise PipelineError(f"the fused A side needs a dense job with M in (16, 32, 64); got "
                                 f"{'MoE' if job.moe else 'dense'} M={rows}, K={k}")
-        self.q_peel = rows >= Q_PEEL_MIN_ROWS if q_peel is None else q_peel
-        self.fused_a = (applies and not self.q_peel) if fused_a is None else fused_a
-        if self.fused_a and self.q_peel:
-            raise PipelineError("the fused A side keeps the stacked peel (decode): pass q_peel=False")
+        self.fused_a = applies if fused_a is None else fused_a
 
     def run(self, x: torch.Tensor, routing: torch.Tensor | None = None) -> torch.Tensor:
         """The mined pass on floating activations (quantised to int7 per row); bf16 output.
@@ -226,7 +218,6 @@ class MinedPass:
             a_noised = noised(q.view(1, self.tokens, k), u_a, first_a, second_a)[0]
             index = routing.long()
             a_noised, a_clean, apb, scale = a_noised[index], q[index], apb[index], scale[index]
-            u_a = u_a[0][index]
             s_a = s_a1.expand(experts, 8).contiguous()
         else:
             if x.shape != (experts, self.rows, k):
@@ -243,14 +234,11 @@ class MinedPass:
                 u_a, first_a, second_a = noise_factors(s_a, LABEL_A, self.rows, k, rank)
                 a_noised = noised(q, u_a, first_a, second_a)
             a_clean = q
-        peel = {}
-        if self.q_peel:
-            peel = {"u_a": u_a.contiguous(), "q": p_a_t_b(first_a, second_a, job.bt_noised, rank)}
         mined_gemm(a_noised.contiguous(), a_clean.contiguous(), job.bt_noised, apb.contiguous(),
                    job.u_b, s_a, job.bound, self.rows_valid, self.slot.record,
                    scale.float().contiguous(), job.scale_b, rank=rank, tile_h=config.h,
                    tile_w=config.w, out=self.out, out_i32=self.out_i32, dump=self.dump,
-                   tiling=self.tiling, **peel)
+                   tiling=self.tiling)
         self.slot.retain("a", q.contiguous().view(1 if job.moe else experts, -1).view(torch.int32),
                          by_instance=not job.moe)
         if job.moe:
