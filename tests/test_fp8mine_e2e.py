@@ -4,26 +4,15 @@ jackpot policy included. Slow: the Triton interpreter hashes the planes' trees."
 import pytest
 import torch
 
+from kernels.fp8mine.gpu_check import synthetic_chain
 from kernels.fp8mine.pipeline import MinedGemm, PipelineError
 from kernels.fp8mine.proofs import take_winner
-from proof.chain import BlockHeader, sha256d
 from proof.fp8 import lottery
 from proof.fp8.params import TILE_4X64
 from proof.fp8.verify import evaluate_plain_proof, verify_plain_proof
 
 K = 1024
 BITS = 0x1D00FFFF
-
-
-def _chain():
-    """Four ancestors (parent first) and the proposed header σ̂ on top of them."""
-    headers, prev = [], bytes(32)
-    for i in range(4):
-        header = BlockHeader(1, prev, bytes([i]) * 32, 1_700_000_000 + i, BITS, bytes([i + 1]) * 32).to_bytes()
-        headers.append(header)
-        prev = sha256d(header)
-    proposed = BlockHeader(1, prev, b"\x99" * 32, 1_700_000_100, BITS).incomplete_bytes()
-    return proposed, headers[::-1]
 
 
 def _tickets(result, pow_key: bytes) -> dict:
@@ -41,7 +30,7 @@ def _tickets(result, pow_key: bytes) -> dict:
 
 
 def _plant_and_prove(weights: torch.Tensor, x: torch.Tensor, topk: torch.Tensor | None, top_k: int):
-    header, ancestors = _chain()
+    header, ancestors = synthetic_chain(BITS)
     gemm = MinedGemm(weights, m=x.shape[0], top_k=top_k, layer_id=2)
     gemm.set_job(header, ancestors[1:], 0)  # prepares σ_d = the grandparent
     gemm.set_job(header, ancestors, 0)  # the same state stays usable: σ_d is now at depth 2

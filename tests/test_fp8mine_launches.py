@@ -21,7 +21,7 @@ from triton.runtime.interpreter import InterpretedFunction
 
 from kernels.fp8mine import matmul
 from kernels.fp8mine.pipeline import MinedGemm, prepare_a
-from proof.chain import BlockHeader, sha256d
+from kernels.fp8mine.gpu_check import synthetic_chain
 
 EXPERTS, N_E, K, TOKENS, TOP_K = 4, 64, 1024, 16, 2
 A_SIDE_BUDGET = 11  # the four plane trees in two launches; the A peel's split-k combine (decode)
@@ -86,20 +86,11 @@ def counter():
     patch.undo()
 
 
-def _job_chain():
-    headers, prev = [], bytes(32)
-    for i in range(4):
-        header = BlockHeader(1, prev, bytes([i]) * 32, 1_700_000_000 + i, 0x1D00FFFF, bytes([i + 1]) * 32).to_bytes()
-        headers.append(header)
-        prev = sha256d(header)
-    return BlockHeader(1, prev, b"\x99" * 32, 1_700_000_100, 0x1D00FFFF).incomplete_bytes(), headers[::-1]
-
-
 @pytest.fixture(scope="module")
 def moe_pass(counter):
     torch.manual_seed(0)
     gemm = MinedGemm((torch.randn(EXPERTS, N_E, K) * 0.05).to(torch.bfloat16), m=TOKENS, top_k=TOP_K)
-    header, ancestors = _job_chain()
+    header, ancestors = synthetic_chain()
     gemm.set_job(header, ancestors, 0)
     x = torch.randn(TOKENS, K).to(torch.bfloat16)
     topk = (torch.arange(TOKENS)[:, None] * TOP_K + torch.arange(TOP_K)[None, :]) % EXPERTS

@@ -136,14 +136,16 @@ def _impl_rows(run, model: np.ndarray) -> dict:
     return rows
 
 
-def _chain():
+def synthetic_chain(bits: int = 0x1D00FFFF) -> tuple[bytes, list[bytes]]:
+    """A proposed 76-byte header σ̂ on top of four made-up ancestors (returned parent first):
+    the job input of every check and test that needs a V4 job without a node."""
     from proof.chain import BlockHeader, sha256d
     headers, prev = [], bytes(32)
     for i in range(4):
-        header = BlockHeader(1, prev, bytes([i]) * 32, 1_700_000_000 + i, 0x1D00FFFF, bytes([i + 1]) * 32).to_bytes()
+        header = BlockHeader(1, prev, bytes([i]) * 32, 1_700_000_000 + i, bits, bytes([i + 1]) * 32).to_bytes()
         headers.append(header)
         prev = sha256d(header)
-    return BlockHeader(1, prev, b"\x99" * 32, 1_700_000_100, 0x1D00FFFF).incomplete_bytes(), headers[::-1]
+    return BlockHeader(1, prev, b"\x99" * 32, 1_700_000_100, bits).incomplete_bytes(), headers[::-1]
 
 
 def _uniform_topk(tokens: int, top_k: int, experts: int) -> torch.Tensor:
@@ -156,7 +158,7 @@ def _setup(experts: int, n_e: int, k: int, tokens: int, top_k: int, seed: int, t
     torch.manual_seed(seed)
     weights = (torch.randn(experts, n_e, k, device=DEVICE) * 0.05).to(torch.bfloat16)
     gemm = MinedGemm(weights, m=tokens, top_k=top_k if experts > 1 else 1, layer_id=1)
-    header, ancestors = _chain()
+    header, ancestors = synthetic_chain()
     gemm.set_job(header, ancestors, target)
     x = torch.randn(tokens, k, device=DEVICE).to(torch.bfloat16)
     topk = _uniform_topk(tokens, top_k, experts) if experts > 1 else None
@@ -243,7 +245,7 @@ def check_planted() -> dict:
                     values[(expert, local, col)] = tickets[slot, col].cpu().numpy().astype("<i4").tobytes()
         planted, ticket = min(values.items(), key=lambda kv: int.from_bytes(kv[1], "little"))
         target = -(-int.from_bytes(ticket, "little") // (4 * 64 * gemm.b.k))
-        _, ancestors = _chain()
+        _, ancestors = synthetic_chain()
         gemm.set_job(header, ancestors, target)
         gemm.forward(x, topk)
         _sync()
