@@ -164,8 +164,11 @@ def test_sigterm_persists_an_unsent_winner_and_the_restart_sends_it_once(tmp_pat
     assert f"submitted: proof {kept_id[:12]}" in out  # the kept proof itself went out
     assert kept_id[:32] in submitted_ids(data_dir)
     assert [r.status for r in results][:1] == ["accepted"], results
-    assert devnet.chain.height == 1
+    # the kept proof is accepted first; a winner the restarted worker found itself before
+    # --max-blocks stopped it may be accepted too (seen once in CI), but never the same proof twice
+    accepted = sum(r.status == "accepted" for r in results)
+    assert devnet.chain.height == accepted >= 1
     assert not list((data_dir / "pending").glob("*.json"))
     submitted = submitted_ids(data_dir)
     assert len(submitted) == len(set(submitted)) == len(results)
-    assert "accepted=1" in out
+    assert f"accepted={accepted}" in out
