@@ -75,8 +75,6 @@ class MiningJob:
     b_trees: KeyedTrees  # dense: E instances; MoE: 1 instance (stacked)
     s_b: torch.Tensor  # (E, 8)
     u_b: torch.Tensor  # (E, N, r) int8
-    first_b: torch.Tensor  # (E, K) int32; MoE (1, K)
-    second_b: torch.Tensor
     p_b: torch.Tensor  # (E, K, r) int8 P_B stored dense (the A·P_B kernel's operand); MoE (1, K, r)
     bt_noised: torch.Tensor  # (E, N, K) int8
     bound: torch.Tensor  # (8,) int32
@@ -125,8 +123,7 @@ def prepare_job(weights: torch.Tensor, scale_b: torch.Tensor, *, header76: bytes
         bt_noised = noised(weights.view(instances, -1, k), u_b, first, second).view(experts, n, k)
         job = MiningJob(bytes(header76), config, cert_version, moe, key, key_words, weights,
                         scale_b, trees, s_b.expand(experts, 8).contiguous() if moe else s_b,
-                        u_b.view(experts, n, rank), first, second,
-                        dense_sparse_factor(first, second, rank), bt_noised,
+                        u_b.view(experts, n, rank), dense_sparse_factor(first, second, rank), bt_noised,
                         bound_words(bound, weights.device), None)
         if side is not None:
             job.ready = torch.cuda.Event()
