@@ -2,7 +2,8 @@
 the Hopper model's structure — four K = 32 e4m3 WGMMAs per 128-k window, the first zero-initialised,
 then one fp32 add per accumulator register; the noisy-quantization kernel has no contracted
 multiply-add; the pre-quantization, row-scales, row-norms, noise-line, tile-map, lottery, payload,
-A-peel (+ split-k combine), peel/unscale, plane-forest, launch-keys, routing-rank and short-hash kernels compile."""
+A-peel (+ split-k combine), peel/unscale (decode and the prefill column loop), plane-forest,
+launch-keys, routing (decode rank; prefill counts, scan, scatter) and short-hash kernels compile."""
 import os
 import re
 import subprocess
@@ -54,12 +55,13 @@ SCRIPT = textwrap.dedent("""
             "k": "i32", "recip_127": "fp32", "magic": "fp32", "X_BF16": "constexpr", "BR": "constexpr",
             "BB": "constexpr"}, constexprs={"X_BF16": x_bf16, "BR": 16, "BB": 64}),
             target=target, options={"enable_fp_fusion": False})
-    for rows in (16, 64):
+    for rows, steps in ((16, 1), (64, 8)):
         triton.compile(ASTSource(fn=peel._peel_unscale_kernel, signature={
             "acc_ptr": "*fp32", "rflat_ptr": "*i32", "a_peel_ptr": "*i16", "alpha_a_ptr": "*i16",
             "b_peel_ptr": "*i16", "alpha_b_ptr": "*i16", "tile_row_ptr": "*i32", "tile_expert_ptr": "*i32",
-            "bounds_ptr": "*i32", "out_ptr": "*i16", "n": "i32", "BR": "constexpr", "BN": "constexpr"},
-            constexprs={"BR": rows, "BN": 128}), target=target)
+            "bounds_ptr": "*i32", "out_ptr": "*i16", "n": "i32", "total_rows": "i32", "BR": "constexpr",
+            "BN": "constexpr", "STEPS": "constexpr"},
+            constexprs={"BR": rows, "BN": 128, "STEPS": steps}), target=target)
     for split, rows in ((False, 16), (True, 16), (False, 64)):
         triton.compile(ASTSource(fn=peel._a_peel_kernel, signature={
             "codes_ptr": "*u8", "beta_ptr": "*i16", "e_ptr": "*u8", "f_b_ptr": "*u8", "out_ptr": "*i16",
@@ -103,6 +105,21 @@ SCRIPT = textwrap.dedent("""
             "ids_ptr": ids, "total": "i32", "experts": "i32", "top_k": "i32", "rflat_ptr": "*i32",
             "bounds_ptr": "*i32", "BLOCK": "constexpr", "CHUNK": "constexpr"},
             constexprs={"BLOCK": 64, "CHUNK": 128}), target=target)
+    for ids in ("*i32", "*i64"):
+        for eb in (32, 1024):
+            triton.compile(ASTSource(fn=routing._chunk_counts_kernel, signature={
+                "ids_ptr": ids, "total": "i32", "experts": "i32", "counts_ptr": "*i32", "EB": "constexpr",
+                "CHUNK": "constexpr", "WB": "constexpr"}, constexprs={"EB": eb, "CHUNK": 128, "WB": min(eb, 64)}),
+                target=target)
+        triton.compile(ASTSource(fn=routing._chunk_scatter_kernel, signature={
+            "ids_ptr": ids, "total": "i32", "experts": "i32", "top_k": "i32", "bases_ptr": "*i32",
+            "rflat_ptr": "*i32", "EB": "constexpr", "CHUNK": "constexpr"}, constexprs={"EB": 32, "CHUNK": 128}),
+            target=target)
+    for eb in (2, 32, 1024):
+        triton.compile(ASTSource(fn=routing._chunk_bases_kernel, signature={
+            "counts_ptr": "*i32", "chunks": "i32", "experts": "i32", "total": "i32", "bounds_ptr": "*i32",
+            "EB": "constexpr", "TC": "constexpr"}, constexprs={"EB": eb, "TC": max(1, 4096 // eb)}),
+            target=target, options={"num_warps": 8})
     triton.compile(ASTSource(fn=routing._tile_map_kernel, signature={
         "ends_ptr": "*i32", "experts": "i32", "tile_rows": "i32", "partial": "i32", "row_start_ptr": "*i32",
         "expert_ptr": "*i32", "local_ptr": "*i32", "slots": "i32", "BLOCK": "constexpr"},

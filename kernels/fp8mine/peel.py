@@ -32,6 +32,8 @@ _A_PEEL_WIDE_ROWS = 64  # row block once rows alone fill the GPU (prefill)
 _A_PEEL_WIDE_FROM = 64 * 128  # rows from which the wide block is used
 _A_PEEL_PROGRAMS = 128  # split k until row blocks × splits reaches this (H200: 132 SMs)
 _PEEL_COLS = 128
+_PEEL_MAX_STEPS = 8  # most 128-column steps one peel program walks
+_PEEL_MIN_PROGRAMS = 4 * 132  # keep ≥ 4 programs per H200 SM when widening spans
 
 
 def _decoded(codes: torch.Tensor) -> torch.Tensor:
@@ -153,34 +155,55 @@ def _peel_rows(rows: int, experts: int) -> int:
     return 64 if rows >= 64 * experts else 16
 
 
+def peel_steps(block_rows: int, row_tiles_: int, n: int) -> int:
+    """128-column steps per peel program.
+
+    Decode (16-row tiles): one step (no loop), so the column tiles spread over the SMs. Prefill
+    (64-row tiles): a program walks its row tile across up to _PEEL_MAX_STEPS steps, so the
+    row-side chain of dependent loads (tile map → Rflat → gathered A peel rows and α_A) is paid
+    once per span instead of once per 128 columns; steps halve while that would leave fewer
+    than _PEEL_MIN_PROGRAMS programs."""
+    if block_rows < 64:
+        return 1
+    col_tiles = triton.cdiv(n, _PEEL_COLS)
+    steps = 1
+    while steps * 2 <= min(col_tiles, _PEEL_MAX_STEPS) and \
+            row_tiles_ * triton.cdiv(col_tiles, steps * 2) >= _PEEL_MIN_PROGRAMS:
+        steps *= 2
+    return steps
+
+
 @jit
 def _peel_unscale_kernel(acc_ptr, rflat_ptr, a_peel_ptr, alpha_a_ptr, b_peel_ptr, alpha_b_ptr,
-                         tile_row_ptr, tile_expert_ptr, bounds_ptr, out_ptr, n,
-                         BR: tl.constexpr, BN: tl.constexpr):
+                         tile_row_ptr, tile_expert_ptr, bounds_ptr, out_ptr, n, total_rows,
+                         BR: tl.constexpr, BN: tl.constexpr, STEPS: tl.constexpr):
     """out = (acc + A_peel[token] · B_peel[w]ᵀ) · (1/α_A[token]) · (1/α_B[w, col]) → bf16 for one
-    row tile of expert w (rows in expert order, token = Rflat[row]) and BN columns."""
+    row tile of expert w (rows in expert order, token = Rflat[row]) and STEPS × BN columns, BN at a
+    time (STEPS = 1: no loop). Accumulator loads are masked by the launch's row count, not the
+    expert's end (a dependent load), so they need only the tile's first row; stores use the end."""
     row0 = tl.load(tile_row_ptr + tl.program_id(0))
     if row0 >= 0:
+        rows = row0 + tl.arange(0, BR)
+        in_launch = rows < total_rows
         expert = tl.load(tile_expert_ptr + tl.program_id(0)).to(tl.int64)
         row_end = tl.load(bounds_ptr + expert + 1)
-        rows = row0 + tl.arange(0, BR)
         live_r = rows < row_end
-        cols = tl.program_id(1) * BN + tl.arange(0, BN)
-        live_c = cols < n
         token = tl.load(rflat_ptr + rows, mask=live_r, other=0).to(tl.int64)
         j = tl.arange(0, 64)[None, :]
         a = _bf16_of_bits(a_peel_ptr, token[:, None] * 64 + j, live_r[:, None])
-        b_rows = expert * n + cols.to(tl.int64)
-        b = _bf16_of_bits(b_peel_ptr, b_rows[:, None] * 64 + j, live_c[:, None])
-        correction = tl.dot(a, tl.trans(b))  # bf16 values are exact in tf32
-        live = live_r[:, None] & live_c[None, :]
-        cell = rows.to(tl.int64)[:, None] * n + cols[None, :]
-        acc = tl.load(acc_ptr + cell, mask=live, other=0.0)
         inv_a = 1.0 / tl.where(live_r, _bf16_of_bits(alpha_a_ptr, token, live_r), 1.0)
-        inv_b = 1.0 / tl.where(live_c, _bf16_of_bits(alpha_b_ptr, b_rows, live_c), 1.0)
-        out = (acc + correction) * inv_a[:, None] * inv_b[None, :]
-        bits = _rne_bf16(out.to(tl.int32, bitcast=True)) >> 16  # RNE, the same in the interpreter
-        tl.store(out_ptr + cell, bits.to(tl.int16), mask=live)
+        row_cells = rows.to(tl.int64)[:, None] * n
+        for step in range(STEPS):
+            cols = (tl.program_id(1) * STEPS + step) * BN + tl.arange(0, BN)
+            live_c = cols < n
+            acc = tl.load(acc_ptr + row_cells + cols[None, :], mask=in_launch[:, None] & live_c[None, :], other=0.0)
+            b_rows = expert * n + cols.to(tl.int64)
+            b = _bf16_of_bits(b_peel_ptr, b_rows[:, None] * 64 + j, live_c[:, None])
+            correction = tl.dot(a, tl.trans(b))  # bf16 values are exact in tf32
+            inv_b = 1.0 / tl.where(live_c, _bf16_of_bits(alpha_b_ptr, b_rows, live_c), 1.0)
+            out = (acc + correction) * inv_a[:, None] * inv_b[None, :]
+            bits = _rne_bf16(out.to(tl.int32, bitcast=True)) >> 16  # RNE, the same in the interpreter
+            tl.store(out_ptr + row_cells + cols[None, :], bits.to(tl.int16), mask=live_r[:, None] & live_c[None, :])
 
 
 def peel_and_unscale(acc: torch.Tensor, a_peel_: torch.Tensor, alpha_a: torch.Tensor,
@@ -199,10 +222,11 @@ def peel_and_unscale(acc: torch.Tensor, a_peel_: torch.Tensor, alpha_a: torch.Te
     block_rows = _peel_rows(rows, experts)
     tiles = row_tiles(table, block_rows, partial=True)
     out = torch.empty((rows, n), dtype=torch.int16, device=acc.device)
-    grid = (tiles.row_start.shape[0], triton.cdiv(n, _PEEL_COLS))
+    steps = peel_steps(block_rows, tiles.row_start.shape[0], n)
+    grid = (tiles.row_start.shape[0], triton.cdiv(n, steps * _PEEL_COLS))
     acc = acc.contiguous()
     _peel_unscale_kernel[grid](acc, table.rflat, a_peel_.contiguous().view(torch.int16),
                                alpha_a.contiguous().view(torch.int16), b_peel_.contiguous().view(torch.int16),
                                alpha_b.contiguous().view(torch.int16), tiles.row_start, tiles.expert,
-                               table.bounds, out, n, BR=block_rows, BN=_PEEL_COLS)
+                               table.bounds, out, n, rows, BR=block_rows, BN=_PEEL_COLS, STEPS=steps)
     return out.view(torch.bfloat16)

@@ -19,9 +19,12 @@ import triton.language as tl
 from kernels.int7._jit import jit
 
 _MAP_BLOCK = 256
-SMALL_ROUTING = 4096  # routing entries (m · top_k) ranked by one kernel; more go through torch.sort
+SMALL_ROUTING = 4096  # routing entries (m · top_k) ranked by one kernel; more by the chunked sort
 _RANK_BLOCK = 64
 _RANK_CHUNK = 128
+_COUNT_CHUNK = 128  # entries per program of the chunked counting sort
+_COUNT_EXPERTS = 64  # experts compared per step in the chunk counts
+_SCAN_CELLS = 4096  # (chunk, expert) counts per step of the scan program (8 warps: no spills)
 
 
 class RoutingError(ValueError):
@@ -55,22 +58,91 @@ def routing_table(topk_ids: torch.Tensor, experts: int) -> RoutingTable:
 
     Up to SMALL_ROUTING entries (decode) one Triton kernel ranks every entry directly (its
     position is #{entries with a smaller id} + #{earlier entries with its id}: a stable counting
-    sort in one launch); larger launches use torch's stable sort and a scatter-add of the counts.
+    sort in one launch); larger launches (prefill) run the same counting sort in three: per-chunk
+    counts, one scan program, and a scatter (no sort, no int64 copies).
     """
     if topk_ids.dim() != 2 or topk_ids.dtype not in (torch.int32, torch.int64):
         raise RoutingError(f"topk_ids must be an integer (m, top_k) tensor, "
                            f"got {topk_ids.dtype} {tuple(topk_ids.shape)}")
     if not 1 <= experts <= 1024:
         raise RoutingError(f"experts must be in 1..1024, got {experts}")
-    top_k = topk_ids.shape[1]
     if topk_ids.numel() <= SMALL_ROUTING:
         return _ranked_table(topk_ids.contiguous(), experts)
-    ids = topk_ids.to(torch.int64).clamp(0, experts - 1).reshape(-1)
-    order = torch.sort(ids, stable=True).indices
-    counts = torch.zeros(experts + 1, dtype=torch.int32, device=ids.device)
-    counts[1:].scatter_add_(0, ids, _ones(ids.shape[0], ids.device))
-    return RoutingTable(torch.div(order, top_k, rounding_mode="floor").to(torch.int32),
-                        torch.cumsum(counts, 0, dtype=torch.int32))
+    return _chunked_table(topk_ids.contiguous(), experts)
+
+
+@jit
+def _clamped_ids(ids_ptr, i, live, experts):
+    """Entries i's expert ids clamped to [0, e); dead entries get e (past every expert)."""
+    ids = tl.minimum(tl.maximum(tl.load(ids_ptr + i, mask=live, other=0), 0), experts - 1).to(tl.int32)
+    return tl.where(live, ids, experts)
+
+
+@jit
+def _chunk_counts_kernel(ids_ptr, total, experts, counts_ptr, EB: tl.constexpr, CHUNK: tl.constexpr,
+                         WB: tl.constexpr):
+    """counts[c, w] = #{entries of chunk c with id w}, for w < EB (a power of two ≥ e)."""
+    i = tl.program_id(0) * CHUNK + tl.arange(0, CHUNK)
+    ids = _clamped_ids(ids_ptr, i, i < total, experts)
+    for w0 in range(0, EB, WB):
+        w = w0 + tl.arange(0, WB)
+        hits = (ids[:, None] == w[None, :]).to(tl.int32)
+        tl.store(counts_ptr + tl.program_id(0) * EB + w, tl.reduce(hits, 0, tl.standard._sum_combine))
+
+
+@jit
+def _chunk_bases_kernel(counts_ptr, chunks, experts, total, bounds_ptr, EB: tl.constexpr, TC: tl.constexpr):
+    """One program: bounds[w] = #{entries with id < w} (w ≤ e) and, in place of the counts,
+    base[c, w] = bounds[w] + #{entries of earlier chunks with id w}."""
+    w = tl.arange(0, EB)
+    totals = tl.full((EB,), 0, tl.int32)
+    for c0 in range(0, chunks, TC):
+        c = c0 + tl.arange(0, TC)
+        tile = tl.load(counts_ptr + c[:, None] * EB + w[None, :], mask=(c < chunks)[:, None], other=0)
+        totals += tl.reduce(tile, 0, tl.standard._sum_combine)
+    running = tl.associative_scan(totals, 0, tl.standard._sum_combine) - totals  # exclusive
+    tl.store(bounds_ptr + w, running, mask=w < experts)
+    tl.store(bounds_ptr + experts, total)  # the chunks' dead tail is counted under id e
+    for c0 in range(0, chunks, TC):
+        c = c0 + tl.arange(0, TC)
+        cells = counts_ptr + c[:, None] * EB + w[None, :]
+        live = (c < chunks)[:, None]
+        tile = tl.load(cells, mask=live, other=0)
+        before = tl.associative_scan(tile, 0, tl.standard._sum_combine) - tile
+        tl.store(cells, running[None, :] + before, mask=live)
+        running += tl.reduce(tile, 0, tl.standard._sum_combine)
+
+
+@jit
+def _chunk_scatter_kernel(ids_ptr, total, experts, top_k, bases_ptr, rflat_ptr, EB: tl.constexpr,
+                          CHUNK: tl.constexpr):
+    """Rflat[base[c, id(i)] + #{earlier entries of chunk c with id(i)}] = i // top_k."""
+    i = tl.program_id(0) * CHUNK + tl.arange(0, CHUNK)
+    live = i < total
+    ids = _clamped_ids(ids_ptr, i, live, experts)
+    lane = tl.arange(0, CHUNK)
+    earlier = (ids[None, :] == ids[:, None]) & (lane[None, :] < lane[:, None])
+    rank = tl.reduce(earlier.to(tl.int32), 1, tl.standard._sum_combine)
+    base = tl.load(bases_ptr + tl.program_id(0) * EB + ids, mask=live, other=0)
+    tl.store(rflat_ptr + base + rank, i // top_k, mask=live)
+
+
+def _chunked_table(topk_ids: torch.Tensor, experts: int) -> RoutingTable:
+    """The stable counting sort in three launches: counts per (chunk, expert), one program that
+    scans them into bounds and per-chunk bases, and a scatter that ranks entries within a chunk."""
+    total = topk_ids.numel()
+    chunks = triton.cdiv(total, _COUNT_CHUNK)
+    eb = max(triton.next_power_of_2(experts), 2)
+    counts = torch.empty((chunks, eb), dtype=torch.int32, device=topk_ids.device)
+    rflat = torch.empty(total, dtype=torch.int32, device=topk_ids.device)
+    bounds = torch.empty(experts + 1, dtype=torch.int32, device=topk_ids.device)
+    _chunk_counts_kernel[(chunks,)](topk_ids, total, experts, counts, EB=eb, CHUNK=_COUNT_CHUNK,
+                                    WB=min(eb, _COUNT_EXPERTS))
+    _chunk_bases_kernel[(1,)](counts, chunks, experts, total, bounds, EB=eb, TC=max(1, _SCAN_CELLS // eb),
+                                  num_warps=8)
+    _chunk_scatter_kernel[(chunks,)](topk_ids, total, experts, topk_ids.shape[1], counts, rflat,
+                                     EB=eb, CHUNK=_COUNT_CHUNK)
+    return RoutingTable(rflat, bounds)
 
 
 @jit
@@ -104,12 +176,6 @@ def _ranked_table(topk_ids: torch.Tensor, experts: int) -> RoutingTable:
     _ranked_kernel[grid](topk_ids, total, experts, topk_ids.shape[1], rflat, bounds,
                          BLOCK=_RANK_BLOCK, CHUNK=_RANK_CHUNK)
     return RoutingTable(rflat, bounds)
-
-
-@functools.lru_cache(maxsize=64)
-def _ones(count: int, device: torch.device | str) -> torch.Tensor:
-    """A cached int32 ones vector (made before a graph capture, never written)."""
-    return torch.ones(count, dtype=torch.int32, device=device)
 
 
 @functools.lru_cache(maxsize=64)
