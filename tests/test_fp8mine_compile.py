@@ -124,10 +124,11 @@ SCRIPT = textwrap.dedent("""
         "ends_ptr": "*i32", "experts": "i32", "tile_rows": "i32", "partial": "i32", "row_start_ptr": "*i32",
         "expert_ptr": "*i32", "local_ptr": "*i32", "slots": "i32", "BLOCK": "constexpr"},
         constexprs={"BLOCK": 256}), target=target)
-    for rows, blocks in (norms_kernel.block_shape(768), (16, 64)):
+    for rows, blocks in (norms_kernel.block_shape(768), (16, 64)):  # k = 6144: one step; k > 8192: passes
         triton.compile(ASTSource(fn=norms_kernel._norms_kernel, signature={
             "codes_ptr": "*i8", "scales_ptr": "*i16", "l2_ptr": "*i16", "linf_ptr": "*i16", "num_rows": "i32",
-            "k": "i32", "wl2": "i32", "BR": "constexpr", "BB": "constexpr"}, constexprs={"BR": rows, "BB": blocks}),
+            "k": "i32", "wl2": "i32", "BR": "constexpr", "BB": "constexpr", "ONE_STEP": "constexpr"},
+            constexprs={"BR": rows, "BB": blocks, "ONE_STEP": blocks >= 768}),
             target=target, options={"enable_fp_fusion": False, "num_warps": norms_kernel._warps(rows * blocks)})
     triton.compile(ASTSource(fn=hashing._short_kernel, signature={
         "key_ptr": "*i32", "key_stride": "i32", "msg_ptr": "*i32", "out_ptr": "*i32", "total": "i32",

@@ -6,8 +6,9 @@ l2 = grid4(RNE_bf16(√(S·2^(E_MAX−268−Wl2)/k))); linf = RNE_bf16(max |q|·
 The square root is correctly rounded without big integers: an f64 estimate gives a candidate
 code within one of the answer, and exact int64 comparisons of v with the squared midpoints to the
 neighbouring codes (shifting the side with the larger exponent down and keeping the remainder, so
-nothing overflows) pick the RNE result. Two passes over the row's blocks (E_MAX, then S); with
-the whole row in one step the second pass re-reads it from L1/L2.
+nothing overflows) pick the RNE result. S needs E_MAX first: with the whole row in one step
+(k ≤ 8192) the per-block terms are computed once and both reductions read them from registers;
+longer rows take two passes over the blocks (E_MAX, then S).
 """
 from __future__ import annotations
 
@@ -103,23 +104,38 @@ def _rne_sqrt_code(num, exponent, k):
 
 
 @jit
+def _frame_sum(energy, doubled, e_max, wl2):
+    """Σ floor(energy · 2^Wl2 / 2^(E_MAX − doubled)) over the blocks axis (int64)."""
+    shift = tl.minimum(tl.maximum(e_max[:, None] - doubled, 0), 63).to(tl.int64)
+    return tl.reduce((energy << wl2) >> shift, 1, tl.standard._sum_combine)
+
+
+@jit
 def _norms_kernel(codes_ptr, scales_ptr, l2_ptr, linf_ptr, num_rows, k, wl2,
-                  BR: tl.constexpr, BB: tl.constexpr):
+                  BR: tl.constexpr, BB: tl.constexpr, ONE_STEP: tl.constexpr):
+    """ONE_STEP (the row fits in one BB-block step): the block terms are computed once and kept
+    in registers for both reductions; otherwise pass 1 (E_MAX, peak) and pass 2 (S) each walk
+    the row."""
     rows = tl.program_id(0) * BR + tl.arange(0, BR)
     row_live = rows < num_rows
     rows64 = tl.where(row_live, rows, 0).to(tl.int64)
     nblocks = k // 8
-    e_max = tl.full((BR,), 0, tl.int32)
-    peak = tl.full((BR,), 0.0, tl.float32)
-    for b0 in range(0, nblocks, BB):
-        energy, doubled, block_peak = _block_terms(codes_ptr, scales_ptr, rows64, row_live, b0, nblocks, k, BR, BB)
-        e_max = tl.maximum(e_max, tl.reduce(tl.where(energy != 0, doubled, 0), 1, tl.standard._elementwise_max))
-        peak = tl.maximum(peak, tl.reduce(block_peak, 1, tl.standard._elementwise_max))
-    frame = tl.full((BR,), 0, tl.int64)
-    for b0 in range(0, nblocks, BB):
-        energy, doubled, block_peak = _block_terms(codes_ptr, scales_ptr, rows64, row_live, b0, nblocks, k, BR, BB)
-        shift = tl.minimum(tl.maximum(e_max[:, None] - doubled, 0), 63).to(tl.int64)
-        frame += tl.reduce((energy << wl2) >> shift, 1, tl.standard._sum_combine)
+    if ONE_STEP:
+        energy, doubled, block_peak = _block_terms(codes_ptr, scales_ptr, rows64, row_live, 0, nblocks, k, BR, BB)
+        e_max = tl.reduce(tl.where(energy != 0, doubled, 0), 1, tl.standard._elementwise_max)
+        peak = tl.reduce(block_peak, 1, tl.standard._elementwise_max)
+        frame = _frame_sum(energy, doubled, e_max, wl2)
+    else:
+        e_max = tl.full((BR,), 0, tl.int32)
+        peak = tl.full((BR,), 0.0, tl.float32)
+        for b0 in range(0, nblocks, BB):
+            energy, doubled, block_peak = _block_terms(codes_ptr, scales_ptr, rows64, row_live, b0, nblocks, k, BR, BB)
+            e_max = tl.maximum(e_max, tl.reduce(tl.where(energy != 0, doubled, 0), 1, tl.standard._elementwise_max))
+            peak = tl.maximum(peak, tl.reduce(block_peak, 1, tl.standard._elementwise_max))
+        frame = tl.full((BR,), 0, tl.int64)
+        for b0 in range(0, nblocks, BB):
+            energy, doubled, block_peak = _block_terms(codes_ptr, scales_ptr, rows64, row_live, b0, nblocks, k, BR, BB)
+            frame += _frame_sum(energy, doubled, e_max, wl2)
     exponent = e_max - 268 - wl2
     root = _rne_sqrt_code(tl.maximum(frame, 1), exponent, k)
     l2 = tl.where(frame != 0, (root + 2) & ~3, 0)
@@ -136,6 +152,6 @@ def row_norms(codes: torch.Tensor, scales: torch.Tensor, wl2: int) -> tuple[torc
     per_program, blocks = block_shape(k // 8)
     _norms_kernel[(triton.cdiv(rows, per_program),)](codes.contiguous(), scales.contiguous().view(torch.int16),
                                                      l2, linf, rows, k, wl2, BR=per_program, BB=blocks,
-                                                     num_warps=_warps(per_program * blocks),
+                                                     ONE_STEP=blocks >= k // 8, num_warps=_warps(per_program * blocks),
                                                      enable_fp_fusion=False)
     return l2.view(torch.bfloat16), linf.view(torch.bfloat16)
