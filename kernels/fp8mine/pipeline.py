@@ -10,9 +10,13 @@
 - `MinedGemm.forward` runs A side → grouped FP8 GEMM (128-k promotion) → the lottery (first
   winner into the latch) → peel + unscale into the BF16 output, rows in expert order.
   Dense V4 is one group.
+- `MinedGemm(lagged=True)` (decode): launch t serves x_t with clean rows and mines launch t−1's
+  A′ rows in the same GEMM; the A side, the lottery and the payload run on a side stream
+  (lagged.py, docs/kernels-fp8mine.md).
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -21,6 +25,7 @@ from proof.fp8.params import STATE_WINDOW_DEPTH, JobParams, make_job
 
 from . import noise, prequant, quant, transcript
 from .hashing import constant_bytes
+from .lagged import LagSlot, build_operand, clean_peel, peel_clean_rows
 from .lottery import LotteryLatch, threshold_words
 from .matmul import grouped_matmul
 from .peel import a_peel, b_peel, peel_and_unscale
@@ -168,12 +173,17 @@ def prepare_a(x: torch.Tensor, seed_message: torch.Tensor, p_a_len: int, state: 
 
 @dataclass
 class LaunchResult:
-    """What one mined pass produced (device tensors; `out` rows are in expert order)."""
+    """What one mined pass produced (device tensors; `out` rows are in expert order).
+
+    Lagged passes: `acc` is the combined accumulator and `operand_bounds` its bounds (e+1,):
+    expert w's rows start with the READY (previous launch's) rows, then this launch's clean rows.
+    `a` is this launch's A side (mined by the next launch)."""
 
     out: torch.Tensor
     acc: torch.Tensor
     table: RoutingTable
     a: ASide
+    operand_bounds: torch.Tensor | None = None
 
 
 class MinedGemm:
@@ -182,9 +192,13 @@ class MinedGemm:
     Per job: `set_job(header76, ancestors, target)` (host; picks/prepares the B state and writes
     the launch constants into fixed buffers, so a captured graph replays with new jobs). Per launch:
     `forward(x, topk_ids)`; winners appear in `latch` (poll after the launch's stream work).
+
+    lagged: launch t mines launch t−1's rows (the first launch after `set_job` mines nothing);
+    a winner's record and payload describe launch t−1's rows.
     """
 
-    def __init__(self, weights: torch.Tensor, *, m: int, top_k: int = 1, layer_id: int = 0):
+    def __init__(self, weights: torch.Tensor, *, m: int, top_k: int = 1, layer_id: int = 0,
+                 lagged: bool = False):
         self.b = BSide(weights)
         self.m, self.top_k, self.layer_id = m, top_k, layer_id
         self.moe = self.b.experts > 1
@@ -201,6 +215,11 @@ class MinedGemm:
         self.job: JobParams | None = None
         self.header76 = b""
         self.ancestor_chain: list[bytes] = []
+        self.lagged = lagged
+        if lagged:
+            self.ready = LagSlot.allocate(m, rows, k, self.b.experts, self.b.device)
+            self.pending = LagSlot.allocate(m, rows, k, self.b.experts, self.b.device)
+            self.side = torch.cuda.Stream(self.b.device) if self.b.device.type == "cuda" else None
 
     def set_job(self, header76: bytes, ancestors: list[bytes], target: int) -> None:
         """Adopt a new template: σ̂, its ancestors (parent first) and the target."""
@@ -218,6 +237,9 @@ class MinedGemm:
         self.threshold.copy_(threshold_words(target, self.b.k, self.b.device))
         self.latch.set_header(self.m, self.b.experts * self.b.n_e, self.b.k, self.layer_id,
                               self.m * self.b.k, self.m * self.b.k // 4)
+        if self.lagged:  # their keys belong to the old header: a winner on them would be stale
+            self.ready.invalidate()
+            self.pending.invalidate()
 
     def forward(self, x: torch.Tensor, topk_ids: torch.Tensor | None = None) -> LaunchResult:
         """One mined pass over x (m, k) bf16 (MoE: with topk_ids (m, top_k))."""
@@ -225,12 +247,11 @@ class MinedGemm:
             raise PipelineError("set_job must be called before forward")
         if x.shape != (self.m, self.b.k) or x.dtype != torch.bfloat16:
             raise PipelineError(f"x must be bf16 ({self.m}, {self.b.k}), got {x.dtype} {tuple(x.shape)}")
-        if self.moe:
-            if topk_ids is None or topk_ids.shape != (self.m, self.top_k):
-                raise PipelineError(f"MoE launches need topk_ids ({self.m}, {self.top_k})")
-            table = routing_table(topk_ids, self.b.experts)
-        else:
-            table = dense_table(self.m, x.device)
+        if self.moe and (topk_ids is None or topk_ids.shape != (self.m, self.top_k)):
+            raise PipelineError(f"MoE launches need topk_ids ({self.m}, {self.top_k})")
+        if self.lagged:
+            return self._forward_lagged(x, topk_ids)
+        table = self._table(topk_ids, x.device)
         state = self.state
         a = prepare_a(x, self.seed_message, self.p_a_len, state, table if self.moe else None)
         acc = grouped_matmul(self.expert_rows(a.side.codes, table), self.b_codes(), table)
@@ -240,6 +261,63 @@ class MinedGemm:
         out = peel_and_unscale(acc, a.peel, a.side.alpha, state.peel.view(self.b.experts, self.b.n_e, -1),
                                state.side.alpha.view(self.b.experts, self.b.n_e), table)
         return LaunchResult(out, acc, table, a)
+
+    def _table(self, topk_ids: torch.Tensor | None, device: torch.device) -> RoutingTable:
+        return routing_table(topk_ids, self.b.experts) if self.moe else dense_table(self.m, device)
+
+    def _forward_lagged(self, x: torch.Tensor, topk_ids: torch.Tensor | None) -> LaunchResult:
+        """Launch t: serve x_t, mine launch t−1's rows (READY), prepare x_t's (PENDING).
+
+        main: routing → combined operand (READY rows + x_t's clean rows) → GEMM → peel of the
+        clean rows. side: PENDING → READY; the clean rows' A peel and x_t's A side into PENDING
+        (while the GEMM runs); after the GEMM the lottery over the READY rows, the payload and
+        publish. The side stream forks from and joins the serving stream, so one launch is one
+        self-contained (graph-capturable) piece of stream work.
+        """
+        assert self.state is not None
+        state, ready, pending = self.state, self.ready, self.pending
+        main = torch.cuda.current_stream(self.b.device) if self.side is not None else None
+        self._fork(main)
+        with self._on_side():
+            ready.flat.copy_(pending.flat)
+        table = self._table(topk_ids, x.device)
+        self._join(main)
+        operand = build_operand(x, table, ready)
+        self._fork(main)
+        with self._on_side():
+            a_peel_clean = clean_peel(operand, state.f_b)
+            peel_ready = torch.cuda.Event() if main is not None else None
+            if peel_ready is not None:
+                peel_ready.record(self.side)
+            a = prepare_a(x, self.seed_message, self.p_a_len, state, table if self.moe else None)
+            pending.fill(a.side.codes, a.codes, a.scales, a.pow_key, table, self.moe)
+        acc = grouped_matmul(operand.rows, self.b_codes(), operand.table)
+        self._fork(main)
+        with self._on_side():
+            mined = ready.table()
+            self.latch.run(acc, row_tiles(mined), ready.pow_key, self.threshold, state.seed_b, ready.sources(),
+                           row_shift=table.bounds[:-1])
+            self.latch.publish()
+        if peel_ready is not None:
+            main.wait_event(peel_ready)
+        out = peel_clean_rows(acc, ready.bounds[1:], a_peel_clean, operand.clean_alpha,
+                                     state.peel.view(self.b.experts, self.b.n_e, -1),
+                                     state.side.alpha.view(self.b.experts, self.b.n_e), table)
+        self._join(main)
+        return LaunchResult(out, acc, table, a, operand.table.bounds)
+
+    def _fork(self, main: torch.cuda.Stream | None) -> None:
+        """The side stream waits for the serving stream's work so far."""
+        if main is not None:
+            self.side.wait_stream(main)
+
+    def _join(self, main: torch.cuda.Stream | None) -> None:
+        """The serving stream waits for the side stream's work so far."""
+        if main is not None:
+            main.wait_stream(self.side)
+
+    def _on_side(self):
+        return torch.cuda.stream(self.side) if self.side is not None else contextlib.nullcontext()
 
     def expert_rows(self, a_codes: torch.Tensor, table: RoutingTable) -> torch.Tensor:
         """A′ rows in expert order (Rflat) as the GEMM's left operand; dense: A′ itself."""
