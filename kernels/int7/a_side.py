@@ -17,6 +17,10 @@ them is latency-bound (16 rows per instance). Here:
    then A' = A + U_A·P_Aᵀ for its rows × columns and its k-slice of A·P_B (tensor cores, int32
    atomics into the rows zeroed by step 1).
 
+`noised_a_side` is the same without A·P_B (`_noise_kernel`: the shared `_noise_block` alone; step 1
+then zeroes nothing), writing into the caller's static buffers: the lagged pass runs it on a side
+stream while the serving stream computes A·P_B (pipeline.MinedPass(lagged=True)).
+
 The tree levels of A are not kept for openings: a winner's A is retained by the winner slot and
 re-hashed on the host (pipeline.MinedPass._build_proof); they live in a scratch buffer here.
 Every device function is shared with the staged kernels (chunk_chaining_value, upper_levels,
@@ -84,12 +88,10 @@ def _commit_seed_kernel(q_ptr, key_ptr, sb_ptr, salt_ptr, nodes_ptr, sa_ptr, apb
 
 
 @jit
-def _noise_apply_kernel(q_ptr, sa_ptr, label_ptr, u_ptr, first_ptr, second_ptr, out_ptr, pb_ptr,
-                        apb_ptr, K, u_blocks, column_blocks,
-                        R: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
-                        LANES: tl.constexpr):
-    """Instance program_id(0), columns [BC·program_id(1), +BC): P_A there and U_A, then A' and
-    the k-slice of A·P_B."""
+def _noise_block(q_ptr, sa_ptr, label_ptr, u_ptr, first_ptr, second_ptr, out_ptr, K, u_blocks,
+                 column_blocks, R: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr,
+                 LANES: tl.constexpr):
+    """Instance program_id(0), columns [BC·program_id(1), +BC): P_A there and U_A, then A'."""
     inst = tl.program_id(0).to(tl.int64)
     c_begin = tl.program_id(1) * BC
     lane = tl.arange(0, LANES)
@@ -109,11 +111,33 @@ def _noise_apply_kernel(q_ptr, sa_ptr, label_ptr, u_ptr, first_ptr, second_ptr, 
     tl.debug_barrier()  # the factors this program wrote are read back by its other threads
     rows = tl.arange(0, BR).to(tl.int64)
     ks = c_begin + tl.arange(0, BC)
-    q_inst = q_ptr + inst * BR * K
-    noised_rows(q_inst, u_own, first_inst, second_inst, out_ptr + inst * BR * K, rows, ks, ks < K, K, R)
+    noised_rows(q_ptr + inst * BR * K, u_own, first_inst, second_inst, out_ptr + inst * BR * K, rows,
+                ks, ks < K, K, R)
+
+
+@jit
+def _noise_kernel(q_ptr, sa_ptr, label_ptr, u_ptr, first_ptr, second_ptr, out_ptr, K, u_blocks,
+                  column_blocks, R: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr,
+                  LANES: tl.constexpr):
+    """A' only (the lagged pass computes A·P_B on the serving stream)."""
+    _noise_block(q_ptr, sa_ptr, label_ptr, u_ptr, first_ptr, second_ptr, out_ptr, K, u_blocks,
+                 column_blocks, R, BR, BC, LANES)
+
+
+@jit
+def _noise_apply_kernel(q_ptr, sa_ptr, label_ptr, u_ptr, first_ptr, second_ptr, out_ptr, pb_ptr,
+                        apb_ptr, K, u_blocks, column_blocks,
+                        R: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
+                        LANES: tl.constexpr):
+    """A' as `_noise_kernel`, then the program's k-slice of A·P_B."""
+    _noise_block(q_ptr, sa_ptr, label_ptr, u_ptr, first_ptr, second_ptr, out_ptr, K, u_blocks,
+                 column_blocks, R, BR, BC, LANES)
+    inst = tl.program_id(0).to(tl.int64)
+    c_begin = tl.program_id(1) * BC
+    rows = tl.arange(0, BR).to(tl.int64)
     ts = tl.arange(0, R)
     steps = (tl.minimum(K, c_begin + BC) - c_begin) // BK
-    acc = apb_partial(q_inst, pb_ptr + inst * K * R, rows, ts, c_begin, steps, K, R, BK)
+    acc = apb_partial(q_ptr + inst * BR * K, pb_ptr + inst * K * R, rows, ts, c_begin, steps, K, R, BK)
     tl.atomic_add(apb_ptr + inst * BR * R + rows[:, None] * R + ts[None, :], acc,
                   sem="relaxed")  # ordered by the kernel boundary
 
@@ -124,41 +148,84 @@ def fused_applies(rows: int, k: int, rank: int) -> bool:
     return rows in FUSED_ROWS and k % 64 == 0 and k > 0 and rank in (32, 64, 128, 256)
 
 
-def fused_a_side(q: torch.Tensor, s_b: torch.Tensor, key_words: torch.Tensor, p_b: torch.Tensor, *,
-                 rank: int, salted: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(A', A·P_B, s_A) of E dense instances from their int7 codes q (E, M, K) int8, s_B (E, 8),
-    the job key (1, 8) and the job's dense P_B (E, K, r) int8: two launches, no host syncs."""
+def _check_inputs(q: torch.Tensor, s_b: torch.Tensor, key_words: torch.Tensor, rank: int) -> None:
     if q.dtype != torch.int8 or q.dim() != 3 or not q.is_contiguous():
         raise ASideError(f"q must be contiguous int8 (E, M, K), got {q.dtype} {tuple(q.shape)}")
     experts, rows, k = q.shape
     if not fused_applies(rows, k, rank):
         raise ASideError(f"the fused A side takes M in {FUSED_ROWS}, K a positive multiple of 64 and "
                          f"rank 32..256 (power of two); got M={rows}, K={k}, rank={rank}")
-    for name, t, shape, dtype in (("s_b", s_b, (experts, 8), torch.int32),
-                                  ("key_words", key_words, (1, 8), torch.int32),
-                                  ("p_b", p_b, (experts, k, rank), torch.int8)):
-        if tuple(t.shape) != shape or t.dtype != dtype:
-            raise ASideError(f"{name} must be {dtype} {shape}, got {t.dtype} {tuple(t.shape)}")
-    device = q.device
+    _check_tensor("s_b", s_b, (experts, 8), torch.int32)
+    _check_tensor("key_words", key_words, (1, 8), torch.int32)
+
+
+def _check_tensor(name: str, t: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> None:
+    if tuple(t.shape) != shape or t.dtype != dtype:
+        raise ASideError(f"{name} must be {dtype} {shape}, got {t.dtype} {tuple(t.shape)}")
+
+
+def _commit_seed(q: torch.Tensor, s_b: torch.Tensor, key_words: torch.Tensor, s_a: torch.Tensor,
+                 apb: torch.Tensor | None, salted: bool) -> None:
+    """Launch 1: s_A of every instance into `s_a`; zeroes `apb` for launch 2's partial sums."""
+    experts, rows, k = q.shape
     nbytes = rows * k
-    chunks = triton.cdiv(nbytes, 1024)
     node_count = sum(level_counts(nbytes)) + 1  # leaves, parent levels, the root (a lone leaf: 1)
-    nodes = torch.empty((experts, node_count, 8), dtype=torch.int32, device=device)
-    s_a = torch.empty((experts, 8), dtype=torch.int32, device=device)
-    apb = torch.empty((experts, rows, rank), dtype=torch.int32, device=device)
+    nodes = torch.empty((experts, node_count, 8), dtype=torch.int32, device=q.device)
     _commit_seed_kernel[(experts,)](
-        q.view(torch.int32), key_words.contiguous(), s_b.contiguous(), constant_words(SEED_SALT_A, device),
-        nodes, s_a, apb, nbytes // 4, chunks, node_count, rows, rows * rank,
-        SALTED=int(salted), LANES=_LANES, ZERO_BLOCK=_ZERO_BLOCK)
+        q.view(torch.int32), key_words.contiguous(), s_b.contiguous(), constant_words(SEED_SALT_A, q.device),
+        nodes, s_a, s_a if apb is None else apb, nbytes // 4, triton.cdiv(nbytes, 1024), node_count, rows,
+        0 if apb is None else apb[0].numel(), SALTED=int(salted), LANES=_LANES, ZERO_BLOCK=_ZERO_BLOCK)
+
+
+def _noise(q: torch.Tensor, s_a: torch.Tensor, a_noised: torch.Tensor, rank: int,
+           p_b: torch.Tensor | None, apb: torch.Tensor | None) -> None:
+    """Launch 2: A' into `a_noised`, and with p_b the A·P_B partial sums into `apb`."""
+    experts, rows, k = q.shape
+    device = q.device
     block_cols = _BLOCK_BYTES // rows
     column_blocks = triton.cdiv(k, block_cols)
     uniform = torch.empty((experts, column_blocks, rows, rank), dtype=torch.int8, device=device)
     first = torch.empty((experts, k), dtype=torch.int32, device=device)
     second = torch.empty_like(first)
+    common = (k, rows * rank // 32, column_blocks)
+    shape = {"R": rank, "BR": rows, "BC": block_cols, "LANES": _LANES}
+    label = constant_words(LABEL_A, device)
+    if p_b is None:
+        _noise_kernel[(experts, column_blocks)](q, s_a, label, uniform, first, second, a_noised, *common,
+                                                **shape, num_warps=_APPLY_WARPS)
+    else:
+        _noise_apply_kernel[(experts, column_blocks)](
+            q, s_a, label, uniform, first, second, a_noised, p_b.contiguous(), apb, *common, **shape,
+            BK=128 if k % 128 == 0 else 64, num_warps=_APPLY_WARPS, num_stages=_APPLY_STAGES)
+
+
+def fused_a_side(q: torch.Tensor, s_b: torch.Tensor, key_words: torch.Tensor, p_b: torch.Tensor, *,
+                 rank: int, salted: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(A', A·P_B, s_A) of E dense instances from their int7 codes q (E, M, K) int8, s_B (E, 8),
+    the job key (1, 8) and the job's dense P_B (E, K, r) int8: two launches, no host syncs."""
+    _check_inputs(q, s_b, key_words, rank)
+    experts, rows, k = q.shape
+    _check_tensor("p_b", p_b, (experts, k, rank), torch.int8)
+    s_a = torch.empty((experts, 8), dtype=torch.int32, device=q.device)
+    apb = torch.empty((experts, rows, rank), dtype=torch.int32, device=q.device)
     a_noised = torch.empty_like(q)
-    _noise_apply_kernel[(experts, column_blocks)](
-        q, s_a, constant_words(LABEL_A, device), uniform, first, second, a_noised, p_b.contiguous(),
-        apb, k, rows * rank // 32, column_blocks,
-        R=rank, BR=rows, BC=block_cols, BK=128 if k % 128 == 0 else 64, LANES=_LANES,
-        num_warps=_APPLY_WARPS, num_stages=_APPLY_STAGES)
+    _commit_seed(q, s_b, key_words, s_a, apb, salted)
+    _noise(q, s_a, a_noised, rank, p_b, apb)
     return a_noised, apb, s_a
+
+
+def noised_a_side(q: torch.Tensor, s_b: torch.Tensor, key_words: torch.Tensor, *, rank: int,
+                  salted: bool, a_noised: torch.Tensor, s_a: torch.Tensor) -> None:
+    """The fused A side without A·P_B, into given buffers: A' (E, M, K) int8 and s_A (E, 8) int32.
+
+    For the lagged pass (pipeline.MinedPass(lagged=True)): it runs on a side stream into static
+    buffers while the serving stream computes A·P_B itself; two launches, no host syncs.
+    """
+    _check_inputs(q, s_b, key_words, rank)
+    experts = q.shape[0]
+    _check_tensor("s_a", s_a, (experts, 8), torch.int32)
+    _check_tensor("a_noised", a_noised, tuple(q.shape), torch.int8)
+    if not (s_a.is_contiguous() and a_noised.is_contiguous()):
+        raise ASideError("s_a and a_noised must be contiguous")
+    _commit_seed(q, s_b, key_words, s_a, None, salted)
+    _noise(q, s_a, a_noised, rank, None, None)

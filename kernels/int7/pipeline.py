@@ -13,9 +13,15 @@ records an event that the serving stream waits on before the first launch. `Mine
 noises A, runs the mined GEMM, snapshots a winner and publishes the record, with no host syncs,
 so it captures in a CUDA graph. Dense decode shapes take the fused A side (`a_side`: quantise,
 commit + seed, noise + A' + A·P_B: 3 launches); MoE and larger row counts the staged kernels (8).
+
+Lagged (dense only, `MinedPass(lagged=True)`): launch t serves x_t and mines the noised rows of
+launch t−1, so the serial A-side hash chain runs on a side stream beside the GEMM instead of in
+front of it (docs/kernels-int7.md, "Lagged mining").
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -29,8 +35,8 @@ from proof.int7.plain_proof import LEAF_SIZE
 from proof.int7.routing import end_offsets, expert_start, flatten, open_entries
 from proof.int7.seeds import job_key, salted_for
 
-from .a_side import fused_a_side, fused_applies
-from .activations import int7_codes, prepare_rows
+from .a_side import fused_a_side, fused_applies, noised_a_side
+from .activations import a_times_p_b, int7_codes, prepare_rows
 from .blake3 import KeyedTrees, bytes_from_words, keyed_trees, words_from_bytes
 from .mined_gemm import TILE_WIDTHS, Tiling, mined_gemm
 from .noise import dense_sparse_factor, noise_factors, noised
@@ -139,6 +145,39 @@ class _nullcontext:
         return None
 
 
+@dataclass
+class _LagState:
+    """One side of the lag (ready or pending) in one flat byte buffer, so one copy rotates it:
+    the noised rows A', the int7 rows A they came from (retained for a winner's opening), s_A,
+    and per instance the count of rows that may hold lottery tiles (0: nothing is mined)."""
+
+    flat: torch.Tensor
+    a_noised: torch.Tensor  # (E, M, K) int8
+    q: torch.Tensor  # (E, M, K) int8
+    s_a: torch.Tensor  # (E, 8) int32
+    valid: torch.Tensor  # (E,) int32
+
+    @classmethod
+    def zeros(cls, experts: int, rows: int, k: int, device: torch.device) -> _LagState:
+        size = experts * rows * k  # a multiple of 4: the int32 views after it stay aligned
+        flat = torch.zeros(2 * size + experts * 9 * 4, dtype=torch.uint8, device=device)
+        words = flat[2 * size:].view(torch.int32)
+        return cls(flat, flat[:size].view(torch.int8).view(experts, rows, k),
+                   flat[size:2 * size].view(torch.int8).view(experts, rows, k),
+                   words[:experts * 8].view(experts, 8), words[experts * 8:])
+
+
+@contextmanager
+def _on_side(side: torch.cuda.Stream | None, main: torch.cuda.Stream | None) -> Iterator[None]:
+    """Run the block on `side` after the work queued on `main` so far (inline without streams)."""
+    if side is None:
+        yield
+        return
+    side.wait_stream(main)
+    with torch.cuda.stream(side):
+        yield
+
+
 class MinedPass:
     """The per-launch A side and the mined GEMM for one job and one static shape.
 
@@ -146,11 +185,16 @@ class MinedPass:
     Buffers are static so `run` can be captured in a CUDA graph and replayed.
     fused_a: the dense A side through `a_side.fused_a_side` (3 launches instead of 8); None picks
     it wherever it applies (decode row counts), False keeps the staged kernels.
+    lagged (dense only): launch t outputs A_t·B but mines the noised rows of launch t−1, whose
+    commitment, s_A and A' a side stream computed during launch t−1 (so they leave the critical
+    path); the first launch mines nothing. A winner record then names an instance of launch t−1
+    and the retained A (the proof's opening) is A_{t−1}. The pending rows never cross jobs: the
+    job key, s_B and the bound live in the job, and a new job takes a new MinedPass.
     """
 
     def __init__(self, job: MiningJob, rows: int, *, tokens: int | None = None,
                  tiling: Tiling | None = None, write_i32: bool = False,
-                 fused_a: bool | None = None) -> None:
+                 fused_a: bool | None = None, lagged: bool = False) -> None:
         if job.ready is not None:  # the job's B side ran on a side stream: order it before us
             torch.cuda.current_stream(job.bt.device).wait_event(job.ready)
         self.job = job
@@ -158,6 +202,10 @@ class MinedPass:
         self.tiling = tiling
         experts, n, k = job.bt.shape
         self.tokens = tokens if job.moe else rows
+        if lagged and job.moe:
+            raise PipelineError("lagged mining is dense only: an MoE launch's s_A folds in its routing "
+                                "and its rows are gathered by it, so mining launch t−1's rows would "
+                                "also need its routing kept; MoE keeps the same-launch pass")
         if job.moe and (tokens is None or tokens * job.config.top_k != experts * rows):
             raise PipelineError(f"MoE needs tokens·top_k = E·M; got tokens={tokens}, "
                                 f"top_k={job.config.top_k}, E={experts}, M={rows}")
@@ -180,6 +228,13 @@ class MinedPass:
             raise PipelineError(f"the fused A side needs a dense job with M in (16, 32, 64); got "
                                 f"{'MoE' if job.moe else 'dense'} M={rows}, K={k}")
         self.fused_a = applies if fused_a is None else fused_a
+        self.lagged = lagged
+        if lagged:
+            self._ready = _LagState.zeros(experts, rows, k, device)
+            self._pending = _LagState.zeros(experts, rows, k, device)
+            cuda = device.type == "cuda"
+            self._side = torch.cuda.Stream(device) if cuda else None
+            self._copied = torch.cuda.Event() if cuda else None
 
     def run(self, x: torch.Tensor, routing: torch.Tensor | None = None) -> torch.Tensor:
         """The mined pass on floating activations (quantised to int7 per row); bf16 output.
@@ -197,9 +252,8 @@ class MinedPass:
     def _run(self, x: torch.Tensor, scale: torch.Tensor | None,
              routing: torch.Tensor | None) -> torch.Tensor:
         job = self.job
-        experts, n, k = job.bt.shape
-        config = job.config
-        rank = config.rank
+        experts, _, k = job.bt.shape
+        rank = job.config.rank
         if job.moe:
             if x.shape != (self.tokens, k) or routing is None or routing.shape != (experts, self.rows):
                 raise PipelineError(f"MoE pass needs activations ({self.tokens}, {k}) and routing "
@@ -220,22 +274,17 @@ class MinedPass:
             if x.shape != (experts, self.rows, k):
                 raise PipelineError(f"dense pass needs activations ({experts}, {self.rows}, {k}), "
                                     f"got {tuple(x.shape)}")
+            if self.lagged:
+                return self._run_lagged(x, scale)
             if self.fused_a:
                 q, scale = int7_codes(x, scale)
                 a_noised, apb, s_a = fused_a_side(q.contiguous(), job.s_b, job.key_words, job.p_b,
                                                   rank=rank, salted=job.salted)
             else:
                 q, scale, apb = prepare_rows(x, job.p_b, rows_per_instance=self.rows, scale=scale)
-                a_trees = keyed_trees(job.key_words, q.view(experts, -1))
-                s_a = noise_seed_a(job.s_b, a_trees.roots, salted_seeds=job.salted, m=self.rows)
-                u_a, first_a, second_a = noise_factors(s_a, LABEL_A, self.rows, k, rank)
-                a_noised = noised(q, u_a, first_a, second_a)
+                a_noised, s_a = self._staged_noise(q)
             a_clean = q
-        mined_gemm(a_noised.contiguous(), a_clean.contiguous(), job.bt_noised, apb.contiguous(),
-                   job.u_b, s_a, job.bound, self.rows_valid, self.slot.record,
-                   scale.float().contiguous(), job.scale_b, rank=rank, tile_h=config.h,
-                   tile_w=config.w, out=self.out, out_i32=self.out_i32, dump=self.dump,
-                   tiling=self.tiling)
+        self._gemm(a_noised, a_clean, apb, s_a, scale, self.rows_valid)
         self.slot.retain("a", q.contiguous().view(1 if job.moe else experts, -1).view(torch.int32),
                          by_instance=not job.moe)
         if job.moe:
@@ -243,8 +292,65 @@ class MinedPass:
         self.slot.publish()
         return self.out
 
+    def _run_lagged(self, x: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+        """Serve x_t, mine the ready rows of launch t−1, and compute launch t's pending rows on the
+        side stream. The launch ends with the serving stream joined to the side stream, so it is
+        self-contained (one CUDA graph; every replay rotates the state once)."""
+        ready, pending, side = self._ready, self._pending, self._side
+        main = torch.cuda.current_stream(x.device) if side is not None else None
+        with _on_side(side, main):  # after the previous launch's GEMM and retain read `ready`
+            ready.flat.copy_(pending.flat)
+            if side is not None:
+                self._copied.record(side)
+        q, scale = int7_codes(x, scale)
+        with _on_side(side, main):  # q_t exists
+            pending.q.copy_(q)
+            self._noise_into(pending)
+            pending.valid.fill_(self.rows - self.rows % self.job.config.h)  # last: the rows are in
+        apb = a_times_p_b(q, self.job.p_b, rows_per_instance=self.rows)
+        if side is not None:
+            main.wait_event(self._copied)
+        self._gemm(ready.a_noised, q, apb, ready.s_a, scale, ready.valid)
+        self.slot.retain("a", ready.q.view(ready.q.shape[0], -1).view(torch.int32), by_instance=True)
+        self.slot.publish()
+        if side is not None:
+            main.wait_stream(side)
+        return self.out
+
+    def _noise_into(self, state: _LagState) -> None:
+        """s_A and A' of the int7 rows state.q into state (fused A side without A·P_B, or staged)."""
+        job = self.job
+        if self.fused_a:
+            noised_a_side(state.q, job.s_b, job.key_words, rank=job.config.rank, salted=job.salted,
+                          a_noised=state.a_noised, s_a=state.s_a)
+        else:
+            a_noised, s_a = self._staged_noise(state.q)
+            state.a_noised.copy_(a_noised)
+            state.s_a.copy_(s_a)
+
+    def _staged_noise(self, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(A', s_A) of dense int7 rows q (E, M, K) through the staged kernels."""
+        job = self.job
+        experts, _, k = q.shape
+        rank = job.config.rank
+        a_trees = keyed_trees(job.key_words, q.view(experts, -1))
+        s_a = noise_seed_a(job.s_b, a_trees.roots, salted_seeds=job.salted, m=self.rows)
+        u_a, first_a, second_a = noise_factors(s_a, LABEL_A, self.rows, k, rank)
+        return noised(q, u_a, first_a, second_a), s_a
+
+    def _gemm(self, a_noised: torch.Tensor, a_clean: torch.Tensor, apb: torch.Tensor, s_a: torch.Tensor,
+              scale: torch.Tensor, rows_valid: torch.Tensor) -> None:
+        job = self.job
+        config = job.config
+        mined_gemm(a_noised.contiguous(), a_clean.contiguous(), job.bt_noised, apb.contiguous(),
+                   job.u_b, s_a, job.bound, rows_valid, self.slot.record,
+                   scale.float().contiguous(), job.scale_b, rank=config.rank, tile_h=config.h,
+                   tile_w=config.w, out=self.out, out_i32=self.out_i32, dump=self.dump,
+                   tiling=self.tiling)
+
     def winner_record(self) -> dict[str, int] | None:
-        """The published record if the doorbell rang (call after the launch completed)."""
+        """The published record if the doorbell rang (call after the launch completed).
+        Lagged: the instance and tile are those of the rows launch t−1 served."""
         if not self.slot.rang():
             return None
         record = self.slot.host_record.tolist()

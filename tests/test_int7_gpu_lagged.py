@@ -1,0 +1,112 @@
+"""The lagged mined pass (MinedPass(lagged=True)): launch t serves x_t bit-exactly like the
+same-launch pass and mines the noised rows of launch t−1; the first launch mines nothing; a planted
+winner on launch t−1's rows is recorded at launch t and its proof verifies with proof.int7
+(dense V3 salted). Interpreted on CPU, compiled on a GPU."""
+import dataclasses
+import struct
+
+import numpy as np
+import pytest
+import torch
+
+from kernels.int7.pipeline import MinedPass, PipelineError, bound_words, prepare_job
+from proof.int7 import MiningConfig, commit_instance, instance_tickets, ticket_value, verify_plain_proof
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+BITS = 0x207FFFFF  # an easy target: every ticket meets T0·h·w·D
+HEADER = struct.pack("<I", 0) + b"\x01" * 32 + b"\x02" * 32 + struct.pack("<II", 0x66666666, BITS)
+EXPERTS, K, RANK, M, N = 2, 1024, 64, 16, 32
+EVERY_TICKET = (1 << 256) - 1  # a bound every eligible tile meets
+
+
+def _config(experts=0, top_k=0):
+    return MiningConfig(K, RANK, list(range(2)), list(range(16)), experts, top_k)
+
+
+def _best_tile(config, weights, acts):
+    """(instance, smallest winning tile, H_A of that instance) of the dense V3 instances A_e·B_e
+    by proof.int7."""
+    refs = [commit_instance(HEADER, config, acts[e], weights[e], cert_version=3) for e in range(EXPERTS)]
+    expert, best = min(((e, w) for e, ref in enumerate(refs) for w in instance_tickets(ref)),
+                       key=lambda item: ticket_value(item[1].ticket))
+    return expert, best, refs[expert].hash_a
+
+
+@pytest.fixture(scope="module")
+def job_and_weights():
+    rng = np.random.default_rng(31)
+    weights = rng.integers(-64, 65, (EXPERTS, N, K), dtype=np.int8)
+    scale_b = torch.from_numpy(rng.uniform(1e-3, 2e-2, (EXPERTS, N)).astype(np.float32)).to(DEVICE)
+    job = prepare_job(torch.from_numpy(weights).to(DEVICE), scale_b, header76=HEADER, config=_config(),
+                      cert_version=3, bound=0, moe=False)
+    return job, weights
+
+
+def _launches(seed, count):
+    """(int7 codes, row scales) of `count` launches."""
+    rng = np.random.default_rng(seed)
+    return [(rng.integers(-64, 65, (EXPERTS, M, K), dtype=np.int8),
+             torch.from_numpy(rng.uniform(1e-3, 2e-2, (EXPERTS, M)).astype(np.float32)).to(DEVICE))
+            for _ in range(count)]
+
+
+def _plant_previous(job, weights, previous):
+    """Bound = the smallest ticket of the previous launch's rows; (instance, tile, hash_A) of it."""
+    expert, best, hash_a = _best_tile(job.config, weights, previous)
+    job.bound.copy_(bound_words(ticket_value(best.ticket), DEVICE))
+    return expert, best, hash_a
+
+
+def _check_winner(mined, expert, best, hash_a):
+    assert mined.winner_record() == {"instance": expert, "t_rows": best.t_rows, "t_cols": best.t_cols,
+                                     "ticket": best.ticket}
+    proof = mined.take_proof()
+    assert proof.a.proof.root == hash_a  # the opening is A_{t−1}, retained at launch t
+    assert verify_plain_proof(HEADER, proof, bits=BITS, cert_version=3) == (True, "ok")
+
+
+def _exact(weights, acts):
+    return np.einsum("emk,enk->emn", acts.astype(np.int64), weights.astype(np.int64))
+
+
+def test_lagged_pass_serves_now_and_mines_the_previous_launch(job_and_weights):
+    """Fused A side (decode): launch 1 mines nothing even under a bound every tile meets; launches
+    2 and 3 record the planted tile of launches 1 and 2; outputs are those of the same-launch pass."""
+    job, weights = job_and_weights
+    launches = _launches(32, 3)
+    lagged = MinedPass(job, M, lagged=True, write_i32=True)
+    assert lagged.fused_a
+    for t, (acts, scale) in enumerate(launches):
+        if t == 0:  # nothing is ready: every row count is 0, so not even this bound can win
+            job.bound.copy_(bound_words(EVERY_TICKET, DEVICE))
+        else:
+            planted = _plant_previous(job, weights, launches[t - 1][0])
+        q = torch.from_numpy(acts).to(DEVICE)
+        out = lagged.run_quantized(q, scale)
+        assert np.array_equal(lagged.out_i32.cpu().numpy(), _exact(weights, acts)), f"launch {t + 1}"
+        if t == 1:  # bf16 as the same-launch pass on the same rows (ready rows are A_1 ≠ A_2 here)
+            same_launch = MinedPass(job, M, fused_a=False)
+            assert torch.equal(out, same_launch.run_quantized(q, scale))
+        if t == 0:
+            assert lagged.winner_record() is None
+        else:
+            _check_winner(lagged, *planted)
+
+
+def test_lagged_pass_with_the_staged_a_side(job_and_weights):
+    """The staged A side (row counts the fused one does not take) under the same lag."""
+    job, weights = job_and_weights
+    (first, first_scale), (second, second_scale) = _launches(33, 2)
+    lagged = MinedPass(job, M, lagged=True, fused_a=False)
+    job.bound.copy_(bound_words(0, DEVICE))
+    lagged.run_quantized(torch.from_numpy(first).to(DEVICE), first_scale)
+    assert lagged.winner_record() is None
+    planted = _plant_previous(job, weights, first)
+    lagged.run_quantized(torch.from_numpy(second).to(DEVICE), second_scale)
+    _check_winner(lagged, *planted)
+
+
+def test_lagged_moe_is_refused(job_and_weights):
+    job = dataclasses.replace(job_and_weights[0], moe=True, config=_config(EXPERTS, 1))
+    with pytest.raises(PipelineError, match="lagged mining is dense only"):
+        MinedPass(job, M, tokens=EXPERTS * M, lagged=True)
