@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from kernels.int7.a_side import ASideError, fused_a_side, fused_applies
+from kernels.int7.a_side import ASideError, fused_a_side, fused_applies, noised_a_side
 from kernels.int7.blake3 import bytes_from_words, words_from_bytes
 from kernels.int7.noise import dense_sparse_factor, sparse_factor as device_sparse_factor
 from proof.int7 import LABEL_B, commitment, noise_a_rows, noise_seeds, noised
@@ -44,6 +44,30 @@ def test_fused_a_side_matches_reference(experts, rows, k, rank, salted, seed):
             p_b[row, plus[row]] += 1
             p_b[row, minus[row]] -= 1
         assert np.array_equal(apb[e].cpu().numpy(), acts[e].astype(np.int64) @ p_b)
+
+
+def test_noised_a_side_writes_a_noised_and_s_a_into_the_given_buffers():
+    """The lagged pass's A side (no A·P_B) into static buffers, against proof.int7."""
+    experts, rows, k, rank = 2, 16, 128, 32
+    rng = np.random.default_rng(5)
+    key = rng.bytes(32)
+    acts = rng.integers(-64, 65, (experts, rows, k), dtype=np.int8)
+    hashes_b = [rng.bytes(32) for _ in range(experts)]
+    seeds = [noise_seeds(key, commitment(key, acts[e].tobytes()), hashes_b[e], salted=True, m=rows, n=48)
+             for e in range(experts)]
+    a_noised = torch.zeros((experts, rows, k), dtype=torch.int8, device=DEVICE)
+    s_a = torch.zeros((experts, 8), dtype=torch.int32, device=DEVICE)
+    noised_a_side(torch.from_numpy(acts).to(DEVICE), _words([s for s, _ in seeds]), _words([key]),
+                  rank=rank, salted=True, a_noised=a_noised, s_a=s_a)
+    for e, (_, seed_a) in enumerate(seeds):
+        assert bytes_from_words(s_a[e]) == seed_a
+        expected = noised(acts[e], noise_a_rows(seed_a, k, rank, range(rows)))
+        assert np.array_equal(a_noised[e].cpu().numpy(), expected)
+    with pytest.raises(ASideError, match="a_noised must be"):
+        noised_a_side(a_noised, s_a, s_a[:1], rank=rank, salted=True, a_noised=a_noised[:, :8], s_a=s_a)
+    with pytest.raises(ASideError, match="must be contiguous"):
+        noised_a_side(a_noised, s_a, s_a[:1], rank=rank, salted=True, a_noised=a_noised,
+                      s_a=torch.zeros((8, experts), dtype=torch.int32, device=DEVICE).t())
 
 
 def test_fused_a_side_shapes_and_bad_input():
