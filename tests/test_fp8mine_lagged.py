@@ -1,0 +1,304 @@
+"""Lagged mining (kernels.fp8mine.lagged, MinedGemm(lagged=True)) on the CPU backend.
+
+Fast: the combined operand against a literal reference (READY rows copied, clean rows with the
+per-token scale), the shifted peel and the shifted lottery against the unshifted ones on a
+compact accumulator, the slot layout, and an sm_90 compile of the new kernels. Slow (the Triton
+interpreter hashes the planes): dense and MoE launch sequences — launch 1 mines nothing even when
+every tile wins; launch 2's READY accumulator rows equal launch 1's non-lagged accumulator bit for
+bit and its output is no less accurate than the non-lagged one; a planted winner on launch t−1's
+rows is latched at launch t and its PlainProofV4 verifies (jackpot policy included); set_job
+invalidates the prepared rows.
+"""
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+
+from kernels.fp8mine.gpu_check import synthetic_chain
+from kernels.fp8mine.lagged import LagError, LagSlot, build_operand, peel_clean_rows
+from kernels.fp8mine.lottery import LotteryLatch
+from kernels.fp8mine.peel import peel_and_unscale
+from kernels.fp8mine.pipeline import MinedGemm
+from kernels.fp8mine.proofs import take_winner
+from kernels.fp8mine.routing import RoutingTable, row_tiles
+from proof.fp8 import lottery
+from proof.fp8.params import TILE_4X64
+from proof.fp8.verify import evaluate_plain_proof, verify_plain_proof
+
+K = 1024
+EVERY_TILE_WINS = 2 ** 256 - 1
+
+
+def _table(ids: torch.Tensor, experts: int) -> RoutingTable:
+    """Rflat/bounds by a literal stable sort of the top-k ids (independent of routing.py)."""
+    flat = ids.reshape(-1).tolist()
+    order = sorted(range(len(flat)), key=lambda i: (flat[i], i))
+    counts = [flat.count(w) for w in range(experts)]
+    bounds = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+    return RoutingTable(torch.tensor([i // ids.shape[1] for i in order], dtype=torch.int32),
+                        torch.from_numpy(bounds))
+
+
+def _slot(m: int, rows: int, k: int, ready_bounds: list[int], seed: int) -> LagSlot:
+    slot = LagSlot.allocate(m, rows, k, len(ready_bounds) - 1, torch.device("cpu"))
+    slot.a_rows.copy_(torch.from_numpy(np.random.default_rng(seed).integers(0, 256, (rows, k), dtype=np.uint8)))
+    slot.bounds.copy_(torch.tensor(ready_bounds, dtype=torch.int32))
+    return slot
+
+
+def _clean_row(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Literal per-token quantization: α = bf16(448 / max(max|x|, 2^-32)), codes = e4m3(clamp(α·x))."""
+    amax = max(float(x.float().abs().max()), 2.0 ** -32)
+    alpha = (torch.tensor(448.0, dtype=torch.float32) / torch.tensor(amax, dtype=torch.float32)).to(torch.bfloat16)
+    codes = (x.float() * alpha.float()).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+    return codes.view(torch.uint8), alpha
+
+
+@pytest.mark.parametrize("experts,top_k,ready_counts", [
+    (4, 2, [3, 0, 9, 4]),  # an expert with no READY rows
+    (4, 2, [0, 0, 0, 0]),  # nothing READY (first launch, or after set_job)
+    (1, 1, [8]),  # dense: one group
+])
+def test_combined_operand_matches_literal_reference(experts, top_k, ready_counts):
+    m, k = 8, 256
+    rng = np.random.default_rng(experts + sum(ready_counts))
+    x = torch.from_numpy(rng.standard_normal((m, k)).astype(np.float32) * np.exp2(rng.integers(-20, 20, (m, 1))))
+    x[1] = 0  # an all-zero token
+    x[2, 5] = 3.0e4  # one large value
+    x = x.to(torch.bfloat16)
+    ids = torch.from_numpy(rng.integers(0, experts, (m, top_k)))
+    if experts > 1:
+        ids[ids == 1] = 0  # expert 1 gets no clean rows
+    table = _table(ids, experts)
+    rows = m * top_k
+    ready = _slot(m, rows, k, [0, *np.cumsum(ready_counts).tolist()], seed=1)
+    got = build_operand(x, table, ready)
+    rb, ct = ready.bounds.tolist(), table.bounds.tolist()
+    want_rows, want_alpha, want_codes = [], {}, {}
+    for w in range(experts):
+        want_rows += [ready.a_rows[j] for j in range(rb[w], rb[w + 1])]
+        for i in range(ct[w], ct[w + 1]):
+            token = int(table.rflat[i])
+            codes, alpha = _clean_row(x[token])
+            want_rows.append(codes)
+            want_alpha[token], want_codes[token] = alpha, codes
+    assert got.table.bounds.tolist() == [r + c for r, c in zip(rb, ct)]
+    assert torch.equal(got.rows.view(torch.uint8)[:len(want_rows)], torch.stack(want_rows))
+    for token, alpha in want_alpha.items():
+        assert got.clean_alpha[token].view(torch.int16) == alpha.view(torch.int16)
+        assert torch.equal(got.clean_codes[token].view(torch.uint8), want_codes[token])
+    assert set(want_alpha) == set(table.rflat.tolist())
+
+
+def test_combined_operand_rejects_mismatched_slots():
+    table = _table(torch.zeros((4, 1), dtype=torch.int64), 2)
+    with pytest.raises(LagError, match="READY must hold"):
+        build_operand(torch.zeros((4, 64), dtype=torch.bfloat16), table, _slot(4, 8, 64, [0, 0, 0], seed=0))
+
+
+def _peel_inputs(rows_per_expert: list[int], n: int, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    experts, m = len(rows_per_expert), sum(rows_per_expert)
+    table = RoutingTable(torch.randperm(m, generator=gen).to(torch.int32),
+                         torch.tensor([0, *np.cumsum(rows_per_expert).tolist()], dtype=torch.int32))
+    a_peel = torch.randn((m, 64), generator=gen).to(torch.bfloat16)
+    alpha_a = (torch.rand(m, generator=gen) * 100 + 1).to(torch.bfloat16)
+    b_peel = torch.randn((experts, n, 64), generator=gen).to(torch.bfloat16)
+    alpha_b = (torch.rand((experts, n), generator=gen) * 100 + 1).to(torch.bfloat16)
+    return table, a_peel, alpha_a, b_peel, alpha_b
+
+
+def test_shifted_peel_reads_the_clean_rows_of_the_combined_accumulator():
+    """Output row i of expert w reads acc row i + shift[w]; the result is peel_and_unscale's on
+    the compact accumulator, bit for bit."""
+    table, a_peel, alpha_a, b_peel, alpha_b = _peel_inputs([5, 0, 19, 8], n=192, seed=3)
+    compact = torch.randn((32, 192)) * 1000
+    ready = [0, 7, 7, 12, 30]  # READY rows before each expert's clean rows
+    combined = torch.full((64, 192), float("nan"))
+    shift = torch.tensor(ready[1:], dtype=torch.int32)
+    starts = table.bounds.tolist()
+    for w in range(4):
+        for i in range(starts[w], starts[w + 1]):
+            combined[i + ready[w + 1]] = compact[i]
+    want = peel_and_unscale(compact, a_peel, alpha_a, b_peel, alpha_b, table)
+    got = peel_clean_rows(combined, shift, a_peel, alpha_a, b_peel, alpha_b, table)
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+    with pytest.raises(LagError, match="shift"):
+        peel_clean_rows(combined, shift[:2], a_peel, alpha_a, b_peel, alpha_b, table)
+
+
+def test_shifted_lottery_hashes_the_ready_rows_of_the_combined_accumulator():
+    """Tiles of expert w at row_start + shift[w]: the same tickets as the unshifted lottery on the
+    compact accumulator of those rows."""
+    rows_per_expert, clean = [9, 0, 12], [4, 3, 0]
+    table = RoutingTable(torch.arange(21, dtype=torch.int32),
+                         torch.tensor([0, *np.cumsum(rows_per_expert).tolist()], dtype=torch.int32))
+    compact = torch.randn((21, 128)) * 50
+    clean_starts = [0, *np.cumsum(clean).tolist()]
+    combined = torch.randn((28, 128))
+    starts = table.bounds.tolist()
+    for w in range(3):
+        at = starts[w] + clean_starts[w]
+        combined[at:at + rows_per_expert[w]] = compact[starts[w]:starts[w + 1]]
+    tiles = row_tiles(table)
+    latch = LotteryLatch("cpu", {})
+    words = torch.arange(8, dtype=torch.int32).view(1, 8)
+    zero = torch.zeros(8, dtype=torch.int32)
+    want = torch.zeros((tiles.row_start.shape[0], 2, 8), dtype=torch.int32)
+    got = torch.zeros_like(want)
+    latch.run(compact, tiles, words, zero, words, {}, tickets=want)
+    latch.run(combined, tiles, words, zero, words, {}, tickets=got,
+              row_shift=torch.tensor(clean_starts[:-1], dtype=torch.int32))
+    assert torch.equal(got, want) and bool(want.any())
+
+
+def test_slot_views_are_disjoint_and_one_copy_moves_a_launch():
+    a = LagSlot.allocate(4, 8, 64, 3, torch.device("cpu"))
+    b = LagSlot.allocate(4, 8, 64, 3, torch.device("cpu"))
+    views = [a.a_rows, a.codes, a.scales, a.rflat, a.bounds, a.pow_key]
+    spans = sorted((v.data_ptr(), v.data_ptr() + v.numel() * v.element_size()) for v in views)
+    assert all(end <= start for (_, end), (start, _) in zip(spans, spans[1:]))
+    assert all(v.data_ptr() % 16 == 0 for v in views)
+    for v in views:
+        v.view(torch.uint8).fill_(7)
+    b.flat.copy_(a.flat)
+    assert all(bool((v.view(torch.uint8) == 7).all()) for v in (b.a_rows, b.codes, b.scales, b.rflat, b.pow_key))
+    b.invalidate()
+    assert b.bounds.tolist() == [0, 0, 0, 0] and a.bounds.tolist() != [0, 0, 0, 0]
+
+
+COMPILE = textwrap.dedent("""
+    import os
+    os.environ["PEARL_INT7_INTERPRET"] = "0"
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from kernels.fp8mine import lagged, lottery
+    target = GPUTarget("cuda", 90, 128)
+    triton.compile(ASTSource(fn=lagged._operand_kernel, signature={
+        "x_ptr": "*i16", "rflat_ptr": "*i32", "clean_bounds_ptr": "*i32", "ready_ptr": "*i32",
+        "ready_bounds_ptr": "*i32", "out_ptr": "*u8", "out_words_ptr": "*i32", "codes_ptr": "*u8",
+        "alpha_ptr": "*i16", "bounds_ptr": "*i32", "experts": "i32", "k": "i32", "SEARCH": "constexpr",
+        "BK": "constexpr", "BW": "constexpr"}, constexprs={"SEARCH": 6, "BK": 1024, "BW": 1024}),
+        target=target, options={"enable_fp_fusion": False})
+    for rows in (16, 64):
+        triton.compile(ASTSource(fn=lagged._shifted_peel_kernel, signature={
+            "acc_ptr": "*fp32", "shift_ptr": "*i32", "rflat_ptr": "*i32", "a_peel_ptr": "*i16",
+            "alpha_a_ptr": "*i16", "b_peel_ptr": "*i16", "alpha_b_ptr": "*i16", "tile_row_ptr": "*i32",
+            "tile_expert_ptr": "*i32", "bounds_ptr": "*i32", "out_ptr": "*i16", "n": "i32", "BR": "constexpr",
+            "BN": "constexpr"}, constexprs={"BR": rows, "BN": 128}), target=target)
+    mined = triton.compile(ASTSource(fn=lottery._shifted_lottery_kernel, signature={
+        "acc_ptr": "*i64", "n": "i32", "tile_row_ptr": "*i32", "tile_expert_ptr": "*i32", "tile_local_ptr": "*i32",
+        "num_tiles": "i32", "shift_ptr": "*i32", "key_ptr": "*i32", "thr_ptr": "*i32", "seed_b_ptr": "*i32",
+        "lock_ptr": "*i32", "record_ptr": "*i32", "fresh_ptr": "*i32", "header_ptr": "*i32",
+        "tickets_ptr": "*i32", "BT": "constexpr", "STORE_TICKETS": "constexpr"},
+        constexprs={"BT": 128, "STORE_TICKETS": False}), target=target)
+    print("PAIR-LOADS", mined.asm["ptx"].count("ld.global.b64"))
+""")
+
+
+def test_lagged_kernels_compile_for_sm90():
+    env = dict(os.environ, PEARL_INT7_INTERPRET="0")
+    done = subprocess.run([sys.executable, "-c", COMPILE], capture_output=True, text=True, env=env,
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), timeout=600)
+    if done.returncode != 0 and "ptxas" in done.stderr and "not found" in done.stderr:
+        pytest.skip("Triton's ptxas is not available")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "PAIR-LOADS 128" in done.stdout  # the shifted lottery keeps the fold's 8-byte loads
+
+
+# ------------------------------------------------------------------------------------ launches
+
+def _ready_tickets(result, previous, pow_key: bytes) -> dict:
+    """Reference tickets of the previous launch's rows inside this launch's combined accumulator:
+    expert w's READY rows start at operand_bounds[w]."""
+    acc = result.acc.numpy()
+    starts = result.operand_bounds.tolist()
+    counts = (previous.table.bounds[1:] - previous.table.bounds[:-1]).tolist()
+    out = {}
+    for expert, (start, count) in enumerate(zip(starts, counts)):
+        for local in range(count // 4):
+            for col in range(acc.shape[1] // 64):
+                cell = acc[start + 4 * local:start + 4 * local + 4, 64 * col:64 * col + 64]
+                message = lottery.fold_message(cell, TILE_4X64.row_pattern, TILE_4X64.col_pattern)
+                out[(expert, local, col)] = lottery.ticket_with_key(pow_key, message)
+    return out
+
+
+def _key(result) -> bytes:
+    return bytes(result.a.pow_key.view(torch.uint8).view(-1).tolist())
+
+
+def _relative_error(out: torch.Tensor, x: torch.Tensor, weights: torch.Tensor, table: RoutingTable) -> float:
+    rows = table.rflat.long()
+    expert = torch.searchsorted(table.offsets.long(), torch.arange(rows.numel()), right=True)
+    reference = torch.einsum("rk,rnk->rn", x.float()[rows], weights.float()[expert])
+    return float((out.float() - reference).norm() / reference.norm())
+
+
+def _launches(weights: torch.Tensor, m: int, top_k: int, routings: list[torch.Tensor | None]):
+    header, ancestors = synthetic_chain()
+    gemm = MinedGemm(weights, m=m, top_k=top_k, layer_id=3, lagged=True)
+    gemm.set_job(header, ancestors, EVERY_TILE_WINS)
+    x1, x2 = (torch.randn(m, K).to(torch.bfloat16) for _ in range(2))
+    t1, t2 = routings
+
+    gemm.lagged = False  # the same layer's non-lagged pass, for comparison
+    plain1, plain2 = gemm.forward(x1, t1), gemm.forward(x2, t2)
+    gemm.lagged = True
+    gemm.latch.reset()
+
+    first = gemm.forward(x1, t1)
+    gemm.latch.publish()
+    assert gemm.latch.poll() is None  # launch 1 mines nothing, although every tile would win
+    second = gemm.forward(x2, t2)
+    record = gemm.latch.poll()
+    assert record is not None and record.pow_key == _key(first)  # a tile of launch 1's rows
+
+    # launch 2's READY rows are launch 1's noisy rows: the same accumulator bit for bit
+    starts, plain_bounds = second.operand_bounds.tolist(), plain1.table.bounds.tolist()
+    for w in range(len(starts) - 1):
+        count = plain_bounds[w + 1] - plain_bounds[w]
+        assert torch.equal(second.acc[starts[w]:starts[w] + count].view(torch.int32),
+                           plain1.acc[plain_bounds[w]:plain_bounds[w + 1]].view(torch.int32))
+    # launch 2's output (clean rows of x2) is at least as accurate as the non-lagged output
+    assert torch.equal(second.table.rflat, plain2.table.rflat)
+    lagged_error = _relative_error(second.out, x2, weights, second.table)
+    plain_error = _relative_error(plain2.out, x2, weights, plain2.table)
+    assert lagged_error <= plain_error < 0.1
+
+    tickets = _ready_tickets(second, first, _key(first))
+    planted, ticket = min(tickets.items(), key=lambda kv: int.from_bytes(kv[1], "little"))
+    target = -(-int.from_bytes(ticket, "little") // (4 * 64 * K))
+    gemm.latch.reset()
+    gemm.forward(x1, t1)  # PENDING ← launch 1's rows again (they hold the planted tile)
+    gemm.latch.reset()
+    gemm.set_job(header, ancestors, target)  # invalidates them: their keys belong to the old job
+    gemm.forward(x1, t1)
+    gemm.latch.publish()
+    assert gemm.latch.poll() is None
+    gemm.forward(x2, t2)  # mines the previous launch's rows: the planted tile
+    winner = take_winner(gemm)
+    record = winner.record
+    assert (record.group_id, record.tile_row, record.tile_column) == planted
+    assert record.ticket == ticket
+    assert verify_plain_proof(header, winner.proof, target=target) == (True, "ok")
+    assert evaluate_plain_proof(header, winner.proof).jackpot == ticket
+
+
+@pytest.mark.slow
+def test_lagged_launches_dense():
+    torch.manual_seed(4)
+    _launches((torch.randn(1, 64, K) * 0.05).to(torch.bfloat16), 8, 1, [None, None])
+
+
+@pytest.mark.slow
+def test_lagged_launches_moe():
+    torch.manual_seed(5)
+    experts, top_k, m = 3, 2, 12
+    routings = [torch.stack([torch.randperm(experts)[:top_k] for _ in range(m)]) for _ in range(2)]
+    _launches((torch.randn(experts, 64, K) * 0.05).to(torch.bfloat16), m, top_k, routings)
