@@ -9,9 +9,11 @@ Sections: environment; bitexact (commitments, seeds, noise, every tile's transcr
 the exact peel against proof.int7 on random dense V3 instances); planted_dense_v3 and
 planted_moe_v2 (record names the planted tile; the PlainProof verifies); graph (the whole mined
 pass, A-side preparation included, captured and replayed on a decode shape, with a planted
-winner); timing (mined pass vs unmined int8 GEMMs on the decode and prefill shapes of
+winner; the same for the lagged pass, whose second replay records the first replay's planted
+tile); timing (mined pass vs unmined int8 GEMMs on the decode and prefill shapes of
 grouped-gemm-anchors.md §6: CUDA-graph replays, warm-up, L2 flushed before every replay,
-interleaved variants, medians); breakdown (the A-side stages one by one).
+interleaved variants, medians; at decode also the lagged pass, and the acceptance takes the
+faster of the two passes); breakdown (the A-side stages one by one).
 """
 from __future__ import annotations
 
@@ -116,23 +118,26 @@ def markdown(results: dict) -> str:
                   "| shape | E | M | K | N | unmined Triton int8 | unmined grouped_gemm int8 (E) | "
                   "unmined grouped_gemm int8→bf16 | "
                   "mined GEMM kernel (with peel) | transcript only (no peel) | "
-                  "whole mined pass | same, staged A side | "
-                  "pass / best unmined | pass / Triton unmined |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "whole mined pass | same, staged A side | whole mined pass, lagged | "
+                  "best pass / best unmined | best pass / Triton unmined |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for row in timing["rows"]:
             lines.append("| " + " | ".join(str(row.get(key, "")) for key in (
                 "shape", "E", "M", "K", "N", "plain_us", "grouped_gemm_us", "grouped_gemm_bf16_us", "mined_kernel_us",
-                "transcript_only_us", "mined_pass_us", "mined_pass_staged_a_us",
+                "transcript_only_us", "mined_pass_us", "mined_pass_staged_a_us", "mined_pass_lagged_us",
                 "pass_over_best_unmined",
                 "pass_over_triton_unmined")) + " |")
-        lines += ["", "Acceptance (issue 7): whole mined pass ≤ 1.10 × the unmined int8 GEMM of the same run."]
+        lines += ["", "Acceptance (issue 7): whole mined pass ≤ 1.10 × the unmined int8 GEMM of the same run "
+                  "(the faster of the same-launch and the lagged pass)."]
         for row in timing["rows"]:
             ratio = row.get("pass_over_best_unmined")
             if ratio is not None:
                 verdict = "meets" if ratio <= ACCEPTED_RATIO else "misses"
-                lines.append(f"- {row['shape']}: {ratio:.3f} × the fastest unmined baseline, {verdict} the "
-                             f"{ACCEPTED_RATIO:.2f} bound ({row.get('pass_over_triton_unmined')} × our "
-                             f"unmined Triton kernel)")
+                passes = f"same-launch {row['mined_pass_us']} µs" + (
+                    f", lagged {row['mined_pass_lagged_us']} µs" if "mined_pass_lagged_us" in row else "")
+                lines.append(f"- {row['shape']}: {ratio:.3f} × the fastest unmined baseline ({row['best_pass']} "
+                             f"pass; {passes}), {verdict} the {ACCEPTED_RATIO:.2f} bound "
+                             f"({row.get('pass_over_triton_unmined')} × our unmined Triton kernel)")
             else:
                 lines.append(f"- {row['shape']}: {row.get('skipped') or 'failed: ' + row.get('error', '')[-300:]}")
     if "error" in timing:
@@ -235,6 +240,23 @@ def section_planted_moe_v2() -> dict:
     return {"record": {k_: v for k_, v in record.items() if k_ != "ticket"}, "verify": verdict}
 
 
+def _best_dumped(dump: torch.Tensor) -> tuple[int, int, int, int]:
+    """(ticket value, instance, tile row index, tile column index) of the smallest dumped ticket."""
+    tickets = dump[:, :, :, 16:].cpu().numpy().astype("<i4")
+    return min((int.from_bytes(tickets[e, i, j].tobytes(), "little"), e, i, j)
+               for e in range(tickets.shape[0]) for i in range(tickets.shape[1]) for j in range(tickets.shape[2]))
+
+
+def _check_record(mined: MinedPass, best: tuple[int, int, int, int]) -> tuple[bool, str]:
+    """The record names the planted tile `best` and its proof verifies; the verdict."""
+    record = mined.winner_record()
+    assert record is not None and (record["instance"], record["t_rows"], record["t_cols"]) == (
+        best[1], best[2] * TILE_H, best[3] * TILE_W), f"record {record} != planted {best[1:]}"
+    verdict = verify_plain_proof(HEADER, mined.take_proof(), bits=BITS, cert_version=3)
+    assert verdict == (True, "ok"), verdict
+    return verdict
+
+
 def section_graph() -> dict:
     name, experts, rows, k, n = SHAPES[0]
     gen = torch.Generator(device="cuda").manual_seed(4)
@@ -249,10 +271,7 @@ def section_graph() -> dict:
                              device="cuda")
     eager = mined.run(x_second).clone()
     torch.cuda.synchronize()
-    tickets = mined.dump[:, :, :, 16:].cpu().numpy().astype("<i4")
-    values = [(int.from_bytes(tickets[e, i, j].tobytes(), "little"), e, i, j)
-              for e in range(experts) for i in range(tickets.shape[1]) for j in range(tickets.shape[2])]
-    best = min(values)
+    best = _best_dumped(mined.dump)
     mined.dump = None
     static_x = x_first.clone()
     stream = torch.cuda.Stream()
@@ -271,15 +290,43 @@ def section_graph() -> dict:
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(mined.out, eager), "graph replay output differs from the eager pass"
-    record = mined.winner_record()
-    assert record is not None and (record["instance"], record["t_rows"], record["t_cols"]) == (
-        best[1], best[2] * TILE_H, best[3] * TILE_W), f"record {record} != planted {best[1:]}"
-    proof = mined.take_proof()
     began = time.monotonic()
-    verdict = verify_plain_proof(HEADER, proof, bits=BITS, cert_version=3)
-    assert verdict == (True, "ok"), verdict
+    verdict = _check_record(mined, best)
+    verify_s = round(time.monotonic() - began, 2)
+    lagged = _graph_lagged(mined, x_first, x_second, eager, gen)
     return {"shape": name, "replay_equals_eager": True, "planted": best[1:], "verify": verdict,
-            "verify_s": round(time.monotonic() - began, 2)}
+            "verify_s": verify_s, "lagged": lagged}
+
+
+def _graph_lagged(mined: MinedPass, x_first: torch.Tensor, x_second: torch.Tensor,
+                  eager_second: torch.Tensor, gen: torch.Generator) -> dict:
+    """The lagged pass captured once, replayed on x_first then x_second: both outputs equal the
+    eager same-launch pass; the second replay mines the first replay's rows, so a winner planted
+    on x_first's tiles is recorded there and its proof verifies."""
+    job = mined.job
+    experts, rows, n = mined.out.shape
+    mined.dump = torch.zeros((experts, rows // TILE_H, n // TILE_W, DUMP_WORDS), dtype=torch.int32,
+                             device="cuda")
+    eager_first = mined.run(x_first).clone()
+    torch.cuda.synchronize()
+    best = _best_dumped(mined.dump)
+    mined.dump = None
+    job.bound.copy_(bound_words(0, "cuda"))
+    lagged = MinedPass(job, rows, tiling=mined.tiling, lagged=True)
+    static_x = torch.randn(x_first.shape, device="cuda", generator=gen).bfloat16()  # warm-up rows
+    graph = Timer.graph(lambda: lagged.run(static_x))
+    static_x.copy_(x_first)
+    graph.replay()  # mines the warm-up rows under bound 0: nothing wins
+    torch.cuda.synchronize()
+    assert torch.equal(lagged.out, eager_first), "lagged replay 1 output differs from the eager pass"
+    assert lagged.winner_record() is None, "bound 0 recorded a winner"
+    job.bound.copy_(bound_words(best[0], "cuda"))
+    static_x.copy_(x_second)
+    graph.replay()  # mines replay 1's rows (x_first)
+    torch.cuda.synchronize()
+    assert torch.equal(lagged.out, eager_second), "lagged replay 2 output differs from the eager pass"
+    return {"replays_equal_eager": True, "planted_on_first_replay": best[1:],
+            "verify": _check_record(lagged, best)}
 
 
 # --------------------------------------------------------------------------- timing
@@ -390,6 +437,9 @@ def _time_shape(timer: Timer, shape: tuple) -> dict:
     if chosen.fused_a:  # the same pass with the staged A side (8 launches), for comparison
         staged = MinedPass(job, rows, tiling=chosen.tiling, fused_a=False)
         row["mined_pass_staged_a_us"] = timer.median_us({"s": timer.graph(lambda: staged.run(x))})["s"]
+    if decode:  # mining lags a launch: the A side's hash chain runs beside the GEMM (docs/kernels-int7.md)
+        lagged = MinedPass(job, rows, tiling=chosen.tiling, lagged=True)
+        row["mined_pass_lagged_us"] = timer.median_us({"l": timer.graph(lambda: lagged.run(x))})["l"]
     # The mined GEMM kernel alone, with and without the peel, on the pass's prepared operands.
     a_trees = keyed_trees(job.key_words, q.view(experts, -1))
     s_a = noise_seed_a(job.s_b, a_trees.roots, salted_seeds=True, m=rows)
@@ -406,8 +456,10 @@ def _time_shape(timer: Timer, shape: tuple) -> dict:
                              "transcript": timer.graph(lambda: kernel(False))})
     row["mined_kernel_us"], row["transcript_only_us"] = times["mined"], times["transcript"]
     unmined = [v for v in (row["plain_us"], row.get("grouped_gemm_us"), row.get("grouped_gemm_bf16_us")) if v]
-    row["pass_over_best_unmined"] = round(row["mined_pass_us"] / min(unmined), 3)
-    row["pass_over_triton_unmined"] = round(row["mined_pass_us"] / row["plain_us"], 3)
+    best_pass = min(row["mined_pass_us"], row.get("mined_pass_lagged_us", float("inf")))
+    row["best_pass"] = "same-launch" if best_pass == row["mined_pass_us"] else "lagged"
+    row["pass_over_best_unmined"] = round(best_pass / min(unmined), 3)
+    row["pass_over_triton_unmined"] = round(best_pass / row["plain_us"], 3)
     row["weight_bytes_per_us_unmined_GBps"] = round(weights.numel() / row["plain_us"] / 1000, 1)
     return row
 
