@@ -4,10 +4,17 @@ bit-identical on the same input (small shapes; the thresholds that pick a path a
 import numpy as np
 import pytest
 import torch
+import triton
+import triton.language as tl
 
-from kernels.fp8mine import peel
+from kernels.fp8mine import noisy_kernel, peel
 from kernels.fp8mine import routing as dev_routing
+from kernels.int7._jit import jit
+from proof.fp8 import bf16 as ref_bf16
+from proof.fp8 import e4m3 as ref_e4m3
+from proof.fp8 import quantization as ref_quant
 from proof.fp8.miner import routing_from_topk
+from test_fp8mine_stages import EDGE_BF16, bf16_tensor, same_bf16, same_e4m3
 
 
 def _peel_inputs(g: torch.Generator, counts: list[int], n_e: int):
@@ -64,3 +71,89 @@ def test_chunked_routing_table_matches_reference(tokens, top_k, experts, monkeyp
     chunked = dev_routing._chunked_table(ids, experts)
     rflat, offsets = routing_from_topk(topk, experts)
     assert chunked.rflat.tolist() == rflat and chunked.bounds.tolist() == [0] + offsets
+
+
+# ------------------------------------------------------------------------------- noisy codes, f32
+
+@jit
+def _e4m3_probe(bits_ptr, out_ptr, count, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    live = i < count
+    tl.store(out_ptr + i, noisy_kernel._e4m3_code(tl.load(bits_ptr + i, mask=live, other=0)), mask=live)
+
+
+@jit
+def _fma_probe(a_ptr, b_ptr, c_ptr, out_ptr, leaves_ptr, count, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    live = i < count
+    a = noisy_kernel._bf16_of_bits(a_ptr, i, live)
+    b = noisy_kernel._bf16_of_bits(b_ptr, i, live)
+    c = noisy_kernel._bf16_of_bits(c_ptr, i, live)
+    tl.store(out_ptr + i, noisy_kernel._fma_bf16_f32(a, b, c) >> 16, mask=live)
+    tl.store(leaves_ptr + i, noisy_kernel._product_leaves_f32(a, b).to(tl.int32), mask=live)
+
+
+def _probe(kernel, count: int, *tensors) -> None:
+    kernel[(triton.cdiv(count, 1 << 16),)](*tensors, count, BLOCK=1 << 16, enable_fp_fusion=False)
+
+
+def test_e4m3_encode_saturates_and_matches_reference():
+    """Every bf16 pattern and random f32 patterns (all exponents, subnormals, ties of the 2^-9
+    grid, out of range, NaN): RNE e4m3 of the value clamped to ±448, NaN → 0x7F | sign."""
+    rng = np.random.default_rng(41)
+    ties = (np.arange(-20, 20) * 0.5 * 2.0 ** -9).astype(np.float32).view(np.uint32)
+    patterns = np.concatenate([np.arange(1 << 16, dtype=np.uint32) << 16,
+                               rng.integers(0, 1 << 32, 1 << 18, dtype=np.uint64).astype(np.uint32), ties])
+    bits = torch.from_numpy(patterns.view(np.int32).copy())
+    got = torch.empty_like(bits)
+    _probe(_e4m3_probe, bits.shape[0], bits, got)
+    values = patterns.view(np.float32)
+    nan = np.isnan(values)
+    want = ref_e4m3.f32_to_e4m3(np.clip(values, -448.0, 448.0))
+    got = got.numpy()
+    assert np.array_equal(got[~nan], want[~nan].astype(np.int32))
+    assert np.array_equal(got[nan], 0x7F | ((patterns[nan] >> 24) & 0x80).astype(np.int32))
+
+
+def test_f32_fma_equals_the_single_rounding_wherever_the_product_is_exact():
+    """_fma_bf16_f32 against proof.fp8's FMA on the edge grid, random triples and cancelling
+    triples, wherever _product_leaves_f32 does not flag the product; it flags every product an
+    f32 does not hold exactly (checked in f64), and it flags few others."""
+    rng = np.random.default_rng(42)
+    grid = np.array(np.meshgrid(EDGE_BF16, EDGE_BF16, EDGE_BF16)).reshape(3, -1)
+    random = rng.integers(0, 0x10000, (3, 200_000)).astype(np.uint16)
+    near = (0x3F00 + rng.integers(0, 0x200, (3, 50_000))).astype(np.uint16)
+    near[2] ^= 0x8000
+    for a, b, c in (grid, random, near):
+        count = a.shape[0]
+        tensors = [torch.from_numpy(v.astype(np.int16)) for v in (a, b, c)]
+        out, leaves = torch.empty(count, dtype=torch.int32), torch.empty(count, dtype=torch.int32)
+        _probe(_fma_probe, count, *tensors, out, leaves)
+        fa, fb = ref_bf16.bf16_to_f32(a).astype(np.float64), ref_bf16.bf16_to_f32(b).astype(np.float64)
+        with np.errstate(over="ignore", invalid="ignore"):
+            exact = fa * fb
+            held = (exact.astype(np.float32).astype(np.float64) == exact) | np.isnan(exact)
+        fast = leaves.numpy() == 0
+        assert not (fast & ~held).any() and fast.mean() > 0.5
+        got = (out.numpy() & 0xFFFF).astype(np.uint16)
+        assert same_bf16(got[fast], ref_bf16.bf16_fma(a, b, c)[fast])
+
+
+def test_noisy_codes_f32_path_matches_reference():
+    """Tiles whose products are all exact in f32 (the f32 path): zeros of both signs, noise that
+    cancels α·X to the last bits, NaN/±inf noise; codes equal the reference."""
+    rng = np.random.default_rng(43)
+    rows, k = 16, 1024
+    alpha = ref_bf16.f32_to_bf16(rng.uniform(0.5, 300, rows).astype(np.float32))
+    beta = ref_bf16.f32_to_bf16(rng.uniform(1e-4, 1e-2, rows).astype(np.float32))
+    x = ref_bf16.f32_to_bf16((rng.standard_normal((rows, k)) * np.exp2(rng.integers(-12, 3, (rows, k)))).astype(np.float32))
+    x[:, :4] = [0x0000, 0x8000, 0x0000, 0x8000]
+    product = ref_bf16.bf16_to_f32(alpha)[:, None] * ref_bf16.bf16_to_f32(x)
+    noise = (rng.standard_normal((rows, k)) * 1000).astype(np.float32)
+    cancel = rng.random((rows, k)) < 0.5  # β·N ≈ −α·X up to a few ulps
+    noise[cancel] = (-product / ref_bf16.bf16_to_f32(beta)[:, None] * (1 + rng.integers(-8, 9, (rows, k)) * 2.0 ** -9))[cancel]
+    noise[:, 4:8] = [np.nan, np.inf, -np.inf, -0.0]
+    assert not (np.abs(product) < 2.0 ** -126)[x & 0x7FFF != 0].any()  # every tile takes the f32 path
+    got = noisy_kernel.noisy_codes(bf16_tensor(alpha), bf16_tensor(beta), bf16_tensor(x), torch.from_numpy(noise))
+    want = ref_quant._noisy_codes(alpha[:, None], beta[:, None], x, ref_bf16.f32_to_bf16(noise))
+    assert same_e4m3(got.view(torch.uint8).numpy(), want)

@@ -21,6 +21,8 @@ SCRIPT = textwrap.dedent("""
     from kernels.fp8mine import (hashing, lottery, matmul, noise, noisy_kernel, norms_kernel, peel,
                                  prequant_kernel, routing, transcript)
     target = GPUTarget("cuda", 90, 128)
+    # what a launch specialises: 16-byte aligned pointers and integers divisible by 16 (first n args)
+    ALIGNED = lambda n: {(i,): [["tt.divisibility", 16]] for i in range(n)}
     gemm = triton.compile(ASTSource(fn=matmul._windowed_kernel, signature={
         "a_ptr": "*u8", "b_ptr": "*u8", "out_ptr": "*fp32", "tile_row_ptr": "*i32", "tile_expert_ptr": "*i32",
         "ends_ptr": "*i32", "n": "i32", "k": "i32", "BM": "constexpr", "BN": "constexpr"},
@@ -34,8 +36,9 @@ SCRIPT = textwrap.dedent("""
         constexprs={"BM": 128, "BN": 128}), target=target, options={"num_warps": 8})  # the prefill tile
     noisy = triton.compile(ASTSource(fn=noisy_kernel._noisy_kernel, signature={
         "x_ptr": "*i16", "noise_ptr": "*fp32", "alpha_ptr": "*i16", "beta_ptr": "*i16", "out_ptr": "*u8",
-        "total": "i32", "k": "i32", "BLOCK": "constexpr"}, constexprs={"BLOCK": 1024}), target=target,
-        options={"enable_fp_fusion": False})
+        "rows": "i32", "k": "i32", "BR": "constexpr", "BC": "constexpr"},
+        constexprs={"BR": noisy_kernel._NOISY_ROWS, "BC": noisy_kernel._NOISY_COLS},
+        attrs=ALIGNED(7)), target=target, options={"enable_fp_fusion": False})
     print("NOISY-BEGIN")
     print(noisy.asm["ptx"])
     print("NOISY-END")
@@ -168,7 +171,12 @@ def test_lottery_fold_reads_the_accumulator_in_8_byte_loads(compiled):
 
 
 def test_noisy_kernel_has_no_contracted_multiply_add(compiled):
-    """The FMA emulation needs its f64 add and the β·N product rounded separately."""
+    """The FMA emulations (f32 TwoSum, and the f64 one for tiles with inexact f32 products) need
+    every product and sum rounded separately; the tile's loads and the code store are 16 bytes."""
     ptx = compiled.split("NOISY-BEGIN")[1].split("NOISY-END")[0]
     assert "mul.rn.f64" in ptx or "mul.f64" in ptx
+    assert "add.rn.f32" in ptx or "add.f32" in ptx
     assert not re.search(r"\bfma\.rn\.f(32|64)", ptx)
+    loads = re.findall(r"ld\.global[\w.]*", ptx)
+    assert not [op for op in loads if op.endswith(".b32") and ".v" not in op]  # noise and X: vectors
+    assert re.findall(r"st\.global[\w.]*", ptx) == ["st.global.v4.b32"]

@@ -16,7 +16,9 @@ import triton.language as tl
 
 from kernels.int7._jit import jit
 
-_BLOCK = 1024
+_BLOCK = 1024  # rows per row-scales program
+_NOISY_ROWS = 4  # noisy-codes tile: α, β once per row, 16-byte vector loads along k
+_NOISY_COLS = 512
 
 
 @jit
@@ -46,20 +48,17 @@ def _round_to_odd_f32(hi, lo):
 
 @jit
 def _e4m3_code(bits):
-    """RNE encode of f32 bit patterns with |x| ≤ 448 (or NaN) to e4m3 bytes (int32 0..255)."""
+    """RNE encode of f32 bit patterns to e4m3 bytes (int32 0..255), saturating: |x| > 448
+    encodes as ±448, NaN as 0x7F | sign. Normal results round the f32 bits below the 3 kept
+    mantissa bits (the carry runs into the exponent); below 2^-6 the grid is 2^-9 and
+    RNE(|x| · 2^9) comes from the 1.5·2^23 magic constant (needs FP fusion off)."""
     sign = (bits >> 24) & 0x80
     magnitude = bits & 0x7FFFFFFF
-    exponent = (magnitude >> 23) - 127
-    significand = (magnitude & 0x7FFFFF) | 0x800000
-    shift = tl.minimum(20 + tl.maximum(-6 - exponent, 0), 31)
-    kept = significand >> shift
-    rest = significand - (kept << shift)
-    half = 1 << (shift - 1)
-    kept += ((rest > half) | ((rest == half) & ((kept & 1) == 1))).to(tl.int32)
-    code = tl.where(exponent >= -6, ((exponent + 7) << 3) + kept - 8, kept)
-    code = tl.where(magnitude < 0x00800000, 0, code)  # zero and f32 subnormals
-    code = tl.where(magnitude > 0x7F800000, 0x7F, code)  # NaN
-    return code | sign
+    clamped = tl.minimum(magnitude, 0x43E00000)  # 448
+    normal = ((clamped + 0x7FFFF + ((clamped >> 20) & 1)) >> 20) - (120 << 3)
+    tiny = ((clamped.to(tl.float32, bitcast=True) * 512.0 + 12582912.0).to(tl.int32, bitcast=True)) & 0xF
+    code = tl.where(clamped < 0x3C800000, tiny, normal)  # 2^-6
+    return tl.where(magnitude > 0x7F800000, 0x7F, code) | sign
 
 
 @jit
@@ -72,6 +71,30 @@ def _fma_bf16(a, b, c):
     error = (product - back) + (addend - (total - back))
     finite = (total == total) & (total - total == 0.0)
     return _rne_bf16(_round_to_odd_f32(total, tl.where(finite, error, 0.0)))
+
+
+@jit
+def _fma_bf16_f32(a, b, c):
+    """fma(a, b, c) rounded once to bf16 → f32 bits (int32), in f32 arithmetic only: the same
+    formulation as _fma_bf16 (TwoSum, round-to-odd at f32, RNE to bf16) with the product a·b
+    itself in f32, so it equals _fma_bf16 wherever that product is exact in f32 — see
+    _product_leaves_f32. A non-finite sum is never nudged (its residual is NaN)."""
+    product = a * b
+    total = product + c
+    back = total - product
+    error = (product - (total - back)) + (c - back)
+    bits = total.to(tl.int32, bitcast=True)
+    nudge = (error != 0.0) & ((bits & 1) == 0) & ((bits & 0x7FFFFFFF) < 0x7F800000)
+    outward = (error > 0.0) == (bits >= 0)  # the residual points away from zero (total ≠ 0 here)
+    return _rne_bf16(tl.where(nudge, tl.where(outward, bits + 1, bits - 1), bits))
+
+
+@jit
+def _product_leaves_f32(a, b):
+    """Where the f32 product of two bf16 values is not exact: a non-zero product below 2^-126
+    (f32 subnormal or underflow; 16 significant bits need a normal f32) or an overflow."""
+    magnitude = tl.abs(a * b)
+    return ((magnitude < 1.1754943508222875e-38) & (a != 0.0) & (b != 0.0)) | (magnitude == float("inf"))
 
 
 @jit
@@ -102,28 +125,36 @@ def _row_scales_kernel(l2_ptr, linf_ptr, alpha_ptr, beta_ptr, rows, delta_r, del
 
 
 @jit
-def _noisy_kernel(x_ptr, noise_ptr, alpha_ptr, beta_ptr, out_ptr, total, k, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    live = offs < total
-    row = offs // k
+def _noisy_kernel(x_ptr, noise_ptr, alpha_ptr, beta_ptr, out_ptr, rows, k, BR: tl.constexpr, BC: tl.constexpr):
+    """BR rows × BC columns: α, β loaded once per row; the FMA in f32 (_fma_bf16_f32) unless a
+    product α·X of this tile is not exact in f32, then the whole tile takes the f64 path."""
+    r = tl.program_id(0) * BR + tl.arange(0, BR)
+    cols = tl.program_id(1) * BC + tl.arange(0, BC)
+    live_r = r < rows
+    live = live_r[:, None] & (cols < k)[None, :]
+    offs = r.to(tl.int64)[:, None] * k + cols[None, :]
     x = _bf16_of_bits(x_ptr, offs, live)
-    alpha = _bf16_of_bits(alpha_ptr, row, live)
-    beta = _bf16_of_bits(beta_ptr, row, live)
+    alpha = _bf16_of_bits(alpha_ptr, r, live_r)[:, None]
+    beta = _bf16_of_bits(beta_ptr, r, live_r)[:, None]
     noise = _rne_bf16(tl.load(noise_ptr + offs, mask=live, other=0.0).to(tl.int32, bitcast=True))
-    scaled = _rne_bf16((beta * noise.to(tl.float32, bitcast=True)).to(tl.int32, bitcast=True))
-    value = _fma_bf16(alpha, x, scaled.to(tl.float32, bitcast=True)).to(tl.float32, bitcast=True)
-    value = tl.where(value > 448.0, 448.0, tl.where(value < -448.0, -448.0, value))
-    tl.store(out_ptr + offs, _e4m3_code(value.to(tl.int32, bitcast=True)).to(tl.uint8), mask=live)
+    scaled = _rne_bf16((beta * noise.to(tl.float32, bitcast=True)).to(tl.int32, bitcast=True)).to(tl.float32, bitcast=True)
+    leaves = tl.reduce(tl.reduce(_product_leaves_f32(alpha, x).to(tl.int32), 1, tl.standard._elementwise_max),
+                       0, tl.standard._elementwise_max)
+    if leaves == 0:
+        value = _fma_bf16_f32(alpha, x, scaled)
+    else:
+        value = _fma_bf16(alpha, x, scaled)
+    tl.store(out_ptr + offs, _e4m3_code(value).to(tl.uint8), mask=live)  # clamps to ±448
 
 
 def noisy_codes(alpha: torch.Tensor, beta: torch.Tensor, x: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
     """e4m3 codes (rows, k) from bf16 α, β (rows,), bf16 X (rows, k) and the fp32 noise dot."""
     rows, k = x.shape
     out = torch.empty((rows, k), dtype=torch.uint8, device=x.device)
-    total = rows * k
-    _noisy_kernel[(triton.cdiv(total, _BLOCK),)](
-        x.contiguous().view(torch.int16), noise.contiguous(), alpha.contiguous().view(torch.int16),
-        beta.contiguous().view(torch.int16), out, total, k, BLOCK=_BLOCK, enable_fp_fusion=False)
+    grid = (triton.cdiv(rows, _NOISY_ROWS), triton.cdiv(k, _NOISY_COLS))
+    _noisy_kernel[grid](x.contiguous().view(torch.int16), noise.contiguous(), alpha.contiguous().view(torch.int16),
+                        beta.contiguous().view(torch.int16), out, rows, k, BR=_NOISY_ROWS, BC=_NOISY_COLS,
+                        enable_fp_fusion=False)
     return out.view(torch.float8_e4m3fn)
 
 
