@@ -1,38 +1,57 @@
 """Per-launch A-side row preparation: int7 quantisation, and A·P_B (int32) for the peel.
 
-Two kernels, both spread wide enough to fill the GPU at decode (a few hundred rows):
-- quantise: one program per row: max|x| over the row, scale, then the int7 codes q (skipped when
-  the input is already int7 codes);
-- A·P_B: a grid over (16- or 64-row blocks × k-splits × rank blocks); each program multiplies its
-  rows' q slice by the same slice of P_B (the job's sparse ±1 factor stored dense, (K, r) int8,
-  built once per job by `noise.dense_sparse_factor`) on the tensor cores, and adds its int32
-  partial sums into the (rows, r) result with atomics (int32 addition is exact in any order;
-  a plain store when there is a single split). The mined GEMM splits A·P_B into int8 limbs in
-  its epilogue.
+Both are bandwidth-bound at prefill (65536 rows × K 6144 at GLM-5) and latency-bound at decode
+(512 rows), so each is one launch that moves every byte once:
 
-Why a dense P_B: P_B is per job, so building its one-hot blocks on the fly at every launch (and
-converting them into the MMA operand layout each k-step) is repeated work; stored dense it is a
-small L2-friendly int8 operand (K·r bytes per instance) that the kernel streams with pipelined
-loads like any GEMM operand.
+- quantise: a program holds whole rows in registers (one read of x, ~32 values per thread; rows of
+  up to 32768 values; longer rows take two passes, the second from L1/L2), reduces max|x|, and
+  writes the codes and the row scale. At prefill a program takes several rows (≥ 8192 values) so
+  the per-program work (the cross-warp reduction, the scale store) is amortised.
+- A·P_B: a grid over (row blocks × k-splits × rank blocks); a program multiplies its rows' q slice
+  by the same slice of P_B (the job's sparse ±1 factor stored dense by `noise.dense_sparse_factor`)
+  on the tensor cores. At prefill a block is 128 rows × the whole rank (P_B read once per 128 rows,
+  one split, plain stores, 8 warps: two wgmma warpgroups); at decode 16-row blocks with a k-split
+  that fills the GPU and int32 atomics (exact in any order) into a zeroed result.
+
+P_B is stored K-major (the storage of P_Bᵀ, (r, K) per instance, viewed as (K, r)): the int8
+tensor-core operands (wgmma and mma.sync's ldmatrix path) must be K-contiguous; P_B stored (K, r)
+row-major was transposed byte by byte through shared memory at every k-step (128 single-byte
+shared stores per thread per step in the SASS). A (K, r)-contiguous P_B is still accepted.
 
 Quantisation is per-row symmetric: scale = max|x| / 64 (1 for an all-zero row),
 q = round-half-even(x / scale) clamped to [−64, 64] — the protocol's operand range (A + E_A must
-fit int8), with a per-row factor the GEMM epilogue multiplies back. Same rounding as torch.round,
-and the division is IEEE round-to-nearest (`div_rn`; Triton's `/` is a faster approximate
-division on the GPU that can move a value across a rounding boundary).
+fit int8), with a per-row factor the GEMM epilogue multiplies back; the same codes as
+torch.round(x / scale) with IEEE division. For bf16 and fp16 rows the kernel does not divide: it
+multiplies by the row's reciprocal and repairs the only case where that can round differently,
+an exact tie (docs/kernels-int7.md, "Third session", has the proof): with 8 (bf16) or 11 (fp16)
+significant bits in x and in the scale, a quotient that is not a half-integer lies at least
+2^-9·|q|/2^8 from every half-integer, far beyond the product's rounding error, and a tie
+k + ½ = x / scale is recognised exactly by (k + ½)·scale == x (a product of ≤ 19 significant
+bits, exact in float32). fp32 rows divide (IEEE `div_rn`). Rounding to an integer adds 1.5·2^23
+(float32 round-to-nearest-even then leaves the integer in the low mantissa bits; its low byte is
+the int8 code), avoiding the quarter-rate conversion and rounding instructions.
 """
 from __future__ import annotations
 
 import torch
+import triton
 import triton.language as tl
 
 from ._jit import jit
 
 INT7_LIMIT = 64
 ROWS = 16  # rows per instance must be a multiple of this (the smallest MMA M)
-_QUANT_BLOCK = 1024  # k per step of the quantise kernel
+_VALUES_PER_THREAD = 32  # quantise: 64 bytes of bf16 per thread, four 16-byte loads in flight
+_ONE_PASS_MAX = 32768  # quantise: the longest row held in registers (32 warps × 32 × 32)
+_TWO_PASS_BLOCK = 8192  # quantise: k per step for longer rows
+_PREFILL_ROWS = 4096  # quantise: from this many rows, programs take ≥ 8192 values
+_SMS = 132  # H200 streaming multiprocessors: a grid below one program per SM leaves SMs idle
 _RANK_BLOCK = 128
-_TARGET_PROGRAMS = 264  # A·P_B programs to aim for: two per SM of the 132-SM H200
+_TARGET_PROGRAMS = 264  # decode A·P_B programs to aim for: two per SM
+# (a global read inside a kernel must be constexpr)
+_MAGIC = tl.constexpr(12582912.0)  # 1.5·2^23: v + _MAGIC rounds v to an integer, half to even (|v| < 2^22)
+_TINY = tl.constexpr(2.0 ** -60)  # below this max|x| the reciprocal of the scale would overflow
+_BOOST = tl.constexpr(2.0 ** 64)  # scales such rows (exactly) into the normal range
 
 
 class ActivationError(ValueError):
@@ -45,42 +64,78 @@ def _max_combine(a, b):
 
 
 @jit
-def _round_half_even(v):
-    low = tl.floor(v)
-    frac = v - low
-    odd = (low - 2.0 * tl.floor(low * 0.5)) != 0.0
-    return low + ((frac > 0.5) | ((frac == 0.5) & odd)).to(tl.float32)
+def _widen(raw, BF16_BITS: tl.constexpr):
+    """Float32 values of loaded rows: bf16 arrives as its 16-bit patterns (BF16_BITS) and widens
+    by a shift, exact for subnormals too (Triton's interpreter flushes them in a bf16 cast)."""
+    if BF16_BITS:
+        return (raw.to(tl.int32) << 16).to(tl.float32, bitcast=True)
+    return raw.to(tl.float32)
 
 
 @jit
-def _quantise_kernel(x_ptr, q_ptr, scale_ptr, K, BK: tl.constexpr):
-    """Row `program_id`: scale = max|x| / 64 (1 if zero), q = clamp(round_half_even(x / scale))."""
-    at = x_ptr + tl.program_id(0).to(tl.int64) * K
-    out = q_ptr + tl.program_id(0).to(tl.int64) * K
-    ks = tl.arange(0, BK)
-    peak = tl.full((BK,), 0.0, tl.float32)
-    for k0 in range(0, K, BK):
-        x = tl.load(at + k0 + ks, mask=k0 + ks < K, other=0.0).to(tl.float32)
-        peak = tl.maximum(peak, tl.abs(x))
-    amax = tl.reduce(peak, 0, _max_combine)
+def _codes(x, scale, boost, inv, RECIPROCAL: tl.constexpr):
+    """int8 codes round_half_even(x / scale), x float32 (BR, BK) with |x| ≤ 64·scale, and the
+    per-row scale, boost (1 or 2^64) and inv = 1 / (scale·boost) as (BR, 1). No clamp: the
+    quotient is within [−64, 64] for finite rows, and a NaN gives some int8 code, not a crash."""
+    if RECIPROCAL:
+        xs = x * boost  # exact (a power of two; rows with max|x| < 2^-60 only)
+        y = xs * inv  # within 2^-17 of x / scale: rounds like it unless x / scale is a tie
+        tie = (((y - 0.5) + _MAGIC) - _MAGIC) + 0.5  # the half-integer nearest to y
+        y = tl.where(tie * (scale * boost) == xs, tie, y)  # an exact product: equal iff a tie
+    else:
+        y = tl.math.div_rn(x, scale)
+    return (y + _MAGIC).to(tl.int32, bitcast=True).to(tl.int8)  # low byte = the integer
+
+
+@jit
+def _quantise_kernel(x_ptr, q_ptr, scale_ptr, rows, K, BR: tl.constexpr, BK: tl.constexpr,
+                     ONE_PASS: tl.constexpr, RECIPROCAL: tl.constexpr, BF16_BITS: tl.constexpr):
+    """Rows [BR·program_id, +BR): scale = max|x| / 64 (1 if zero), q = the int7 codes of x / scale.
+    ONE_PASS: BK ≥ K, each row read once into registers; else two passes in steps of BK."""
+    row = tl.program_id(0) * BR + tl.arange(0, BR)
+    row_ok = row < rows
+    at = row.to(tl.int64)[:, None] * K
+    ks = tl.arange(0, BK)[None, :]
+    if ONE_PASS:
+        live = row_ok[:, None] & (ks < K)
+        x = _widen(tl.load(x_ptr + at + ks, mask=live, other=0), BF16_BITS)
+        amax = tl.reduce(tl.abs(x), 1, _max_combine)
+    else:
+        peak = tl.full((BR, BK), 0.0, tl.float32)
+        for k0 in range(0, K, BK):
+            live = row_ok[:, None] & (k0 + ks < K)
+            peak = tl.maximum(peak, tl.abs(_widen(tl.load(x_ptr + at + k0 + ks, mask=live, other=0), BF16_BITS)))
+        amax = tl.reduce(peak, 1, _max_combine)
     scale = tl.where(amax > 0.0, amax * 0.015625, 1.0)  # / 64, exactly (a power of two)
-    tl.store(scale_ptr + tl.program_id(0), scale)
-    for k0 in range(0, K, BK):
-        x = tl.load(at + k0 + ks, mask=k0 + ks < K, other=0.0).to(tl.float32)
-        q = tl.minimum(tl.maximum(_round_half_even(tl.math.div_rn(x, scale)), -64.0), 64.0)
-        tl.store(out + k0 + ks, q.to(tl.int8), mask=k0 + ks < K)
+    tl.store(scale_ptr + row, scale, mask=row_ok)
+    boost = tl.where(amax < _TINY, _BOOST, 1.0)
+    inv = tl.math.div_rn(tl.full((BR,), 1.0, tl.float32), scale * boost)
+    scale, boost, inv = scale[:, None], boost[:, None], inv[:, None]
+    if ONE_PASS:
+        tl.store(q_ptr + at + ks, _codes(x, scale, boost, inv, RECIPROCAL), mask=live)
+    else:
+        for k0 in range(0, K, BK):
+            live = row_ok[:, None] & (k0 + ks < K)
+            x = _widen(tl.load(x_ptr + at + k0 + ks, mask=live, other=0), BF16_BITS)
+            tl.store(q_ptr + at + k0 + ks, _codes(x, scale, boost, inv, RECIPROCAL), mask=live)
 
 
 @jit
-def apb_partial(q_ptr, pb_ptr, rows, ts, k_begin, steps, K, R: tl.constexpr, BK: tl.constexpr):
+def apb_partial(q_ptr, pb_ptr, rows, ts, k_begin, steps, K, R: tl.constexpr, BK: tl.constexpr,
+                PB_KMAJOR: tl.constexpr = 0):
     """q[rows, k_begin : k_begin + steps·BK] · P_B[same k, ts] as int32 (rows × ts) on the tensor
-    cores; pb_ptr at the instance's P_B (K, R). Shared by the A·P_B kernel and the fused A side."""
+    cores; pb_ptr at the instance's P_B, stored K-major ((R, K): PB_KMAJOR=1) or (K, R) row-major
+    (the default, which the fused A side still passes). Shared by the A·P_B kernel and the fused
+    A side."""
     ks = tl.arange(0, BK)
     acc = tl.full((rows.shape[0], ts.shape[0]), 0, tl.int32)
     for step in range(0, steps):
         kk = k_begin + step * BK + ks
         q = tl.load(q_ptr + rows[:, None] * K + kk[None, :])
-        p = tl.load(pb_ptr + kk.to(tl.int64)[:, None] * R + ts[None, :])
+        if PB_KMAJOR:
+            p = tl.trans(tl.load(pb_ptr + ts.to(tl.int64)[:, None] * K + kk[None, :]))
+        else:
+            p = tl.load(pb_ptr + kk.to(tl.int64)[:, None] * R + ts[None, :])
         acc = tl.dot(q, p, acc, out_dtype=tl.int32)
     return acc
 
@@ -88,14 +143,14 @@ def apb_partial(q_ptr, pb_ptr, rows, ts, k_begin, steps, K, R: tl.constexpr, BK:
 @jit
 def _apb_kernel(q_ptr, pb_ptr, pb_stride, apb_ptr, rows_per_instance, K, steps_per_split,
                 R: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr, RB: tl.constexpr,
-                ATOMIC: tl.constexpr):
+                ATOMIC: tl.constexpr, PB_KMAJOR: tl.constexpr):
     """apb[rows, rank block] (+)= q[rows, k-split] · P_B[instance][k-split, rank block]."""
     block = tl.program_id(0)
     rows = (block * BR + tl.arange(0, BR)).to(tl.int64)
     inst = ((block * BR) // rows_per_instance).to(tl.int64)  # BR divides rows_per_instance
     ts = tl.program_id(2) * RB + tl.arange(0, RB)
     acc = apb_partial(q_ptr, pb_ptr + inst * pb_stride, rows, ts,
-                      tl.program_id(1) * steps_per_split * BK, steps_per_split, K, R, BK)
+                      tl.program_id(1) * steps_per_split * BK, steps_per_split, K, R, BK, PB_KMAJOR)
     at = apb_ptr + rows[:, None] * R + ts[None, :]
     if ATOMIC:
         tl.atomic_add(at, acc, sem="relaxed")  # ordered by the kernel boundary
@@ -115,15 +170,38 @@ def quantise_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         raise ActivationError(f"quantise_rows needs floating activations, got {x.dtype}")
     x = x.contiguous()
     k = x.shape[-1]
+    rows = x.numel() // k if k else 0
     q = torch.empty(x.shape, dtype=torch.int8, device=x.device)
     scale = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
-    _quantise_kernel[(x.numel() // k,)](x, q, scale, k, BK=_QUANT_BLOCK)
+    if rows == 0:
+        scale.fill_(1.0)
+        return q, scale
+    width = triton.next_power_of_2(k)
+    one_pass = width <= _ONE_PASS_MAX
+    block_k = width if one_pass else _TWO_PASS_BLOCK
+    block_rows = max(1, _TWO_PASS_BLOCK // block_k) if rows >= _PREFILL_ROWS else 1
+    warps = min(32, max(4, block_rows * block_k // (32 * _VALUES_PER_THREAD)))
+    bf16 = x.dtype == torch.bfloat16
+    _quantise_kernel[(triton.cdiv(rows, block_rows),)](
+        x.view(torch.int16) if bf16 else x, q, scale, rows, k, BR=block_rows, BK=block_k,
+        ONE_PASS=int(one_pass), RECIPROCAL=int(bf16 or x.dtype == torch.float16), BF16_BITS=int(bf16),
+        num_warps=warps)
     return q, scale
+
+
+def _apb_blocks(rows_total: int, rows_per_instance: int) -> tuple[int, int]:
+    """(rows per program, warps): 128 rows (two wgmma warpgroups) or 64 when every SM still gets
+    a program and the instance's rows divide; else 16 (mma.sync) with a k-split."""
+    for block_rows, warps in ((128, 8), (64, 4)):
+        if rows_per_instance % block_rows == 0 and rows_total // block_rows >= _SMS:
+            return block_rows, warps
+    return ROWS, 4
 
 
 def a_times_p_b(q: torch.Tensor, p_b: torch.Tensor, *, rows_per_instance: int) -> torch.Tensor:
     """A·P_B as int32 (*q.shape[:-1], r) for int7 codes q (..., K); p_b: (instances, K, r) int8
-    (or (1, K, r): one factor for all rows), the instance of a row being row // rows_per_instance."""
+    (or (1, K, r): one factor for all rows), the instance of a row being row // rows_per_instance;
+    stored K-major as `noise.dense_sparse_factor` makes it (fastest) or (K, r)-contiguous."""
     k = q.shape[-1]
     rows_total = q.numel() // k
     if q.dtype != torch.int8:
@@ -140,16 +218,20 @@ def a_times_p_b(q: torch.Tensor, p_b: torch.Tensor, *, rows_per_instance: int) -
     rank_block = min(rank, _RANK_BLOCK)
     if rank % rank_block or rank < 16:
         raise ActivationError(f"rank {rank} must be at least 16 and a multiple of {_RANK_BLOCK} or smaller")
-    block_rows = 64 if rows_per_instance % 64 == 0 and rows_total >= 64 * _TARGET_PROGRAMS else ROWS
+    k_major = p_b.stride(1) == 1 and p_b.stride(2) == k
+    if not k_major and (p_b.stride(2) != 1 or p_b.stride(1) != rank):
+        p_b = p_b.contiguous()
+    block_rows, warps = _apb_blocks(rows_total, rows_per_instance)
     block_k = 128 if k % 128 == 0 else 64
     row_blocks, rank_blocks = rows_total // block_rows, rank // rank_block
-    splits = _splits(k // block_k, row_blocks * rank_blocks)
+    splits = _splits(k // block_k, row_blocks * rank_blocks) if block_rows == ROWS else 1
     alloc = torch.zeros if splits > 1 else torch.empty
     apb = alloc((*q.shape[:-1], rank), dtype=torch.int32, device=q.device)
     stride = 0 if p_b.shape[0] == 1 else k * rank
     _apb_kernel[(row_blocks, splits, rank_blocks)](
-        q.contiguous(), p_b.contiguous(), stride, apb, rows_per_instance, k, k // block_k // splits,
-        R=rank, BR=block_rows, BK=block_k, RB=rank_block, ATOMIC=int(splits > 1))
+        q.contiguous(), p_b, stride, apb, rows_per_instance, k, k // block_k // splits,
+        R=rank, BR=block_rows, BK=block_k, RB=rank_block, ATOMIC=int(splits > 1),
+        PB_KMAJOR=int(k_major), num_warps=warps, num_stages=3)
     return apb
 
 

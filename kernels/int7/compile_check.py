@@ -34,6 +34,10 @@ _GEMM_SIGNATURE = {
 }
 
 
+# Integer arguments that are multiples of 16 on the bench shapes (the JIT specialises them so).
+_ALIGNED_INTS = ("M", "N", "K", "pb_stride", "rows_per_instance")
+
+
 def _variants() -> list[tuple[str, object, dict, dict, int, int]]:
     """(name, kernel, signature, constexprs, num_warps, num_stages) of the variants the miner uses."""
     lanes = {"LANES": 128}
@@ -55,15 +59,25 @@ def _variants() -> list[tuple[str, object, dict, dict, int, int]]:
                      "dim": "i32", "routing_ptr": "*i32", "offsets_ptr": "*i32", "out_ptr": "*i32",
                      "total": "i32", "SALTED": "constexpr", "FOLD": "constexpr", "LANES": "constexpr"},
                     {"SALTED": salted, "FOLD": fold, "LANES": 32}, 4, 1))
-    out.append(("activations_quantise", activations._quantise_kernel,
-                {"x_ptr": "*bf16", "q_ptr": "*i8", "scale_ptr": "*fp32", "K": "i32", "BK": "constexpr"},
-                {"BK": activations._QUANT_BLOCK}, 4, 3))
-    for regime, rows, atomic in (("decode", 16, 1), ("prefill", 64, 0)):
+    quantise = {"x_ptr": "*i16", "q_ptr": "*i8", "scale_ptr": "*fp32", "rows": "i32", "K": "i32",
+                "BR": "constexpr", "BK": "constexpr", "ONE_PASS": "constexpr", "RECIPROCAL": "constexpr",
+                "BF16_BITS": "constexpr"}  # bf16 rows as their 16-bit patterns
+    for label, rows, width, one_pass, reciprocal, warps in (
+            ("decode", 1, 8192, 1, 1, 8),  # K 6144/7168: a row in registers, 8 warps
+            ("prefill_k4096", 2, 4096, 1, 1, 8),  # two rows per program
+            ("two_pass", 1, activations._TWO_PASS_BLOCK, 0, 1, 8),  # rows longer than 32768
+            ("fp32", 1, 8192, 1, 0, 8)):  # fp32 rows divide
+        signature = dict(quantise, x_ptr="*fp32") if not reciprocal else quantise
+        out.append((f"activations_quantise_{label}", activations._quantise_kernel, signature,
+                    {"BR": rows, "BK": width, "ONE_PASS": one_pass, "RECIPROCAL": reciprocal,
+                     "BF16_BITS": reciprocal}, warps, 1))
+    for regime, rows, warps, atomic in (("decode", 16, 4, 1), ("prefill", 128, 8, 0), ("mid", 64, 4, 0)):
         out.append((f"activations_apb_{regime}", activations._apb_kernel,
                     {"q_ptr": "*i8", "pb_ptr": "*i8", "pb_stride": "i32", "apb_ptr": "*i32",
                      "rows_per_instance": "i32", "K": "i32", "steps_per_split": "i32", "R": "constexpr",
-                     "BR": "constexpr", "BK": "constexpr", "RB": "constexpr", "ATOMIC": "constexpr"},
-                    {"R": 128, "BR": rows, "BK": 128, "RB": 128, "ATOMIC": atomic}, 4, 3))
+                     "BR": "constexpr", "BK": "constexpr", "RB": "constexpr", "ATOMIC": "constexpr",
+                     "PB_KMAJOR": "constexpr"},
+                    {"R": 128, "BR": rows, "BK": 128, "RB": 128, "ATOMIC": atomic, "PB_KMAJOR": 1}, warps, 3))
     out.append(("noised", noise._noised_kernel,
                 {"x_ptr": "*i8", "u_ptr": "*i8", "first_ptr": "*i32", "second_ptr": "*i32", "out_ptr": "*i8",
                  "rows_per_instance": "i32", "factor_stride": "i32", "K": "i32", "R": "constexpr",
@@ -141,14 +155,14 @@ def _resources(cubin: bytes) -> dict[str, int]:
 
 
 def compile_all() -> list[dict]:
-    """Compile each variant for sm_90a (pointers and M, N, K 16-aligned, as the JIT specialises
-    them at launch for the bench shapes) and measure it."""
+    """Compile each variant for sm_90a (pointers and _ALIGNED_INTS 16-aligned, as the JIT
+    specialises them at launch for the bench shapes) and measure it."""
     if INTERPRETING:
         raise RuntimeError("set PEARL_INT7_INTERPRET=0 before importing kernels.int7 to compile")
     results = []
     for name, kernel, signature, constexprs, warps, stages in _variants():
         aligned = [i for i, (arg, kind) in enumerate(signature.items())
-                   if kind.startswith("*") or arg in ("M", "N", "K")]
+                   if kind.startswith("*") or arg in _ALIGNED_INTS]
         attrs = {(i,): [["tt.divisibility", 16]] for i in aligned}
         compiled = triton.compile(ASTSource(fn=kernel, signature=dict(signature), constexprs=constexprs,
                                             attrs=attrs), target=TARGET,

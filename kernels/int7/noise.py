@@ -148,14 +148,16 @@ def sparse_factor(keys: torch.Tensor, label: bytes, k: int, rank: int) -> tuple[
 
 def dense_sparse_factor(first: torch.Tensor, second: torch.Tensor, rank: int) -> torch.Tensor:
     """P stored dense: (instances, k, rank) int8 with +1 at (l, first[l]) and −1 at (l, second[l])
-    (first ≠ second always). Per job, for the A·P_B kernel's tensor-core operand."""
+    (first ≠ second always). Per job, for the A·P_B kernel's tensor-core operand, which must be
+    K-contiguous: the storage is P_Bᵀ ((instances, rank, k) contiguous), returned as its
+    transposed view."""
     if first.shape != second.shape or first.dim() != 2 or first.dtype != torch.int32:
         raise NoiseError(f"first/second must be int32 (instances, k), got {first.dtype} "
                          f"{tuple(first.shape)} and {tuple(second.shape)}")
-    dense = torch.zeros((*first.shape, rank), dtype=torch.int8, device=first.device)
-    dense.scatter_(2, first.long().unsqueeze(2), 1)
-    dense.scatter_(2, second.long().unsqueeze(2), -1)
-    return dense
+    dense_t = torch.zeros((first.shape[0], rank, first.shape[1]), dtype=torch.int8, device=first.device)
+    dense_t.scatter_(1, first.long().unsqueeze(1), 1)
+    dense_t.scatter_(1, second.long().unsqueeze(1), -1)
+    return dense_t.transpose(1, 2)
 
 
 @jit
