@@ -86,7 +86,7 @@ def test_combined_operand_matches_literal_reference(experts, top_k, ready_counts
             codes, alpha = _clean_row(x[token])
             want_rows.append(codes)
             want_alpha[token], want_codes[token] = alpha, codes
-    assert got.table.bounds.tolist() == [r + c for r, c in zip(rb, ct)]
+    assert got.table.bounds.tolist() == [r + c for r, c in zip(rb, ct)][:-1] + [2 * rows]  # the end: all rows
     assert torch.equal(got.rows.view(torch.uint8)[:len(want_rows)], torch.stack(want_rows))
     for token, alpha in want_alpha.items():
         assert got.clean_alpha[token].view(torch.int16) == alpha.view(torch.int16)
@@ -182,7 +182,8 @@ COMPILE = textwrap.dedent("""
     triton.compile(ASTSource(fn=lagged._operand_kernel, signature={
         "x_ptr": "*i16", "rflat_ptr": "*i32", "clean_bounds_ptr": "*i32", "ready_ptr": "*i32",
         "ready_bounds_ptr": "*i32", "out_ptr": "*u8", "out_words_ptr": "*i32", "codes_ptr": "*u8",
-        "alpha_ptr": "*i16", "bounds_ptr": "*i32", "experts": "i32", "k": "i32", "SEARCH": "constexpr",
+        "alpha_ptr": "*i16", "bounds_ptr": "*i32", "experts": "i32", "k": "i32", "capacity": "i32",
+        "SEARCH": "constexpr",
         "BK": "constexpr", "BW": "constexpr"}, constexprs={"SEARCH": 6, "BK": 1024, "BW": 1024}),
         target=target, options={"enable_fp_fusion": False})
     for rows in (16, 64):

@@ -134,13 +134,16 @@ def _quantize_row(x_ptr, k, out_ptr, codes_ptr, alpha_ptr, BK: tl.constexpr):
 
 @jit
 def _operand_kernel(x_ptr, rflat_ptr, clean_bounds_ptr, ready_ptr, ready_bounds_ptr, out_ptr, out_words_ptr,
-                    codes_ptr, alpha_ptr, bounds_ptr, experts, k,
+                    codes_ptr, alpha_ptr, bounds_ptr, experts, k, capacity,
                     SEARCH: tl.constexpr, BK: tl.constexpr, BW: tl.constexpr):
     """Combined row program_id(0): a READY row copied, or a clean row quantized from its token.
-    Programs 0..e also write the combined bounds cb = rb + ct."""
+    Programs 0..e also write the combined bounds cb = rb + ct, except cb[e] = capacity: the last
+    expert's group runs to the operand's end (rows past the used ones are never read back), so
+    the GEMM's offsets[e] = total rows holds even when nothing is READY."""
     i = tl.program_id(0)
     if i <= experts:
-        tl.store(bounds_ptr + i, tl.load(ready_bounds_ptr + i) + tl.load(clean_bounds_ptr + i))
+        both = tl.load(ready_bounds_ptr + i) + tl.load(clean_bounds_ptr + i)
+        tl.store(bounds_ptr + i, tl.where(i == experts, capacity, both))
     total = tl.load(ready_bounds_ptr + experts) + tl.load(clean_bounds_ptr + experts)
     if i < total:
         lo = experts * 0  # the expert: the last w with cb[w] <= i (binary search over [lo, hi))
@@ -169,7 +172,7 @@ class Operand:
     """The GEMM's left operand of a lagged launch and what the clean rows' peel needs."""
 
     rows: torch.Tensor  # (2·rows, k) e4m3: per expert [READY rows ; clean rows], unused tail
-    table: RoutingTable  # the combined bounds cb (e+1,) over those rows
+    table: RoutingTable  # the combined bounds cb (e+1,) over those rows (cb[e] = 2·rows)
     clean_codes: torch.Tensor  # (m, k) e4m3, token order
     clean_alpha: torch.Tensor  # (m,) bf16, token order
 
@@ -192,7 +195,7 @@ def build_operand(x: torch.Tensor, table: RoutingTable, ready: LagSlot) -> Opera
     bounds = torch.empty(experts + 1, dtype=torch.int32, device=device)
     _operand_kernel[(max(2 * rows, experts + 1),)](
         x.contiguous().view(torch.int16), table.rflat, table.bounds, ready.a_rows.view(torch.int32),
-        ready.bounds, operand, operand.view(torch.int32), codes, alpha, bounds, experts, k,
+        ready.bounds, operand, operand.view(torch.int32), codes, alpha, bounds, experts, k, 2 * rows,
         SEARCH=max(1, (experts - 1).bit_length()) + 1, BK=_QUANT_BLOCK, BW=_COPY_BLOCK,
         enable_fp_fusion=False)
     return Operand(operand.view(torch.float8_e4m3fn), RoutingTable(_rows(2 * rows, device), bounds),
