@@ -57,6 +57,14 @@ def _plant_previous(job, weights, previous):
     return expert, best, hash_a
 
 
+def _run(mined, acts, scale):
+    """One launch, completed (the record and the doorbell reach the host asynchronously)."""
+    out = mined.run_quantized(torch.from_numpy(acts).to(DEVICE), scale)
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+    return out
+
+
 def _check_winner(mined, expert, best, hash_a):
     assert mined.winner_record() == {"instance": expert, "t_rows": best.t_rows, "t_cols": best.t_cols,
                                      "ticket": best.ticket}
@@ -81,12 +89,11 @@ def test_lagged_pass_serves_now_and_mines_the_previous_launch(job_and_weights):
             job.bound.copy_(bound_words(EVERY_TICKET, DEVICE))
         else:
             planted = _plant_previous(job, weights, launches[t - 1][0])
-        q = torch.from_numpy(acts).to(DEVICE)
-        out = lagged.run_quantized(q, scale)
+        out = _run(lagged, acts, scale)
         assert np.array_equal(lagged.out_i32.cpu().numpy(), _exact(weights, acts)), f"launch {t + 1}"
         if t == 1:  # bf16 as the same-launch pass on the same rows (ready rows are A_1 ≠ A_2 here)
             same_launch = MinedPass(job, M, fused_a=False)
-            assert torch.equal(out, same_launch.run_quantized(q, scale))
+            assert torch.equal(out, _run(same_launch, acts, scale))
         if t == 0:
             assert lagged.winner_record() is None
         else:
@@ -99,10 +106,10 @@ def test_lagged_pass_with_the_staged_a_side(job_and_weights):
     (first, first_scale), (second, second_scale) = _launches(33, 2)
     lagged = MinedPass(job, M, lagged=True, fused_a=False)
     job.bound.copy_(bound_words(0, DEVICE))
-    lagged.run_quantized(torch.from_numpy(first).to(DEVICE), first_scale)
+    _run(lagged, first, first_scale)
     assert lagged.winner_record() is None
     planted = _plant_previous(job, weights, first)
-    lagged.run_quantized(torch.from_numpy(second).to(DEVICE), second_scale)
+    _run(lagged, second, second_scale)
     _check_winner(lagged, *planted)
 
 
