@@ -37,7 +37,7 @@ from proof.int7.noise import LABEL_A
 
 from .activations import a_times_p_b, prepare_rows, quantise_rows
 from .blake3 import bytes_from_words, keyed_trees
-from .a_side import fused_a_side, fused_applies
+from .a_side import fused_a_side, fused_applies, noised_a_side
 from .mined_gemm import DUMP_WORDS, Tiling, default_tiling, lottery_tile, mined_gemm, plain_gemm
 from .noise import noise_factors, noised
 from .pipeline import MinedPass, bound_words, prepare_job
@@ -509,6 +509,9 @@ def section_breakdown() -> dict:
                                                           rank=RANK, salted=True)
             stages["fused_A_side_after_quantise"] = lambda: fused_a_side(q, job.s_b, job.key_words, job.p_b,
                                                                          rank=RANK, salted=True)
+            a_noised, s_a_out = torch.empty_like(q), torch.empty_like(s_a)  # the lagged pass's side work
+            stages["lagged_side_stream"] = lambda: noised_a_side(q, job.s_b, job.key_words, rank=RANK, salted=True,
+                                                                 a_noised=a_noised, s_a=s_a_out)
         result[name] = timer.median_us({stage: timer.graph(fn) for stage, fn in stages.items()})
     return result
 
