@@ -157,3 +157,24 @@ def test_noisy_codes_f32_path_matches_reference():
     got = noisy_kernel.noisy_codes(bf16_tensor(alpha), bf16_tensor(beta), bf16_tensor(x), torch.from_numpy(noise))
     want = ref_quant._noisy_codes(alpha[:, None], beta[:, None], x, ref_bf16.f32_to_bf16(noise))
     assert same_e4m3(got.view(torch.uint8).numpy(), want)
+
+
+# ------------------------------------------------------------------------------------ A peel decode
+
+@jit
+def _decode_probe(codes_ptr, out_ptr, count, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    live = i < count
+    tl.store(out_ptr + i, peel._e4m3_value(tl.load(codes_ptr + i, mask=live, other=0).to(tl.int32)), mask=live)
+
+
+def test_e4m3_decode_is_exact_on_every_code():
+    """The A peel's decode (bits → f32 subnormal or normal, times 2^120): every finite code to
+    its value bit for bit (−0 included); the NaN codes decode as ±480 (never in A′ or F_B)."""
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+    got = torch.empty(256, dtype=torch.float32)
+    _probe(_decode_probe, 256, codes, got)
+    want = ref_e4m3.e4m3_to_f32(np.arange(256))
+    finite = ~ref_e4m3.is_nan_code(np.arange(256))
+    assert np.array_equal(got.numpy().view(np.uint32)[finite], want.view(np.uint32)[finite])
+    assert got[0x7F].item() == 480.0 and got[0xFF].item() == -480.0

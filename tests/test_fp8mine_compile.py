@@ -56,8 +56,8 @@ SCRIPT = textwrap.dedent("""
         triton.compile(ASTSource(fn=prequant_kernel._prequant_kernel, signature={
             "x_ptr": x_type, "codes_ptr": "*i8", "scales_ptr": "*i16", "values_ptr": "*i16", "num_rows": "i32",
             "k": "i32", "recip_127": "fp32", "magic": "fp32", "X_BF16": "constexpr", "BR": "constexpr",
-            "BB": "constexpr"}, constexprs={"X_BF16": x_bf16, "BR": 16, "BB": 64}),
-            target=target, options={"enable_fp_fusion": False})
+            "BB": "constexpr"}, constexprs={"X_BF16": x_bf16, "BR": prequant_kernel._ROWS, "BB": prequant_kernel._BLOCKS}),
+            target=target, options={"enable_fp_fusion": False, "num_warps": prequant_kernel._WARPS})
     for rows, steps in ((16, 1), (64, 8)):
         triton.compile(ASTSource(fn=peel._peel_unscale_kernel, signature={
             "acc_ptr": "*fp32", "rflat_ptr": "*i32", "a_peel_ptr": "*i16", "alpha_a_ptr": "*i16",
@@ -65,12 +65,13 @@ SCRIPT = textwrap.dedent("""
             "bounds_ptr": "*i32", "out_ptr": "*i16", "n": "i32", "total_rows": "i32", "BR": "constexpr",
             "BN": "constexpr", "STEPS": "constexpr"},
             constexprs={"BR": rows, "BN": 128, "STEPS": steps}), target=target)
-    for split, rows in ((False, 16), (True, 16), (False, 64)):
+    for split, rows, f_values in ((False, 16, False), (True, 16, False), (False, 64, True)):
         triton.compile(ASTSource(fn=peel._a_peel_kernel, signature={
-            "codes_ptr": "*u8", "beta_ptr": "*i16", "e_ptr": "*u8", "f_b_ptr": "*u8", "out_ptr": "*i16",
-            "partial_ptr": "*fp32" if split else "*i16", "rows": "i32", "k": "i32", "k_per_split": "i32",
-            "BR": "constexpr", "BK": "constexpr", "SPLIT": "constexpr"},
-            constexprs={"BR": rows, "BK": 128, "SPLIT": split}), target=target)
+            "codes_ptr": "*u8", "beta_ptr": "*i16", "e_ptr": "*u8", "f_b_ptr": "*fp32" if f_values else "*u8",
+            "out_ptr": "*i16", "partial_ptr": "*fp32" if split else "*i16", "rows": "i32", "k": "i32",
+            "k_per_split": "i32", "BR": "constexpr", "BK": "constexpr", "SPLIT": "constexpr", "F_VALUES": "constexpr"},
+            constexprs={"BR": rows, "BK": 128, "SPLIT": split, "F_VALUES": f_values}), target=target,
+            options={"num_warps": 8 if f_values else 4})
     triton.compile(ASTSource(fn=peel._a_peel_combine_kernel, signature={
         "partial_ptr": "*fp32", "beta_ptr": "*i16", "e_ptr": "*u8", "out_ptr": "*i16", "rows": "i32",
         "splits": "i32", "BR": "constexpr"}, constexprs={"BR": 16}), target=target)

@@ -43,12 +43,11 @@ def _decoded(codes: torch.Tensor) -> torch.Tensor:
 
 @jit
 def _e4m3_value(code):
-    """e4m3 codes (int32 0..255, finite) → their f32 values (exact)."""
-    exponent = (code >> 3) & 0xF
-    mantissa = code & 7
-    normal = (((exponent + 120) << 23) | (mantissa << 20)).to(tl.float32, bitcast=True)
-    value = tl.where(exponent == 0, mantissa.to(tl.float32) * 0.001953125, normal)  # m · 2^-9
-    return tl.where((code & 0x80) != 0, -value, value)
+    """e4m3 codes (int32 0..255) → their f32 values (exact; the NaN codes give ±480). The 7
+    exponent/mantissa bits go to f32 bits 20..26 (exponent field e, or an f32 subnormal when
+    e = 0) and the product with 2^120 rebias them: 2^(e−7)·1.m, or m·2^−9. No FTZ in Triton."""
+    bits = ((code << 20) & 0x07F00000) | ((code << 24) & -2147483648)  # 0x80000000: the sign
+    return bits.to(tl.float32, bitcast=True) * 1.329227995784916e36  # 2^120
 
 
 @jit
@@ -68,9 +67,10 @@ def _store_a_peel(out_ptr, beta_ptr, e_ptr, r, right_sum, rows, BR: tl.constexpr
 
 @jit
 def _a_peel_kernel(codes_ptr, beta_ptr, e_ptr, f_b_ptr, out_ptr, partial_ptr, rows, k, k_per_split,
-                   BR: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr):
+                   BR: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr, F_VALUES: tl.constexpr):
     """Σ_k A′[r, k] · F_B[k, :] over split program_id(1)'s k range for BR rows: the A peel rows
-    themselves when SPLIT is False, else fp32 partial sums into partial[split, r, :]."""
+    themselves when SPLIT is False, else fp32 partial sums into partial[split, r, :]. F_B is
+    e4m3 codes, or (F_VALUES) its f32 values decoded once per launch (prefill)."""
     r = tl.program_id(0) * BR + tl.arange(0, BR)
     live = (r < rows)[:, None]
     r64 = r.to(tl.int64)[:, None]
@@ -81,7 +81,11 @@ def _a_peel_kernel(codes_ptr, beta_ptr, e_ptr, f_b_ptr, out_ptr, partial_ptr, ro
     k_end = tl.minimum(k_start + k_per_split, k)
     for k0 in range(k_start, k_end, BK):
         a = _e4m3_value(tl.load(codes_ptr + r64 * k + k0 + kk[None, :], mask=live, other=0).to(tl.int32))
-        f = _e4m3_value(tl.load(f_b_ptr + (k0 + kk).to(tl.int64)[:, None] * 32 + j).to(tl.int32))
+        f_cells = f_b_ptr + (k0 + kk).to(tl.int64)[:, None] * 32 + j
+        if F_VALUES:
+            f = tl.load(f_cells)
+        else:
+            f = _e4m3_value(tl.load(f_cells).to(tl.int32))
         total = tl.dot(a, f, total)  # e4m3 values are exact in tf32
     if SPLIT:
         tl.store(partial_ptr + (tl.program_id(1) * rows + r64) * 32 + j, total, mask=live)
@@ -120,7 +124,8 @@ def a_peel_splits(rows: int, k: int, block_k: int) -> tuple[int, int]:
 
 def a_peel(side: NoisySide, f_b: torch.Tensor) -> torch.Tensor:
     """(rows, 64) bf16: [β_A ⊙ E_A | A′ · F_Bᵀ] (k a multiple of 32). One Triton pass, or a
-    split-k pass and a combine pass when the rows alone give too few programs (decode)."""
+    split-k pass and a combine pass when the rows alone give too few programs (decode); with
+    64-row blocks (prefill) F_B's values come from one torch decode (k × 32, exact)."""
     rows, k = side.codes.shape
     block_k = 128 if k % 128 == 0 else 32
     splits, per_split = a_peel_splits(rows, k, block_k)
@@ -129,9 +134,13 @@ def a_peel(side: NoisySide, f_b: torch.Tensor) -> torch.Tensor:
     beta, e_lines = side.beta.contiguous().view(torch.int16), side.e_lines.contiguous().view(torch.uint8)
     block_rows = a_peel_rows(rows)
     row_blocks = triton.cdiv(rows, block_rows)
+    # prefill: F_B decoded once, not in each program's every step (its f32 blocks then stream in
+    # by cp.async like the A′ codes); 8 warps on the one program an SM holds (N split in two)
+    f_values = block_rows == _A_PEEL_WIDE_ROWS
+    f_b = f_b.float() if f_values else f_b.contiguous().view(torch.uint8)
     _a_peel_kernel[(row_blocks, splits)](
-        side.codes.contiguous().view(torch.uint8), beta, e_lines, f_b.contiguous().view(torch.uint8), out,
-        partial, rows, k, per_split, BR=block_rows, BK=block_k, SPLIT=splits > 1)
+        side.codes.contiguous().view(torch.uint8), beta, e_lines, f_b, out, partial, rows, k, per_split,
+        BR=block_rows, BK=block_k, SPLIT=splits > 1, F_VALUES=f_values, num_warps=8 if f_values else 4)
     if splits > 1:
         _a_peel_combine_kernel[(row_blocks,)](partial, beta, e_lines, out, rows, splits, BR=block_rows)
     return out.view(torch.bfloat16)

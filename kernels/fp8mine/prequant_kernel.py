@@ -16,8 +16,9 @@ from .noisy_kernel import _rne_bf16
 
 _RECIP_127 = float(np.float32(1) / np.float32(127))
 _MAGIC = 12582912.0  # 1.5 · 2^23
-_ROWS = 16
-_BLOCKS = 64
+_ROWS = 8  # 8 rows × 64 scale blocks = 4096 values a program, 16 a thread (8 warps): 47 registers,
+_BLOCKS = 64  # so an SM holds 5 programs; 16 rows on 4 warps took 142 registers (3 programs an SM)
+_WARPS = 8
 
 
 @jit
@@ -56,5 +57,6 @@ def prequantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
     source = x.contiguous().view(torch.int16) if is_bf16 else x.contiguous()
     grid = (triton.cdiv(rows, _ROWS), triton.cdiv(k // 8, _BLOCKS))
     _prequant_kernel[grid](source, codes, scales, values, rows, k, _RECIP_127, _MAGIC,
-                           X_BF16=is_bf16, BR=_ROWS, BB=_BLOCKS, enable_fp_fusion=False)
+                           X_BF16=is_bf16, BR=_ROWS, BB=_BLOCKS, num_warps=_WARPS,
+                           enable_fp_fusion=False)
     return codes, scales.view(torch.bfloat16), values.view(torch.bfloat16)
