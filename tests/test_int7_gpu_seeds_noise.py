@@ -123,3 +123,25 @@ def test_prepare_rows_on_int7_codes_with_a_shared_factor(monkeypatch, target_pro
         prepare_rows(codes, p_b, rows_per_instance=32)
     with pytest.raises(ActivationError, match="int8 P_B"):
         prepare_rows(codes, p_b[:, :512], rows_per_instance=32, scale=scale)
+
+
+@pytest.mark.parametrize("instances, rows, k, rank, shared", [
+    (2, 64, 1024 + 8, 32, False),  # 64-row programs (4 warps), a part-empty last column step
+    (1, 128, 300, 128, True),      # 128-row programs (8 warps), one factor for every instance
+    (1, 192, 256, 256, False),     # 192 rows: 64-row programs; rank 256
+])
+def test_noised_on_the_tensor_cores_matches_reference_and_the_gather_kernel(monkeypatch, instances, rows, k,
+                                                                            rank, shared):
+    gen = torch.Generator().manual_seed(rows + k)
+    x = torch.randint(-64, 65, (instances, rows, k), dtype=torch.int8, generator=gen)
+    uniform = torch.randint(-32, 32, (instances, rows, rank), dtype=torch.int8, generator=gen)
+    first = torch.randint(0, rank, (1 if shared else instances, k), dtype=torch.int32, generator=gen)
+    second = (first + torch.randint(1, rank, first.shape, dtype=torch.int32, generator=gen)) % rank
+    args = [t.to(DEVICE) for t in (x, uniform, first, second)]
+    on_tensor_cores = device_noise.noised(*args)
+    for i in range(instances):
+        f, s = first[0 if shared else i].numpy(), second[0 if shared else i].numpy()
+        expected = ref_noise.noised(x[i].numpy(), ref_noise.apply_sparse(uniform[i].numpy(), f, s))
+        assert np.array_equal(on_tensor_cores[i].cpu().numpy(), expected)
+    monkeypatch.setattr(device_noise, "_MMA_ROWS", ())  # every row count takes the gather kernel
+    assert torch.equal(device_noise.noised(*args), on_tensor_cores)

@@ -5,9 +5,16 @@ slot `slot` = index + 1) ‖ label; a Triton kernel computes one block per lane,
 side in one launch (`noise_factors`). The uniform factor
 U (rows × rank, [−32, 31]) takes byte f of the flat row-major stream from block f // 32; the sparse
 ±1 factor P (k × rank) is stored as two index vectors (first, second) (and, for the job's P_B, also
-dense for the A·P_B kernel). Applying them is a second kernel: X' = X + U[:, first] − U[:, second]
-row by row (gathers from the small U), the same rule for A (rows = tokens) and for Bᵀ (rows =
-output columns).
+dense for the A·P_B kernel). Applying them is a second kernel, the same rule for A (rows = tokens)
+and for Bᵀ (rows = output columns): X' = X + U·Pᵀ, i.e. X + U[:, first] − U[:, second].
+
+Two kernels apply it. With 64 or more rows per instance (prefill, B' per job) `_noised_mma_kernel`
+computes U·Pᵀ on the tensor cores: a program holds 64/128 rows' U (its A operand, loaded once)
+and walks K in 128-column steps, building that step's ±1 one-hot block of P from the two index
+vectors in registers (two compares per one-hot byte, amortised over 64–128 rows) — no per-element
+gathers, x and x' stream as 16-byte rows. With fewer rows (decode's 16) the one-hot build would
+cost more than the product, and `_noised_kernel` gathers U[i, first[l]] and U[i, second[l]]
+per element instead (U is a row's r bytes, L1-resident).
 """
 from __future__ import annotations
 
@@ -24,6 +31,8 @@ _LANES = 128  # PRNG blocks per program: one per thread of 4 warps
 _ROWS = 16  # rows per program of the noised-operand kernel (at most; a divisor of the instance's)
 _COLS = 512  # k per program (masked at the end)
 _NOISED_WARPS = 8  # 16 × 512 bytes over 256 threads: 32 per thread (64 registers, no spills)
+_MMA_COLS = 128  # k per step of the tensor-core kernel (wgmma N)
+_MMA_ROWS = ((128, 8), (64, 4))  # rows per tensor-core program (wgmma M per warpgroup = 64), warps
 _SINGLE_BLOCK_KEYED = tl.constexpr(1 | 2 | 8 | 16)  # a global read inside a kernel must be constexpr
 
 
@@ -191,6 +200,34 @@ def _noised_kernel(x_ptr, u_ptr, first_ptr, second_ptr, out_ptr, rows_per_instan
                 out_ptr, rows, ks, ks < K, K, R)
 
 
+@jit
+def _noised_mma_kernel(x_ptr, u_ptr, first_ptr, second_ptr, out_ptr, rows_per_instance, factor_stride, K,
+                       R: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr):
+    """X' = X + U·Pᵀ for BR rows of one instance over all of K, BC columns per step: U's rows are
+    the loop-invariant A operand, the step's one-hot block of P (BC × R, +1 at first, −1 at
+    second) the B operand; int32 sums wrap to int8 like the gather kernel's int16 ones."""
+    row0 = tl.program_id(0) * BR
+    rows = (row0 + tl.arange(0, BR)).to(tl.int64)
+    inst = (row0 // rows_per_instance).to(tl.int64)  # BR divides rows_per_instance
+    ts = tl.arange(0, R)
+    u = tl.load(u_ptr + rows[:, None] * R + ts[None, :])
+    first_inst = first_ptr + inst * factor_stride
+    second_inst = second_ptr + inst * factor_stride
+    cs = tl.arange(0, BC)
+    for c0 in range(0, K, BC):
+        ks = c0 + cs
+        live = ks < K
+        first = tl.load(first_inst + ks, mask=live, other=0)  # a dead column: +1 − 1 at 0 = 0
+        second = tl.load(second_inst + ks, mask=live, other=0)
+        # Pᵀ's block (R × BC), built in this orientation so a thread compares few columns (4
+        # index loads per thread instead of 64 in the (BC × R) orientation's default layout).
+        one_hot = (ts[:, None] == first[None, :]).to(tl.int8) - (ts[:, None] == second[None, :]).to(tl.int8)
+        noise = tl.dot(u, one_hot, out_dtype=tl.int32)
+        at = rows[:, None] * K + ks[None, :]
+        x = tl.load(x_ptr + at, mask=live[None, :], other=0)
+        tl.store(out_ptr + at, (x.to(tl.int32) + noise).to(tl.int8), mask=live[None, :])
+
+
 def noised(x: torch.Tensor, uniform: torch.Tensor, first: torch.Tensor,
            second: torch.Tensor) -> torch.Tensor:
     """X' = X + U·Pᵀ row by row: x (I, rows, k) int8 in [−64, 64], uniform (I, rows, r) int8,
@@ -203,10 +240,15 @@ def noised(x: torch.Tensor, uniform: torch.Tensor, first: torch.Tensor,
                          f"{tuple(uniform.shape)}, first {first.dtype} {tuple(first.shape)} do not agree")
     rank = uniform.shape[2]
     out = torch.empty_like(x)
+    args = (x.contiguous(), uniform.contiguous(), first.contiguous(), second.contiguous(), out, rows,
+            0 if first.shape[0] == 1 else k, k)
+    for block_rows, warps in _MMA_ROWS:
+        if rows % block_rows == 0 and rank >= 32:
+            _noised_mma_kernel[(instances * rows // block_rows,)](
+                *args, R=rank, BR=block_rows, BC=_MMA_COLS, num_warps=warps, num_stages=1)
+            return out
     block_rows = math.gcd(rows, _ROWS)  # a program's rows share one instance
     block_k = min(_COLS, triton.next_power_of_2(k))
     grid = (instances * rows // block_rows, triton.cdiv(k, block_k))
-    _noised_kernel[grid](x.contiguous(), uniform.contiguous(), first.contiguous(), second.contiguous(),
-                         out, rows, 0 if first.shape[0] == 1 else k, k, R=rank, BR=block_rows,
-                         BK=block_k, num_warps=_NOISED_WARPS)
+    _noised_kernel[grid](*args, R=rank, BR=block_rows, BK=block_k, num_warps=_NOISED_WARPS)
     return out
