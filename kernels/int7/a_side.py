@@ -129,7 +129,7 @@ def _noise_apply_kernel(q_ptr, sa_ptr, label_ptr, u_ptr, first_ptr, second_ptr, 
                         apb_ptr, K, u_blocks, column_blocks,
                         R: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
                         LANES: tl.constexpr):
-    """A' as `_noise_kernel`, then the program's k-slice of A·P_B."""
+    """A' as `_noise_kernel`, then the program's k-slice of A·P_B (pb_ptr: P_B K-major, (E, R, K))."""
     _noise_block(q_ptr, sa_ptr, label_ptr, u_ptr, first_ptr, second_ptr, out_ptr, K, u_blocks,
                  column_blocks, R, BR, BC, LANES)
     inst = tl.program_id(0).to(tl.int64)
@@ -137,7 +137,8 @@ def _noise_apply_kernel(q_ptr, sa_ptr, label_ptr, u_ptr, first_ptr, second_ptr, 
     rows = tl.arange(0, BR).to(tl.int64)
     ts = tl.arange(0, R)
     steps = (tl.minimum(K, c_begin + BC) - c_begin) // BK
-    acc = apb_partial(q_ptr + inst * BR * K, pb_ptr + inst * K * R, rows, ts, c_begin, steps, K, R, BK)
+    acc = apb_partial(q_ptr + inst * BR * K, pb_ptr + inst * K * R, rows, ts, c_begin, steps, K, R, BK,
+                      1)  # P_B K-major ((R, K) per instance), as the job stores it
     tl.atomic_add(apb_ptr + inst * BR * R + rows[:, None] * R + ts[None, :], acc,
                   sem="relaxed")  # ordered by the kernel boundary
 
@@ -194,15 +195,18 @@ def _noise(q: torch.Tensor, s_a: torch.Tensor, a_noised: torch.Tensor, rank: int
         _noise_kernel[(experts, column_blocks)](q, s_a, label, uniform, first, second, a_noised, *common,
                                                 **shape, num_warps=_APPLY_WARPS)
     else:
+        p_b_kmajor = p_b.transpose(1, 2).contiguous()  # no copy for the job's P_B
         _noise_apply_kernel[(experts, column_blocks)](
-            q, s_a, label, uniform, first, second, a_noised, p_b.contiguous(), apb, *common, **shape,
+            q, s_a, label, uniform, first, second, a_noised, p_b_kmajor, apb, *common, **shape,
             BK=128 if k % 128 == 0 else 64, num_warps=_APPLY_WARPS, num_stages=_APPLY_STAGES)
 
 
 def fused_a_side(q: torch.Tensor, s_b: torch.Tensor, key_words: torch.Tensor, p_b: torch.Tensor, *,
                  rank: int, salted: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(A', A·P_B, s_A) of E dense instances from their int7 codes q (E, M, K) int8, s_B (E, 8),
-    the job key (1, 8) and the job's dense P_B (E, K, r) int8: two launches, no host syncs."""
+    the job key (1, 8) and the job's dense P_B (E, K, r) int8: two launches, no host syncs.
+    The kernel reads P_B K-major: the job's P_B (a transposed view of K-contiguous storage,
+    `noise.dense_sparse_factor`) is read in place; any other layout is copied first."""
     _check_inputs(q, s_b, key_words, rank)
     experts, rows, k = q.shape
     _check_tensor("p_b", p_b, (experts, k, rank), torch.int8)
