@@ -306,7 +306,7 @@ class MinedPass:
         with _on_side(side, main):  # q_t exists
             pending.q.copy_(q)
             self._noise_into(pending)
-            pending.valid.fill_(self.rows - self.rows % self.job.config.h)  # last: the rows are in
+            pending.valid.copy_(self.rows_valid)  # last: the rows are in
         apb = a_times_p_b(q, self.job.p_b, rows_per_instance=self.rows)
         if side is not None:
             main.wait_event(self._copied)
