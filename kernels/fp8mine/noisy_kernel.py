@@ -2,10 +2,12 @@
 nb = fma(δ√r, l2f, linf_f), α = bf16(448 / nb), β = bf16(bf16(α · l2f) · δ√r/256²), and the
 element op code = e4m3(clamp(fma(α, X, bf16(β · bf16(N))), ±448)).
 
-Same arithmetic as numerics.bf16_fma (f64 product, TwoSum, round-to-odd at f32, RNE to bf16),
-written on bit patterns so the CPU interpreter and the GPU agree: bf16 rounding and the e4m3
-encode are integer operations, and FP fusion is disabled at launch so no multiply/add pair is
-contracted. One pass over X and N instead of a chain of f64 tensor passes.
+Same arithmetic as numerics.bf16_fma (TwoSum, round-to-odd at f32, RNE to bf16), written on bit
+patterns so the CPU interpreter and the GPU agree: bf16 rounding and the e4m3 encode are integer
+operations, and FP fusion is disabled at launch so no multiply/add pair is contracted. The
+element op runs that FMA in f32 (the product of two bf16 values is exact there unless it is a
+non-zero below 2^-126 or overflows), and a tile holding such a product takes the f64 form
+(_fma_bf16): bit-identical results with f32 instructions for real data, one pass over X and N.
 """
 from __future__ import annotations
 
