@@ -136,3 +136,32 @@ def test_bad_input_is_named():
     with pytest.raises(ActivationError, match="int8 codes"):
         a_times_p_b(torch.zeros((16, 64), device=DEVICE), torch.zeros((1, 64, 32), dtype=torch.int8,
                                                                        device=DEVICE), rows_per_instance=16)
+
+
+@pytest.mark.parametrize("rank", [128, 48])  # 48: a masked, power-of-two-wide zeroing block
+def test_quantiser_clears_the_split_a_times_p_b_accumulator(rank):
+    x = torch.randn((2, 16, 256), generator=torch.Generator().manual_seed(rank)).bfloat16().to(DEVICE)
+    q = torch.empty(x.shape, dtype=torch.int8, device=DEVICE)
+    scale = torch.empty(x.shape[:-1], dtype=torch.float32, device=DEVICE)
+    poisoned = torch.full((2, 16, rank + 1), 7, dtype=torch.int32, device=DEVICE)
+    accumulator = poisoned[..., :rank].contiguous()
+    activations._quantise_into(x, q, scale, accumulator)
+    assert torch.equal(accumulator.cpu(), torch.zeros((2, 16, rank), dtype=torch.int32))
+    assert torch.equal(q.cpu(), _reference(x)[0].view(q.shape))
+
+
+def test_prepare_rows_at_decode_takes_the_split_path_and_matches():
+    """16 rows per instance: a k-split A·P_B whose accumulator the quantiser zeroed."""
+    gen = torch.Generator().manual_seed(5)
+    rank, k = 64, 1024
+    first = torch.randint(0, rank, (2, k), dtype=torch.int32, generator=gen)
+    second = (first + torch.randint(1, rank, first.shape, dtype=torch.int32, generator=gen)) % rank
+    p_b = dense_sparse_factor(first.to(DEVICE), second.to(DEVICE), rank)
+    x = torch.randn((2, 16, k), generator=gen).bfloat16().to(DEVICE)
+    assert activations._apb_plan(x.shape, p_b, 16).splits > 1
+    q, scale, apb = activations.prepare_rows(x, p_b, rows_per_instance=16)
+    expected_q, expected_scale = _reference(x)
+    assert torch.equal(q.cpu(), expected_q) and torch.equal(scale.cpu(), expected_scale)
+    p = _dense(first, second, rank)
+    for i in range(2):
+        assert np.array_equal(apb[i].cpu().numpy(), expected_q[i].numpy().astype(np.int64) @ p[i])

@@ -33,6 +33,9 @@ the int8 code), avoiding the quarter-rate conversion and rounding instructions.
 """
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -88,12 +91,19 @@ def _codes(x, scale, boost, inv, RECIPROCAL: tl.constexpr):
 
 
 @jit
-def _quantise_kernel(x_ptr, q_ptr, scale_ptr, rows, K, BR: tl.constexpr, BK: tl.constexpr,
-                     ONE_PASS: tl.constexpr, RECIPROCAL: tl.constexpr, BF16_BITS: tl.constexpr):
+def _quantise_kernel(x_ptr, q_ptr, scale_ptr, zero_ptr, rows, K, R, BR: tl.constexpr, BK: tl.constexpr,
+                     ONE_PASS: tl.constexpr, RECIPROCAL: tl.constexpr, BF16_BITS: tl.constexpr,
+                     ZERO_WIDTH: tl.constexpr):
     """Rows [BR·program_id, +BR): scale = max|x| / 64 (1 if zero), q = the int7 codes of x / scale.
-    ONE_PASS: BK ≥ K, each row read once into registers; else two passes in steps of BK."""
+    ONE_PASS: BK ≥ K, each row read once into registers; else two passes in steps of BK.
+    ZERO_WIDTH > 0: also zero the rows' R int32 of zero_ptr (the k-split A·P_B's accumulator,
+    which then needs no memset launch of its own)."""
     row = tl.program_id(0) * BR + tl.arange(0, BR)
     row_ok = row < rows
+    if ZERO_WIDTH:
+        ts = tl.arange(0, ZERO_WIDTH)[None, :]
+        tl.store(zero_ptr + row.to(tl.int64)[:, None] * R + ts, tl.full((BR, ZERO_WIDTH), 0, tl.int32),
+                 mask=row_ok[:, None] & (ts < R))
     at = row.to(tl.int64)[:, None] * K
     ks = tl.arange(0, BK)[None, :]
     if ONE_PASS:
@@ -168,25 +178,31 @@ def quantise_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(q, scale) of floating rows x (..., K): int7 codes int8 and per-row float32 scales."""
     if not x.is_floating_point():
         raise ActivationError(f"quantise_rows needs floating activations, got {x.dtype}")
-    x = x.contiguous()
-    k = x.shape[-1]
-    rows = x.numel() // k if k else 0
     q = torch.empty(x.shape, dtype=torch.int8, device=x.device)
     scale = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
+    _quantise_into(x.contiguous(), q, scale, None)
+    return q, scale
+
+
+def _quantise_into(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None) -> None:
+    """The quantiser's launch on contiguous x; zero: an int32 (rows, r) buffer to clear, or None."""
+    k = x.shape[-1]
+    rows = x.numel() // k if k else 0
     if rows == 0:
         scale.fill_(1.0)
-        return q, scale
+        return
     width = triton.next_power_of_2(k)
     one_pass = width <= _ONE_PASS_MAX
     block_k = width if one_pass else _TWO_PASS_BLOCK
     block_rows = max(1, _TWO_PASS_BLOCK // block_k) if rows >= _PREFILL_ROWS else 1
     warps = min(32, max(4, block_rows * block_k // (32 * _VALUES_PER_THREAD)))
     bf16 = x.dtype == torch.bfloat16
+    rank = zero.shape[-1] if zero is not None else 0
     _quantise_kernel[(triton.cdiv(rows, block_rows),)](
-        x.view(torch.int16) if bf16 else x, q, scale, rows, k, BR=block_rows, BK=block_k,
-        ONE_PASS=int(one_pass), RECIPROCAL=int(bf16 or x.dtype == torch.float16), BF16_BITS=int(bf16),
-        num_warps=warps)
-    return q, scale
+        x.view(torch.int16) if bf16 else x, q, scale, scale if zero is None else zero,  # scale: unused
+        rows, k, rank, BR=block_rows, BK=block_k, ONE_PASS=int(one_pass),
+        RECIPROCAL=int(bf16 or x.dtype == torch.float16), BF16_BITS=int(bf16),
+        ZERO_WIDTH=triton.next_power_of_2(rank) if rank else 0, num_warps=warps)
 
 
 def _apb_blocks(rows_total: int, rows_per_instance: int) -> tuple[int, int]:
@@ -198,14 +214,27 @@ def _apb_blocks(rows_total: int, rows_per_instance: int) -> tuple[int, int]:
     return ROWS, 4
 
 
-def a_times_p_b(q: torch.Tensor, p_b: torch.Tensor, *, rows_per_instance: int) -> torch.Tensor:
-    """A·P_B as int32 (*q.shape[:-1], r) for int7 codes q (..., K); p_b: (instances, K, r) int8
-    (or (1, K, r): one factor for all rows), the instance of a row being row // rows_per_instance;
-    stored K-major as `noise.dense_sparse_factor` makes it (fastest) or (K, r)-contiguous."""
-    k = q.shape[-1]
-    rows_total = q.numel() // k
-    if q.dtype != torch.int8:
-        raise ActivationError(f"A·P_B needs int8 codes, got {q.dtype}")
+@dataclass(frozen=True)
+class _ApbPlan:
+    """The A·P_B launch for one shape: grid, block sizes, and P_B as the kernel reads it."""
+    p_b: torch.Tensor
+    rows_per_instance: int
+    block_rows: int
+    warps: int
+    block_k: int
+    splits: int
+    rank_block: int
+    k_major: bool
+
+    @property
+    def rank(self) -> int:
+        return self.p_b.shape[2]
+
+
+def _apb_plan(shape: torch.Size, p_b: torch.Tensor, rows_per_instance: int) -> _ApbPlan:
+    """Check the rows (shape (..., K)) and P_B against each other and pick the launch."""
+    k = shape[-1]
+    rows_total = math.prod(shape) // k
     if rows_per_instance % ROWS or rows_total % rows_per_instance:
         raise ActivationError(f"rows per instance must be a multiple of {ROWS} dividing {rows_total}, "
                               f"got {rows_per_instance}")
@@ -223,15 +252,33 @@ def a_times_p_b(q: torch.Tensor, p_b: torch.Tensor, *, rows_per_instance: int) -
         p_b = p_b.contiguous()
     block_rows, warps = _apb_blocks(rows_total, rows_per_instance)
     block_k = 128 if k % 128 == 0 else 64
-    row_blocks, rank_blocks = rows_total // block_rows, rank // rank_block
-    splits = _splits(k // block_k, row_blocks * rank_blocks) if block_rows == ROWS else 1
-    alloc = torch.zeros if splits > 1 else torch.empty
-    apb = alloc((*q.shape[:-1], rank), dtype=torch.int32, device=q.device)
-    stride = 0 if p_b.shape[0] == 1 else k * rank
-    _apb_kernel[(row_blocks, splits, rank_blocks)](
-        q.contiguous(), p_b, stride, apb, rows_per_instance, k, k // block_k // splits,
-        R=rank, BR=block_rows, BK=block_k, RB=rank_block, ATOMIC=int(splits > 1),
-        PB_KMAJOR=int(k_major), num_warps=warps, num_stages=3)
+    programs = rows_total // block_rows * (rank // rank_block)
+    splits = _splits(k // block_k, programs) if block_rows == ROWS else 1
+    return _ApbPlan(p_b, rows_per_instance, block_rows, warps, block_k, splits, rank_block, k_major)
+
+
+def _apb_launch(q: torch.Tensor, apb: torch.Tensor, plan: _ApbPlan) -> None:
+    """A·P_B into apb (zeroed beforehand when plan.splits > 1: the splits add atomically)."""
+    k = q.shape[-1]
+    p_b = plan.p_b
+    grid = (q.numel() // k // plan.block_rows, plan.splits, plan.rank // plan.rank_block)
+    _apb_kernel[grid](
+        q, p_b, 0 if p_b.shape[0] == 1 else k * plan.rank, apb, plan.rows_per_instance, k,
+        k // plan.block_k // plan.splits, R=plan.rank, BR=plan.block_rows, BK=plan.block_k,
+        RB=plan.rank_block, ATOMIC=int(plan.splits > 1), PB_KMAJOR=int(plan.k_major),
+        num_warps=plan.warps, num_stages=3)
+
+
+def a_times_p_b(q: torch.Tensor, p_b: torch.Tensor, *, rows_per_instance: int) -> torch.Tensor:
+    """A·P_B as int32 (*q.shape[:-1], r) for int7 codes q (..., K); p_b: (instances, K, r) int8
+    (or (1, K, r): one factor for all rows), the instance of a row being row // rows_per_instance;
+    stored K-major as `noise.dense_sparse_factor` makes it (fastest) or (K, r)-contiguous."""
+    if q.dtype != torch.int8:
+        raise ActivationError(f"A·P_B needs int8 codes, got {q.dtype}")
+    plan = _apb_plan(q.shape, p_b, rows_per_instance)
+    alloc = torch.zeros if plan.splits > 1 else torch.empty
+    apb = alloc((*q.shape[:-1], plan.rank), dtype=torch.int32, device=q.device)
+    _apb_launch(q.contiguous(), apb, plan)
     return apb
 
 
@@ -247,6 +294,15 @@ def int7_codes(x: torch.Tensor, scale: torch.Tensor | None = None) -> tuple[torc
 def prepare_rows(x: torch.Tensor, p_b: torch.Tensor, *, rows_per_instance: int,
                  scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(q, scale, A·P_B) for rows x (..., K): floating x is quantised; int8 x is taken as int7 codes
-    (then `scale` is passed through). A·P_B: int32 (*x.shape[:-1], r); p_b as in `a_times_p_b`."""
-    q, scale = int7_codes(x, scale)
-    return q, scale, a_times_p_b(q, p_b, rows_per_instance=rows_per_instance)
+    (then `scale` is passed through). A·P_B: int32 (*x.shape[:-1], r); p_b as in `a_times_p_b`.
+    Two launches for floating x: the quantiser also zeroes a k-split A·P_B's accumulator."""
+    if not x.is_floating_point():
+        q, scale = int7_codes(x, scale)
+        return q, scale, a_times_p_b(q, p_b, rows_per_instance=rows_per_instance)
+    plan = _apb_plan(x.shape, p_b, rows_per_instance)
+    q = torch.empty(x.shape, dtype=torch.int8, device=x.device)
+    scale = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
+    apb = torch.empty((*x.shape[:-1], plan.rank), dtype=torch.int32, device=x.device)
+    _quantise_into(x.contiguous(), q, scale, apb if plan.splits > 1 else None)
+    _apb_launch(q, apb, plan)
+    return q, scale, apb

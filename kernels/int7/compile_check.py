@@ -59,18 +59,19 @@ def _variants() -> list[tuple[str, object, dict, dict, int, int]]:
                      "dim": "i32", "routing_ptr": "*i32", "offsets_ptr": "*i32", "out_ptr": "*i32",
                      "total": "i32", "SALTED": "constexpr", "FOLD": "constexpr", "LANES": "constexpr"},
                     {"SALTED": salted, "FOLD": fold, "LANES": 32}, 4, 1))
-    quantise = {"x_ptr": "*i16", "q_ptr": "*i8", "scale_ptr": "*fp32", "rows": "i32", "K": "i32",
-                "BR": "constexpr", "BK": "constexpr", "ONE_PASS": "constexpr", "RECIPROCAL": "constexpr",
-                "BF16_BITS": "constexpr"}  # bf16 rows as their 16-bit patterns
-    for label, rows, width, one_pass, reciprocal, warps in (
-            ("decode", 1, 8192, 1, 1, 8),  # K 6144/7168: a row in registers, 8 warps
-            ("prefill_k4096", 2, 4096, 1, 1, 8),  # two rows per program
-            ("two_pass", 1, activations._TWO_PASS_BLOCK, 0, 1, 8),  # rows longer than 32768
-            ("fp32", 1, 8192, 1, 0, 8)):  # fp32 rows divide
+    quantise = {"x_ptr": "*i16", "q_ptr": "*i8", "scale_ptr": "*fp32", "zero_ptr": "*i32", "rows": "i32",
+                "K": "i32", "R": "i32", "BR": "constexpr", "BK": "constexpr", "ONE_PASS": "constexpr",
+                "RECIPROCAL": "constexpr", "BF16_BITS": "constexpr",
+                "ZERO_WIDTH": "constexpr"}  # bf16 rows as their 16-bit patterns
+    for label, rows, width, one_pass, reciprocal, zero, warps in (
+            ("decode", 1, 8192, 1, 1, 128, 8),  # K 6144/7168: a row in registers, zeroes A·P_B's row
+            ("prefill_k4096", 2, 4096, 1, 1, 0, 8),  # two rows per program
+            ("two_pass", 1, activations._TWO_PASS_BLOCK, 0, 1, 0, 8),  # rows longer than 32768
+            ("fp32", 1, 8192, 1, 0, 0, 8)):  # fp32 rows divide
         signature = dict(quantise, x_ptr="*fp32") if not reciprocal else quantise
         out.append((f"activations_quantise_{label}", activations._quantise_kernel, signature,
                     {"BR": rows, "BK": width, "ONE_PASS": one_pass, "RECIPROCAL": reciprocal,
-                     "BF16_BITS": reciprocal}, warps, 1))
+                     "BF16_BITS": reciprocal, "ZERO_WIDTH": zero}, warps, 1))
     for regime, rows, warps, atomic in (("decode", 16, 4, 1), ("prefill", 128, 8, 0), ("mid", 64, 4, 0)):
         out.append((f"activations_apb_{regime}", activations._apb_kernel,
                     {"q_ptr": "*i8", "pb_ptr": "*i8", "pb_stride": "i32", "apb_ptr": "*i32",
@@ -109,6 +110,14 @@ def _variants() -> list[tuple[str, object, dict, dict, int, int]]:
                      "LANES": "constexpr"},
                     {"R": 128, "BR": rows, "BC": a_side._BLOCK_BYTES // rows, "BK": 128,
                      "LANES": a_side._LANES}, a_side._APPLY_WARPS, a_side._APPLY_STAGES))
+    for rows in a_side.FUSED_ROWS:  # the lagged pass's side stream: A' without A·P_B
+        out.append((f"a_side_noise_m{rows}", a_side._noise_kernel,
+                    {"q_ptr": "*i8", "sa_ptr": "*i32", "label_ptr": "*i32", "u_ptr": "*i8",
+                     "first_ptr": "*i32", "second_ptr": "*i32", "out_ptr": "*i8", "K": "i32",
+                     "u_blocks": "i32", "column_blocks": "i32",
+                     "R": "constexpr", "BR": "constexpr", "BC": "constexpr", "LANES": "constexpr"},
+                    {"R": 128, "BR": rows, "BC": a_side._BLOCK_BYTES // rows, "LANES": a_side._LANES},
+                    a_side._APPLY_WARPS, 1))
     out.append(("retain", winner._retain_kernel,
                 {"record_ptr": "*i32", "src_ptr": "*i32", "dst_ptr": "*i32", "per_instance": "i32",
                  "USE_INDEX": "constexpr", "BLOCK": "constexpr"}, {"USE_INDEX": 1, "BLOCK": 1024}, 4, 1))

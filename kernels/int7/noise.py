@@ -214,18 +214,21 @@ def _noised_mma_kernel(x_ptr, u_ptr, first_ptr, second_ptr, out_ptr, rows_per_in
     first_inst = first_ptr + inst * factor_stride
     second_inst = second_ptr + inst * factor_stride
     cs = tl.arange(0, BC)
+    row_at = rows[:, None] * K
+    x = tl.load(x_ptr + row_at + cs[None, :], mask=cs[None, :] < K, other=0)
     for c0 in range(0, K, BC):
         ks = c0 + cs
         live = ks < K
+        after = ks + BC  # the next step's x, loaded now so its latency hides behind this step
+        x_next = tl.load(x_ptr + row_at + after[None, :], mask=after[None, :] < K, other=0)
         first = tl.load(first_inst + ks, mask=live, other=0)  # a dead column: +1 − 1 at 0 = 0
         second = tl.load(second_inst + ks, mask=live, other=0)
         # Pᵀ's block (R × BC), built in this orientation so a thread compares few columns (4
         # index loads per thread instead of 64 in the (BC × R) orientation's default layout).
         one_hot = (ts[:, None] == first[None, :]).to(tl.int8) - (ts[:, None] == second[None, :]).to(tl.int8)
         noise = tl.dot(u, one_hot, out_dtype=tl.int32)
-        at = rows[:, None] * K + ks[None, :]
-        x = tl.load(x_ptr + at, mask=live[None, :], other=0)
-        tl.store(out_ptr + at, (x.to(tl.int32) + noise).to(tl.int8), mask=live[None, :])
+        tl.store(out_ptr + row_at + ks[None, :], (x.to(tl.int32) + noise).to(tl.int8), mask=live[None, :])
+        x = x_next
 
 
 def noised(x: torch.Tensor, uniform: torch.Tensor, first: torch.Tensor,
