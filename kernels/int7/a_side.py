@@ -193,7 +193,7 @@ def _noise(q: torch.Tensor, s_a: torch.Tensor, a_noised: torch.Tensor, rank: int
     label = constant_words(LABEL_A, device)
     if p_b is None:
         _noise_kernel[(experts, column_blocks)](q, s_a, label, uniform, first, second, a_noised, *common,
-                                                **shape, num_warps=_APPLY_WARPS)
+                                                **shape, num_warps=_APPLY_WARPS, num_stages=1)
     else:
         p_b_kmajor = p_b.transpose(1, 2).contiguous()  # no copy for the job's P_B
         _noise_apply_kernel[(experts, column_blocks)](
