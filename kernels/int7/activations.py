@@ -134,9 +134,9 @@ def _quantise_kernel(x_ptr, q_ptr, scale_ptr, zero_ptr, rows, K, R, BR: tl.const
 def apb_partial(q_ptr, pb_ptr, rows, ts, k_begin, steps, K, R: tl.constexpr, BK: tl.constexpr,
                 PB_KMAJOR: tl.constexpr = 0):
     """q[rows, k_begin : k_begin + steps·BK] · P_B[same k, ts] as int32 (rows × ts) on the tensor
-    cores; pb_ptr at the instance's P_B, stored K-major ((R, K): PB_KMAJOR=1) or (K, R) row-major
-    (the default, which the fused A side still passes). Shared by the A·P_B kernel and the fused
-    A side."""
+    cores; pb_ptr at the instance's P_B, stored K-major ((R, K): PB_KMAJOR=1, as the job stores
+    it) or (K, R) row-major (a caller's contiguous P_B, read without a copy but transposed
+    through shared memory at every step). Shared by the A·P_B kernel and the fused A side."""
     ks = tl.arange(0, BK)
     acc = tl.full((rows.shape[0], ts.shape[0]), 0, tl.int32)
     for step in range(0, steps):
