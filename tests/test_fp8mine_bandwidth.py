@@ -52,6 +52,28 @@ def test_peel_prefill_columns_loop_matches_one_step_and_the_formula(monkeypatch)
     assert torch.allclose(looped.float(), want, rtol=1e-2, atol=1e-3)
 
 
+@pytest.mark.parametrize("counts, n_e", [([5, 0, 9, 2], 128), ([110, 90, 0, 70], 320)])  # 16-, 64-row tiles
+def test_peel_row_shift_reads_each_expert_from_its_offset(counts, n_e, monkeypatch):
+    """A combined accumulator (junk rows before each expert's rows, as the lagged pass lays out
+    READY rows) read through row_shift gives the same bits as the compact accumulator."""
+    monkeypatch.setattr(peel, "_PEEL_MIN_PROGRAMS", 1)  # the prefill shape walks 2 column steps
+    g = torch.Generator().manual_seed(32)
+    acc, *rest = args = _peel_inputs(g, counts, n_e)
+    table = args[-1]
+    junk = torch.tensor([3, 1, 4, 2], dtype=torch.int32)[:table.experts]
+    shift = torch.cumsum(junk, 0, dtype=torch.int32)
+    pieces, start = [], 0
+    for w, end in enumerate(table.offsets.tolist()):
+        pieces += [torch.full((int(junk[w]), n_e), float("nan")), acc[start:end]]
+        start = end
+    combined = torch.cat(pieces + [torch.full((5, n_e), float("nan"))])
+    plain = peel.peel_and_unscale(*args)
+    shifted = peel.peel_and_unscale(combined, *rest, row_shift=shift)
+    assert torch.equal(plain.view(torch.int16), shifted.view(torch.int16))
+    with pytest.raises(ValueError, match="does not hold"):
+        peel.peel_and_unscale(combined, *rest)
+
+
 def test_peel_steps_keep_decode_at_one_and_fill_the_gpu_at_prefill():
     assert peel.peel_steps(16, 64, 4096) == 1  # decode: 16-row tiles
     assert peel.peel_steps(64, 1056, 4096) == peel._PEEL_MAX_STEPS  # GLM-5 prefill: 1056 row tiles

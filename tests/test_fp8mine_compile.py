@@ -2,7 +2,7 @@
 the Hopper model's structure — four K = 32 e4m3 WGMMAs per 128-k window, the first zero-initialised,
 then one fp32 add per accumulator register; the noisy-quantization kernel has no contracted
 multiply-add; the pre-quantization, row-scales, row-norms, noise-line, tile-map, lottery, payload,
-A-peel (+ split-k combine), peel/unscale (decode and the prefill column loop), plane-forest,
+A-peel (+ split-k combine), peel/unscale (decode, the prefill column loop, row-shifted), plane-forest,
 launch-keys, routing (decode rank; prefill counts, scan, scatter) and short-hash kernels compile."""
 import os
 import re
@@ -58,13 +58,14 @@ SCRIPT = textwrap.dedent("""
             "k": "i32", "recip_127": "fp32", "magic": "fp32", "X_BF16": "constexpr", "BR": "constexpr",
             "BB": "constexpr"}, constexprs={"X_BF16": x_bf16, "BR": prequant_kernel._ROWS, "BB": prequant_kernel._BLOCKS}),
             target=target, options={"enable_fp_fusion": False, "num_warps": prequant_kernel._WARPS})
-    for rows, steps in ((16, 1), (64, 8)):
+    for rows, steps, shifted in ((16, 1, False), (64, 8, False), (16, 1, True)):
         triton.compile(ASTSource(fn=peel._peel_unscale_kernel, signature={
-            "acc_ptr": "*fp32", "rflat_ptr": "*i32", "a_peel_ptr": "*i16", "alpha_a_ptr": "*i16",
-            "b_peel_ptr": "*i16", "alpha_b_ptr": "*i16", "tile_row_ptr": "*i32", "tile_expert_ptr": "*i32",
-            "bounds_ptr": "*i32", "out_ptr": "*i16", "n": "i32", "total_rows": "i32", "BR": "constexpr",
-            "BN": "constexpr", "STEPS": "constexpr"},
-            constexprs={"BR": rows, "BN": 128, "STEPS": steps}), target=target)
+            "acc_ptr": "*fp32", "shift_ptr": "*i32" if shifted else "*fp32", "rflat_ptr": "*i32",
+            "a_peel_ptr": "*i16", "alpha_a_ptr": "*i16", "b_peel_ptr": "*i16", "alpha_b_ptr": "*i16",
+            "tile_row_ptr": "*i32", "tile_expert_ptr": "*i32", "bounds_ptr": "*i32", "out_ptr": "*i16",
+            "n": "i32", "acc_rows": "i32", "BR": "constexpr", "BN": "constexpr", "STEPS": "constexpr",
+            "SHIFTED": "constexpr"},
+            constexprs={"BR": rows, "BN": 128, "STEPS": steps, "SHIFTED": shifted}), target=target)
     for split, rows, f_values in ((False, 16, False), (True, 16, False), (False, 64, True)):
         triton.compile(ASTSource(fn=peel._a_peel_kernel, signature={
             "codes_ptr": "*u8", "beta_ptr": "*i16", "e_ptr": "*u8", "f_b_ptr": "*fp32" if f_values else "*u8",

@@ -183,59 +183,72 @@ def peel_steps(block_rows: int, row_tiles_: int, n: int) -> int:
 
 
 @jit
-def _peel_unscale_kernel(acc_ptr, rflat_ptr, a_peel_ptr, alpha_a_ptr, b_peel_ptr, alpha_b_ptr,
-                         tile_row_ptr, tile_expert_ptr, bounds_ptr, out_ptr, n, total_rows,
-                         BR: tl.constexpr, BN: tl.constexpr, STEPS: tl.constexpr):
+def _peel_unscale_kernel(acc_ptr, shift_ptr, rflat_ptr, a_peel_ptr, alpha_a_ptr, b_peel_ptr, alpha_b_ptr,
+                         tile_row_ptr, tile_expert_ptr, bounds_ptr, out_ptr, n, acc_rows,
+                         BR: tl.constexpr, BN: tl.constexpr, STEPS: tl.constexpr, SHIFTED: tl.constexpr):
     """out = (acc + A_peel[token] · B_peel[w]ᵀ) · (1/α_A[token]) · (1/α_B[w, col]) → bf16 for one
     row tile of expert w (rows in expert order, token = Rflat[row]) and STEPS × BN columns, BN at a
-    time (STEPS = 1: no loop). Accumulator loads are masked by the launch's row count, not the
-    expert's end (a dependent load), so they need only the tile's first row; stores use the end."""
+    time (STEPS = 1: no loop). Accumulator loads are masked by the accumulator's row count, not the
+    expert's end (a dependent load), so without SHIFTED they need only the tile's first row;
+    stores use the end. SHIFTED: output row i of expert w reads accumulator row i + shift[w]."""
     row0 = tl.load(tile_row_ptr + tl.program_id(0))
     if row0 >= 0:
         rows = row0 + tl.arange(0, BR)
-        in_launch = rows < total_rows
         expert = tl.load(tile_expert_ptr + tl.program_id(0)).to(tl.int64)
+        if SHIFTED:
+            source = rows.to(tl.int64) + tl.load(shift_ptr + expert)
+        else:
+            source = rows.to(tl.int64)
+        in_acc = source < acc_rows
         row_end = tl.load(bounds_ptr + expert + 1)
         live_r = rows < row_end
         token = tl.load(rflat_ptr + rows, mask=live_r, other=0).to(tl.int64)
         j = tl.arange(0, 64)[None, :]
         a = _bf16_of_bits(a_peel_ptr, token[:, None] * 64 + j, live_r[:, None])
         inv_a = 1.0 / tl.where(live_r, _bf16_of_bits(alpha_a_ptr, token, live_r), 1.0)
-        row_cells = rows.to(tl.int64)[:, None] * n
+        source_cells = source[:, None] * n
+        out_cells = rows.to(tl.int64)[:, None] * n
         for step in range(STEPS):
             cols = (tl.program_id(1) * STEPS + step) * BN + tl.arange(0, BN)
             live_c = cols < n
-            acc = tl.load(acc_ptr + row_cells + cols[None, :], mask=in_launch[:, None] & live_c[None, :], other=0.0)
+            acc = tl.load(acc_ptr + source_cells + cols[None, :], mask=in_acc[:, None] & live_c[None, :], other=0.0)
             b_rows = expert * n + cols.to(tl.int64)
             b = _bf16_of_bits(b_peel_ptr, b_rows[:, None] * 64 + j, live_c[:, None])
             correction = tl.dot(a, tl.trans(b))  # bf16 values are exact in tf32
             inv_b = 1.0 / tl.where(live_c, _bf16_of_bits(alpha_b_ptr, b_rows, live_c), 1.0)
             out = (acc + correction) * inv_a[:, None] * inv_b[None, :]
             bits = _rne_bf16(out.to(tl.int32, bitcast=True)) >> 16  # RNE, the same in the interpreter
-            tl.store(out_ptr + row_cells + cols[None, :], bits.to(tl.int16), mask=live_r[:, None] & live_c[None, :])
+            tl.store(out_ptr + out_cells + cols[None, :], bits.to(tl.int16), mask=live_r[:, None] & live_c[None, :])
 
 
 def peel_and_unscale(acc: torch.Tensor, a_peel_: torch.Tensor, alpha_a: torch.Tensor,
-                     b_peel_: torch.Tensor, alpha_b: torch.Tensor, table: RoutingTable) -> torch.Tensor:
+                     b_peel_: torch.Tensor, alpha_b: torch.Tensor, table: RoutingTable,
+                     row_shift: torch.Tensor | None = None) -> torch.Tensor:
     """out[i, j] = (acc[i, j] + A_peel[t] · B_peel[w, j]) / (α_A[t] α_B[w, j]) as BF16, t = Rflat[i].
 
     acc (rows, n_e) fp32 in expert order; a_peel_ (m, 64) and alpha_a (m,) in token order;
-    b_peel_ (e, n_e, 64), alpha_b (e, n_e). One Triton pass plus the row-tile map, no host sync
-    (approximate arithmetic: the output is not consensus).
+    b_peel_ (e, n_e, 64), alpha_b (e, n_e). With row_shift (e,) int32, output row i of expert w
+    reads acc row i + row_shift[w] (acc may then hold other rows too: a combined launch).
+    One Triton pass plus the row-tile map, no host sync (approximate arithmetic: the output is
+    not consensus).
     """
-    rows, n = acc.shape
+    rows, n = table.rflat.shape[0], acc.shape[1]
     experts = table.experts
     if b_peel_.shape != (experts, n, 64) or alpha_b.shape != (experts, n) or a_peel_.shape[1] != 64:
         raise ValueError(f"peel shapes do not match acc {tuple(acc.shape)} with {experts} experts: "
                          f"a_peel {tuple(a_peel_.shape)}, b_peel {tuple(b_peel_.shape)}, alpha_b {tuple(alpha_b.shape)}")
+    if (acc.shape[0] != rows) if row_shift is None else (row_shift.shape != (experts,) or acc.shape[0] < rows):
+        raise ValueError(f"acc {tuple(acc.shape)} does not hold the table's {rows} rows "
+                         f"(row_shift {None if row_shift is None else tuple(row_shift.shape)}, {experts} experts)")
     block_rows = _peel_rows(rows, experts)
     tiles = row_tiles(table, block_rows, partial=True)
     out = torch.empty((rows, n), dtype=torch.int16, device=acc.device)
     steps = peel_steps(block_rows, tiles.row_start.shape[0], n)
     grid = (tiles.row_start.shape[0], triton.cdiv(n, steps * _PEEL_COLS))
     acc = acc.contiguous()
-    _peel_unscale_kernel[grid](acc, table.rflat, a_peel_.contiguous().view(torch.int16),
-                               alpha_a.contiguous().view(torch.int16), b_peel_.contiguous().view(torch.int16),
-                               alpha_b.contiguous().view(torch.int16), tiles.row_start, tiles.expert,
-                               table.bounds, out, n, rows, BR=block_rows, BN=_PEEL_COLS, STEPS=steps)
+    _peel_unscale_kernel[grid](acc, acc if row_shift is None else row_shift, table.rflat,
+                               a_peel_.contiguous().view(torch.int16), alpha_a.contiguous().view(torch.int16),
+                               b_peel_.contiguous().view(torch.int16), alpha_b.contiguous().view(torch.int16),
+                               tiles.row_start, tiles.expert, table.bounds, out, n, acc.shape[0],
+                               BR=block_rows, BN=_PEEL_COLS, STEPS=steps, SHIFTED=row_shift is not None)
     return out.view(torch.bfloat16)
