@@ -95,8 +95,8 @@ def _fma_bf16_f32(a, b, c):
 def _product_leaves_f32(a, b):
     """Where the f32 product of two bf16 values is not exact: a non-zero product below 2^-126
     (f32 subnormal or underflow; 16 significant bits need a normal f32) or an overflow."""
-    magnitude = tl.abs(a * b)
-    return ((magnitude < 1.1754943508222875e-38) & (a != 0.0) & (b != 0.0)) | (magnitude == float("inf"))
+    magnitude = tl.abs(a * b).to(tl.int32, bitcast=True)
+    return ((magnitude < 0x00800000) & (a != 0.0) & (b != 0.0)) | (magnitude == 0x7F800000)
 
 
 @jit
