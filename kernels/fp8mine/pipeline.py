@@ -301,8 +301,8 @@ class MinedGemm:
         if peel_ready is not None:
             main.wait_event(peel_ready)
         out = peel_clean_rows(acc, ready.bounds[1:], a_peel_clean, operand.clean_alpha,
-                                     state.peel.view(self.b.experts, self.b.n_e, -1),
-                                     state.side.alpha.view(self.b.experts, self.b.n_e), table)
+                              state.peel.view(self.b.experts, self.b.n_e, -1),
+                              state.side.alpha.view(self.b.experts, self.b.n_e), table)
         self._join(main)
         return LaunchResult(out, acc, table, a, operand.table.bounds)
 
@@ -317,6 +317,7 @@ class MinedGemm:
             main.wait_stream(self.side)
 
     def _on_side(self):
+        """Work issued inside goes to the side stream (on the CPU: in order, no streams)."""
         return torch.cuda.stream(self.side) if self.side is not None else contextlib.nullcontext()
 
     def expert_rows(self, a_codes: torch.Tensor, table: RoutingTable) -> torch.Tensor:
