@@ -36,7 +36,7 @@ from proof.int7.routing import end_offsets, expert_start, flatten, open_entries
 from proof.int7.seeds import job_key, salted_for
 
 from .a_side import fused_a_side, fused_applies, noised_a_side
-from .activations import a_times_p_b, int7_codes, prepare_rows
+from .activations import int7_codes, prepare_rows
 from .blake3 import KeyedTrees, bytes_from_words, keyed_trees, words_from_bytes
 from .mined_gemm import TILE_WIDTHS, Tiling, mined_gemm
 from .noise import dense_sparse_factor, noise_factors, noised
@@ -302,12 +302,11 @@ class MinedPass:
             ready.flat.copy_(pending.flat)
             if side is not None:
                 self._copied.record(side)
-        q, scale = int7_codes(x, scale)
-        with _on_side(side, main):  # q_t exists
+        q, scale, apb = prepare_rows(x, self.job.p_b, rows_per_instance=self.rows, scale=scale)
+        with _on_side(side, main):  # q_t exists (forked after A·P_B too: its launches stay fused)
             pending.q.copy_(q)
             self._noise_into(pending)
             pending.valid.copy_(self.rows_valid)  # last: the rows are in
-        apb = a_times_p_b(q, self.job.p_b, rows_per_instance=self.rows)
         if side is not None:
             main.wait_event(self._copied)
         self._gemm(ready.a_noised, q, apb, ready.s_a, scale, ready.valid)
