@@ -1,7 +1,7 @@
 """Lagged mining (kernels.fp8mine.lagged, MinedGemm(lagged=True)) on the CPU backend.
 
 Fast: the combined operand against a literal reference (READY rows copied, clean rows with the
-per-token scale), the shifted peel and the shifted lottery against the unshifted ones on a
+per-token scale), the row-shifted peel and lottery against the unshifted ones on a
 compact accumulator, the slot layout, and an sm_90 compile of the new kernels. Slow (the Triton
 interpreter hashes the planes): dense and MoE launch sequences — launch 1 mines nothing even when
 every tile wins; launch 2's READY accumulator rows equal launch 1's non-lagged accumulator bit for
@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from kernels.fp8mine.gpu_check import synthetic_chain
-from kernels.fp8mine.lagged import LagError, LagSlot, build_operand, peel_clean_rows
+from kernels.fp8mine.lagged import LagError, LagSlot, build_operand
 from kernels.fp8mine.lottery import LotteryLatch
 from kernels.fp8mine.peel import peel_and_unscale
 from kernels.fp8mine.pipeline import MinedGemm
@@ -113,8 +113,8 @@ def _peel_inputs(rows_per_expert: list[int], n: int, seed: int):
 
 
 def test_shifted_peel_reads_the_clean_rows_of_the_combined_accumulator():
-    """Output row i of expert w reads acc row i + shift[w]; the result is peel_and_unscale's on
-    the compact accumulator, bit for bit."""
+    """The lagged layout through peel_and_unscale(row_shift=): output row i of expert w reads
+    acc row i + rb[w + 1] (clean rows after the READY ones); bit-equal to the compact pass."""
     table, a_peel, alpha_a, b_peel, alpha_b = _peel_inputs([5, 0, 19, 8], n=192, seed=3)
     compact = torch.randn((32, 192)) * 1000
     ready = [0, 7, 7, 12, 30]  # READY rows before each expert's clean rows
@@ -125,10 +125,8 @@ def test_shifted_peel_reads_the_clean_rows_of_the_combined_accumulator():
         for i in range(starts[w], starts[w + 1]):
             combined[i + ready[w + 1]] = compact[i]
     want = peel_and_unscale(compact, a_peel, alpha_a, b_peel, alpha_b, table)
-    got = peel_clean_rows(combined, shift, a_peel, alpha_a, b_peel, alpha_b, table)
+    got = peel_and_unscale(combined, a_peel, alpha_a, b_peel, alpha_b, table, row_shift=shift)
     assert torch.equal(got.view(torch.int16), want.view(torch.int16))
-    with pytest.raises(LagError, match="shift"):
-        peel_clean_rows(combined, shift[:2], a_peel, alpha_a, b_peel, alpha_b, table)
 
 
 def test_shifted_lottery_hashes_the_ready_rows_of_the_combined_accumulator():
@@ -186,12 +184,6 @@ COMPILE = textwrap.dedent("""
         "SEARCH": "constexpr",
         "BK": "constexpr", "BW": "constexpr"}, constexprs={"SEARCH": 6, "BK": 1024, "BW": 1024}),
         target=target, options={"enable_fp_fusion": False})
-    for rows in (16, 64):
-        triton.compile(ASTSource(fn=lagged._shifted_peel_kernel, signature={
-            "acc_ptr": "*fp32", "shift_ptr": "*i32", "rflat_ptr": "*i32", "a_peel_ptr": "*i16",
-            "alpha_a_ptr": "*i16", "b_peel_ptr": "*i16", "alpha_b_ptr": "*i16", "tile_row_ptr": "*i32",
-            "tile_expert_ptr": "*i32", "bounds_ptr": "*i32", "out_ptr": "*i16", "n": "i32", "BR": "constexpr",
-            "BN": "constexpr"}, constexprs={"BR": rows, "BN": 128}), target=target)
     mined = triton.compile(ASTSource(fn=lottery._shifted_lottery_kernel, signature={
         "acc_ptr": "*i64", "n": "i32", "tile_row_ptr": "*i32", "tile_expert_ptr": "*i32", "tile_local_ptr": "*i32",
         "num_tiles": "i32", "shift_ptr": "*i32", "key_ptr": "*i32", "thr_ptr": "*i32", "seed_b_ptr": "*i32",

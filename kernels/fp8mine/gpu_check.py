@@ -44,7 +44,7 @@ from .matmul import IMPLS, WINDOW_K, gemm_impl, grouped_matmul, matmul
 from .pipeline import MinedGemm
 from .proofs import take_winner
 from .routing import RoutingTable, routing_table, row_tiles
-from .lagged import build_operand, clean_peel, peel_clean_rows
+from .lagged import build_operand, clean_peel
 
 DEVICE = "cuda"  # `--device cpu` dry-runs the check logic on the CPU backend (slow, no timings)
 FINITE_CODES = np.array([c for c in range(256) if c & 0x7F != 0x7F], dtype=np.uint8)
@@ -445,6 +445,7 @@ def _lagged_parts(gemm: MinedGemm, x: torch.Tensor, topk, result) -> dict:
     """Where the lagged pass spends its time, each stage alone (same method as `_parts`).
     Serving stream: routing, READY ← PENDING, combined operand, GEMM, peel of the clean rows;
     side stream: clean A peel, the A side and PENDING fill, the lottery over the READY rows."""
+    from .peel import peel_and_unscale
     from .pipeline import prepare_a
     state, table, ready = gemm.state, result.table, gemm.ready
     operand = build_operand(x, table, ready)
@@ -461,8 +462,8 @@ def _lagged_parts(gemm: MinedGemm, x: torch.Tensor, topk, result) -> dict:
         "READY <- PENDING copy": lambda: ready.flat.copy_(gemm.pending.flat),
         "combined operand (READY rows + clean quantization)": lambda: build_operand(x, table, ready),
         "GEMM (combined rows)": lambda: grouped_matmul(operand.rows, gemm.b_codes(), operand.table),
-        "peel + unscale (clean rows)": lambda: peel_clean_rows(result.acc, ready.bounds[1:], a_peel_clean,
-                                                               operand.clean_alpha, b_peel, alpha_b, table),
+        "peel + unscale (clean rows)": lambda: peel_and_unscale(result.acc, a_peel_clean, operand.clean_alpha,
+                                                                b_peel, alpha_b, table, row_shift=ready.bounds[1:]),
         "side: clean A peel": lambda: clean_peel(operand, state.f_b),
         "side: A side + PENDING fill": side_a,
         "side: lottery (READY rows) + payload + publish": lambda: (

@@ -13,7 +13,8 @@ operand of expert e is [READY rows of e ; clean rows of e]:
 
 Row positions (r_e = READY rows of e, c_e = clean rows of e, rb / ct their bounds, cb = rb + ct
 the combined bounds): READY row j of e sits at combined row j + ct[e]; clean row i of e at
-i + rb[e + 1]. The lottery and the peel read the accumulator through these per-expert shifts, so
+i + rb[e + 1]. The lottery (`LotteryLatch.run(row_shift=)`) and the peel
+(`peel.peel_and_unscale(row_shift=)`) read the accumulator through these per-expert shifts, so
 neither the accumulator nor the output is copied. Nothing here syncs with the host.
 """
 from __future__ import annotations
@@ -22,15 +23,14 @@ import functools
 from dataclasses import dataclass
 
 import torch
-import triton
 import triton.language as tl
 
 from kernels.int7._jit import jit
 
 from .noisy_kernel import _bf16_of_bits, _e4m3_code, _rne_bf16
-from .peel import _PEEL_COLS, _peel_rows, a_peel
+from .peel import a_peel
 from .quant import NoisySide
-from .routing import RoutingTable, dense_table, row_tiles
+from .routing import RoutingTable, dense_table
 
 _ALIGN = 16  # bytes: every view of a slot starts on a 16-byte boundary
 _QUANT_BLOCK = 1024  # elements per step of the clean quantization
@@ -219,56 +219,3 @@ def clean_peel(operand: Operand, f_b: torch.Tensor) -> torch.Tensor:
     """(m, 64) bf16 [0 | A_c′ · F_Bᵀ]: the A peel of the clean rows (peel.a_peel with E_A = 0)."""
     beta, e_lines = _zero_noise(operand.clean_codes.shape[0], operand.clean_codes.device)
     return a_peel(NoisySide(operand.clean_codes, operand.clean_alpha, beta, e_lines), f_b)
-
-
-@jit
-def _shifted_peel_kernel(acc_ptr, shift_ptr, rflat_ptr, a_peel_ptr, alpha_a_ptr, b_peel_ptr, alpha_b_ptr,
-                         tile_row_ptr, tile_expert_ptr, bounds_ptr, out_ptr, n,
-                         BR: tl.constexpr, BN: tl.constexpr):
-    """peel.py's peel-and-unscale with the accumulator row of output row i of expert w at
-    i + shift[w] (the clean rows of a combined launch)."""
-    row0 = tl.load(tile_row_ptr + tl.program_id(0))
-    if row0 >= 0:
-        expert = tl.load(tile_expert_ptr + tl.program_id(0)).to(tl.int64)
-        row_end = tl.load(bounds_ptr + expert + 1)
-        rows = row0 + tl.arange(0, BR)
-        live_r = rows < row_end
-        cols = tl.program_id(1) * BN + tl.arange(0, BN)
-        live_c = cols < n
-        token = tl.load(rflat_ptr + rows, mask=live_r, other=0).to(tl.int64)
-        j = tl.arange(0, 64)[None, :]
-        a = _bf16_of_bits(a_peel_ptr, token[:, None] * 64 + j, live_r[:, None])
-        b_rows = expert * n + cols.to(tl.int64)
-        b = _bf16_of_bits(b_peel_ptr, b_rows[:, None] * 64 + j, live_c[:, None])
-        correction = tl.dot(a, tl.trans(b))  # bf16 values are exact in tf32
-        live = live_r[:, None] & live_c[None, :]
-        acc_rows = rows.to(tl.int64) + tl.load(shift_ptr + expert)
-        acc = tl.load(acc_ptr + acc_rows[:, None] * n + cols[None, :], mask=live, other=0.0)
-        inv_a = 1.0 / tl.where(live_r, _bf16_of_bits(alpha_a_ptr, token, live_r), 1.0)
-        inv_b = 1.0 / tl.where(live_c, _bf16_of_bits(alpha_b_ptr, b_rows, live_c), 1.0)
-        out = (acc + correction) * inv_a[:, None] * inv_b[None, :]
-        bits = _rne_bf16(out.to(tl.int32, bitcast=True)) >> 16
-        tl.store(out_ptr + rows.to(tl.int64)[:, None] * n + cols[None, :], bits.to(tl.int16), mask=live)
-
-
-def peel_clean_rows(acc: torch.Tensor, shift: torch.Tensor, a_peel_: torch.Tensor, alpha_a: torch.Tensor,
-                    b_peel_: torch.Tensor, alpha_b: torch.Tensor, table: RoutingTable) -> torch.Tensor:
-    """out (rows, n_e) bf16 in `table`'s expert order: output row i of expert w is
-    (acc[i + shift[w]] + A_peel[t] · B_peel[w]ᵀ) / (α_A[t] α_B[w]), t = Rflat[i].
-
-    acc: the combined accumulator; shift (e,) int32 (the READY ends rb[1:]); the rest as
-    peel.peel_and_unscale."""
-    rows, n = table.rflat.shape[0], acc.shape[1]
-    experts = table.experts
-    if b_peel_.shape != (experts, n, 64) or alpha_b.shape != (experts, n) or shift.shape != (experts,):
-        raise LagError(f"peel shapes do not match acc {tuple(acc.shape)} with {experts} experts: b_peel "
-                       f"{tuple(b_peel_.shape)}, alpha_b {tuple(alpha_b.shape)}, shift {tuple(shift.shape)}")
-    block_rows = _peel_rows(rows, experts)
-    tiles = row_tiles(table, block_rows, partial=True)
-    out = torch.empty((rows, n), dtype=torch.int16, device=acc.device)
-    _shifted_peel_kernel[(tiles.row_start.shape[0], triton.cdiv(n, _PEEL_COLS))](
-        acc.contiguous(), shift, table.rflat, a_peel_.contiguous().view(torch.int16),
-        alpha_a.contiguous().view(torch.int16), b_peel_.contiguous().view(torch.int16),
-        alpha_b.contiguous().view(torch.int16), tiles.row_start, tiles.expert, table.bounds, out, n,
-        BR=block_rows, BN=_PEEL_COLS)
-    return out.view(torch.bfloat16)

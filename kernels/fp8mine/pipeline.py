@@ -25,7 +25,7 @@ from proof.fp8.params import STATE_WINDOW_DEPTH, JobParams, make_job
 
 from . import noise, prequant, quant, transcript
 from .hashing import constant_bytes
-from .lagged import LagSlot, build_operand, clean_peel, peel_clean_rows
+from .lagged import LagSlot, build_operand, clean_peel
 from .lottery import LotteryLatch, threshold_words
 from .matmul import grouped_matmul
 from .peel import a_peel, b_peel, peel_and_unscale
@@ -300,9 +300,8 @@ class MinedGemm:
             self.latch.publish()
         if peel_ready is not None:
             main.wait_event(peel_ready)
-        out = peel_clean_rows(acc, ready.bounds[1:], a_peel_clean, operand.clean_alpha,
-                              state.peel.view(self.b.experts, self.b.n_e, -1),
-                              state.side.alpha.view(self.b.experts, self.b.n_e), table)
+        out = peel_and_unscale(acc, a_peel_clean, operand.clean_alpha, state.peel.view(self.b.experts, self.b.n_e, -1),
+                               state.side.alpha.view(self.b.experts, self.b.n_e), table, row_shift=ready.bounds[1:])
         self._join(main)
         return LaunchResult(out, acc, table, a, operand.table.bounds)
 
