@@ -83,16 +83,15 @@ def test_peel_steps_keep_decode_at_one_and_fill_the_gpu_at_prefill():
 
 @pytest.mark.parametrize("tokens, top_k, experts", [(600, 8, 1024), (513, 3, 7), (1000, 4, 64)])
 def test_chunked_routing_table_matches_reference(tokens, top_k, experts, monkeypatch):
-    """The prefill routing path (chunk counts, one scan program, scatter): chunk and scan tiles
-    with a ragged last chunk, e up to 1024 (expert-block loops) and non-power-of-two e (the dead
-    tail counted under id e), against the reference."""
-    monkeypatch.setattr(dev_routing, "_SCAN_CELLS", 2048)  # several scan steps at these sizes
+    """The prefill routing path (chunk counts, per-expert prefixes, bounds, scatter) against the
+    reference: a ragged last chunk, prefix programs walking several chunk steps, e up to 1024
+    (32 prefix programs), non-power-of-two e (the dead tail counted under id e)."""
+    monkeypatch.setattr(dev_routing, "_SCAN_CELLS", 64)  # 2..8 chunks a prefix step
     rng = np.random.default_rng(tokens)
     topk = np.stack([rng.permutation(experts)[:top_k] for _ in range(tokens)])
-    ids = torch.from_numpy(topk)
-    chunked = dev_routing._chunked_table(ids, experts)
     rflat, offsets = routing_from_topk(topk, experts)
-    assert chunked.rflat.tolist() == rflat and chunked.bounds.tolist() == [0] + offsets
+    table = dev_routing._chunked_table(torch.from_numpy(topk), experts)
+    assert table.rflat.tolist() == rflat and table.bounds.tolist() == [0] + offsets
 
 
 # ------------------------------------------------------------------------------- noisy codes, f32

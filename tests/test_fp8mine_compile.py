@@ -3,7 +3,7 @@ the Hopper model's structure — four K = 32 e4m3 WGMMAs per 128-k window, the f
 then one fp32 add per accumulator register; the noisy-quantization kernel has no contracted
 multiply-add; the pre-quantization, row-scales, row-norms, noise-line, tile-map, lottery, payload,
 A-peel (+ split-k combine), peel/unscale (decode, the prefill column loop, row-shifted), plane-forest,
-launch-keys, routing (decode rank; prefill counts, scan, scatter) and short-hash kernels compile."""
+launch-keys, routing (decode rank; prefill counts, prefixes, bounds, scatter) and short-hash kernels compile."""
 import os
 import re
 import subprocess
@@ -114,17 +114,20 @@ SCRIPT = textwrap.dedent("""
         for eb in (32, 1024):
             triton.compile(ASTSource(fn=routing._chunk_counts_kernel, signature={
                 "ids_ptr": ids, "total": "i32", "experts": "i32", "counts_ptr": "*i32", "EB": "constexpr",
-                "CHUNK": "constexpr", "WB": "constexpr"}, constexprs={"EB": eb, "CHUNK": 128, "WB": min(eb, 64)}),
+                "CHUNK": "constexpr", "WB": "constexpr"}, constexprs={"EB": eb, "CHUNK": 128, "WB": 32}),
                 target=target)
         triton.compile(ASTSource(fn=routing._chunk_scatter_kernel, signature={
-            "ids_ptr": ids, "total": "i32", "experts": "i32", "top_k": "i32", "bases_ptr": "*i32",
-            "rflat_ptr": "*i32", "EB": "constexpr", "CHUNK": "constexpr"}, constexprs={"EB": 32, "CHUNK": 128}),
-            target=target)
+            "ids_ptr": ids, "total": "i32", "experts": "i32", "top_k": "i32", "prefix_ptr": "*i32",
+            "bounds_ptr": "*i32", "rflat_ptr": "*i32", "EB": "constexpr", "CHUNK": "constexpr"},
+            constexprs={"EB": 32, "CHUNK": 128}), target=target)
     for eb in (2, 32, 1024):
-        triton.compile(ASTSource(fn=routing._chunk_bases_kernel, signature={
-            "counts_ptr": "*i32", "chunks": "i32", "experts": "i32", "total": "i32", "bounds_ptr": "*i32",
-            "EB": "constexpr", "TC": "constexpr"}, constexprs={"EB": eb, "TC": max(1, 4096 // eb)}),
-            target=target, options={"num_warps": 8})
+        wb = min(eb, routing._COUNT_EXPERTS)
+        triton.compile(ASTSource(fn=routing._chunk_prefix_kernel, signature={
+            "counts_ptr": "*i32", "chunks": "i32", "totals_ptr": "*i32", "EB": "constexpr", "WB": "constexpr",
+            "TC": "constexpr"}, constexprs={"EB": eb, "WB": wb, "TC": routing._SCAN_CELLS // wb}), target=target)
+        triton.compile(ASTSource(fn=routing._bounds_kernel, signature={
+            "totals_ptr": "*i32", "experts": "i32", "total": "i32", "bounds_ptr": "*i32", "EB": "constexpr"},
+            constexprs={"EB": eb}), target=target)
     triton.compile(ASTSource(fn=routing._tile_map_kernel, signature={
         "ends_ptr": "*i32", "experts": "i32", "tile_rows": "i32", "partial": "i32", "row_start_ptr": "*i32",
         "expert_ptr": "*i32", "local_ptr": "*i32", "slots": "i32", "BLOCK": "constexpr"},

@@ -23,8 +23,8 @@ SMALL_ROUTING = 4096  # routing entries (m · top_k) ranked by one kernel; more 
 _RANK_BLOCK = 64
 _RANK_CHUNK = 128
 _COUNT_CHUNK = 128  # entries per program of the chunked counting sort
-_COUNT_EXPERTS = 64  # experts compared per step in the chunk counts
-_SCAN_CELLS = 4096  # (chunk, expert) counts per step of the scan program (8 warps: no spills)
+_COUNT_EXPERTS = 32  # experts per step of the chunk counts and per program of the prefixes
+_SCAN_CELLS = 4096  # (chunk, expert) counts per step of a prefix program
 
 
 class RoutingError(ValueError):
@@ -58,8 +58,8 @@ def routing_table(topk_ids: torch.Tensor, experts: int) -> RoutingTable:
 
     Up to SMALL_ROUTING entries (decode) one Triton kernel ranks every entry directly (its
     position is #{entries with a smaller id} + #{earlier entries with its id}: a stable counting
-    sort in one launch); larger launches (prefill) run the same counting sort in three: per-chunk
-    counts, one scan program, and a scatter (no sort, no int64 copies).
+    sort in one launch); larger launches (prefill) run a counting sort over 128-entry chunks in
+    four launches (no sort, no int64 copies).
     """
     if topk_ids.dim() != 2 or topk_ids.dtype not in (torch.int32, torch.int64):
         raise RoutingError(f"topk_ids must be an integer (m, top_k) tensor, "
@@ -91,18 +91,11 @@ def _chunk_counts_kernel(ids_ptr, total, experts, counts_ptr, EB: tl.constexpr, 
 
 
 @jit
-def _chunk_bases_kernel(counts_ptr, chunks, experts, total, bounds_ptr, EB: tl.constexpr, TC: tl.constexpr):
-    """One program: bounds[w] = #{entries with id < w} (w ≤ e) and, in place of the counts,
-    base[c, w] = bounds[w] + #{entries of earlier chunks with id w}."""
-    w = tl.arange(0, EB)
-    totals = tl.full((EB,), 0, tl.int32)
-    for c0 in range(0, chunks, TC):
-        c = c0 + tl.arange(0, TC)
-        tile = tl.load(counts_ptr + c[:, None] * EB + w[None, :], mask=(c < chunks)[:, None], other=0)
-        totals += tl.reduce(tile, 0, tl.standard._sum_combine)
-    running = tl.associative_scan(totals, 0, tl.standard._sum_combine) - totals  # exclusive
-    tl.store(bounds_ptr + w, running, mask=w < experts)
-    tl.store(bounds_ptr + experts, total)  # the chunks' dead tail is counted under id e
+def _chunk_prefix_kernel(counts_ptr, chunks, totals_ptr, EB: tl.constexpr, WB: tl.constexpr, TC: tl.constexpr):
+    """WB experts a program, walking the chunks TC at a time: in place of the counts,
+    prefix[c, w] = #{entries of earlier chunks with id w}; totals[w] = #{entries with id w}."""
+    w = tl.program_id(0) * WB + tl.arange(0, WB)
+    running = tl.full((WB,), 0, tl.int32)
     for c0 in range(0, chunks, TC):
         c = c0 + tl.arange(0, TC)
         cells = counts_ptr + c[:, None] * EB + w[None, :]
@@ -111,36 +104,50 @@ def _chunk_bases_kernel(counts_ptr, chunks, experts, total, bounds_ptr, EB: tl.c
         before = tl.associative_scan(tile, 0, tl.standard._sum_combine) - tile
         tl.store(cells, running[None, :] + before, mask=live)
         running += tl.reduce(tile, 0, tl.standard._sum_combine)
+    tl.store(totals_ptr + w, running)
 
 
 @jit
-def _chunk_scatter_kernel(ids_ptr, total, experts, top_k, bases_ptr, rflat_ptr, EB: tl.constexpr,
-                          CHUNK: tl.constexpr):
-    """Rflat[base[c, id(i)] + #{earlier entries of chunk c with id(i)}] = i // top_k."""
+def _bounds_kernel(totals_ptr, experts, total, bounds_ptr, EB: tl.constexpr):
+    """bounds[w] = #{entries with id < w} for w < e, bounds[e] = all entries (the chunks' dead
+    tail is counted under id e when e < EB)."""
+    w = tl.arange(0, EB)
+    totals = tl.load(totals_ptr + w)
+    tl.store(bounds_ptr + w, tl.associative_scan(totals, 0, tl.standard._sum_combine) - totals, mask=w < experts)
+    tl.store(bounds_ptr + experts, total)
+
+
+@jit
+def _chunk_scatter_kernel(ids_ptr, total, experts, top_k, prefix_ptr, bounds_ptr, rflat_ptr,
+                          EB: tl.constexpr, CHUNK: tl.constexpr):
+    """Rflat[bounds[id] + prefix[c, id] + #{earlier entries of chunk c with id}] = i // top_k."""
     i = tl.program_id(0) * CHUNK + tl.arange(0, CHUNK)
     live = i < total
     ids = _clamped_ids(ids_ptr, i, live, experts)
     lane = tl.arange(0, CHUNK)
     earlier = (ids[None, :] == ids[:, None]) & (lane[None, :] < lane[:, None])
     rank = tl.reduce(earlier.to(tl.int32), 1, tl.standard._sum_combine)
-    base = tl.load(bases_ptr + tl.program_id(0) * EB + ids, mask=live, other=0)
+    base = tl.load(bounds_ptr + ids, mask=live, other=0) + tl.load(prefix_ptr + tl.program_id(0) * EB + ids,
+                                                                   mask=live, other=0)
     tl.store(rflat_ptr + base + rank, i // top_k, mask=live)
 
 
 def _chunked_table(topk_ids: torch.Tensor, experts: int) -> RoutingTable:
-    """The stable counting sort in three launches: counts per (chunk, expert), one program that
-    scans them into bounds and per-chunk bases, and a scatter that ranks entries within a chunk."""
+    """The stable counting sort in four launches, none serial over the whole launch: counts per
+    (chunk, expert); per-expert prefixes over the chunks (expert blocks in parallel); the bounds
+    (one program, e ≤ 1024 totals); a scatter that ranks entries within their chunk."""
     total = topk_ids.numel()
     chunks = triton.cdiv(total, _COUNT_CHUNK)
     eb = max(triton.next_power_of_2(experts), 2)
+    wb = min(eb, _COUNT_EXPERTS)
     counts = torch.empty((chunks, eb), dtype=torch.int32, device=topk_ids.device)
+    totals = torch.empty(eb, dtype=torch.int32, device=topk_ids.device)
     rflat = torch.empty(total, dtype=torch.int32, device=topk_ids.device)
     bounds = torch.empty(experts + 1, dtype=torch.int32, device=topk_ids.device)
-    _chunk_counts_kernel[(chunks,)](topk_ids, total, experts, counts, EB=eb, CHUNK=_COUNT_CHUNK,
-                                    WB=min(eb, _COUNT_EXPERTS))
-    _chunk_bases_kernel[(1,)](counts, chunks, experts, total, bounds, EB=eb, TC=max(1, _SCAN_CELLS // eb),
-                                  num_warps=8)
-    _chunk_scatter_kernel[(chunks,)](topk_ids, total, experts, topk_ids.shape[1], counts, rflat,
+    _chunk_counts_kernel[(chunks,)](topk_ids, total, experts, counts, EB=eb, CHUNK=_COUNT_CHUNK, WB=wb)
+    _chunk_prefix_kernel[(eb // wb,)](counts, chunks, totals, EB=eb, WB=wb, TC=_SCAN_CELLS // wb)
+    _bounds_kernel[(1,)](totals, experts, total, bounds, EB=eb)
+    _chunk_scatter_kernel[(chunks,)](topk_ids, total, experts, topk_ids.shape[1], counts, bounds, rflat,
                                      EB=eb, CHUNK=_COUNT_CHUNK)
     return RoutingTable(rflat, bounds)
 
