@@ -77,6 +77,7 @@ def _exact(weights, acts):
     return np.einsum("emk,enk->emn", acts.astype(np.int64), weights.astype(np.int64))
 
 
+@pytest.mark.slow  # ~50 s interpreted: four mined launches, each hashing its rows
 def test_lagged_pass_serves_now_and_mines_the_previous_launch(job_and_weights):
     """Fused A side (decode): launch 1 mines nothing even under a bound every tile meets; launches
     2 and 3 record the planted tile of launches 1 and 2; outputs are those of the same-launch pass."""
