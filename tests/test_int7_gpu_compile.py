@@ -33,7 +33,8 @@ def test_kernels_compile_for_sm90a_and_spills_stay_within_the_measured_defaults(
     assert results["gemm_decode_unmined_16x128x128"]["stack_bytes"] == 0
     assert results["gemm_prefill_unmined_64x128x128"]["stack_bytes"] == 0
     assert all(r["registers"] <= 255 for r in results.values())
-    assert all(results[name]["stack_bytes"] == 0 for name in ("noised", "noised_mma_64", "noised_mma_128"))
+    assert all(results[name]["stack_bytes"] == 0
+               for name in ("noised", "noised_mma_64", "noised_mma_64_r256", "noised_mma_128"))
     # The bandwidth-bound A-side kernels keep everything in registers: a spill would be traffic.
     assert all(results[name]["stack_bytes"] == 0 for name in activations)
     # A whole decode row (8192 values) in registers still leaves 4 programs of 8 warps per SM.

@@ -234,14 +234,14 @@ class _ApbPlan:
 def _apb_plan(shape: torch.Size, p_b: torch.Tensor, rows_per_instance: int) -> _ApbPlan:
     """Check the rows (shape (..., K)) and P_B against each other and pick the launch."""
     k = shape[-1]
-    rows_total = math.prod(shape) // k
-    if rows_per_instance % ROWS or rows_total % rows_per_instance:
+    rows_total = math.prod(shape[:-1])
+    if rows_per_instance <= 0 or rows_per_instance % ROWS or rows_total % rows_per_instance:
         raise ActivationError(f"rows per instance must be a multiple of {ROWS} dividing {rows_total}, "
                               f"got {rows_per_instance}")
     instances = rows_total // rows_per_instance
     if (p_b.dtype != torch.int8 or p_b.dim() != 3 or p_b.shape[0] not in (1, instances)
-            or p_b.shape[1] != k or k % 64):
-        raise ActivationError(f"need K a multiple of 64 and an int8 P_B (1 or {instances}, {k}, r), got "
+            or p_b.shape[1] != k or k % 64 or k == 0):
+        raise ActivationError(f"need K a positive multiple of 64 and an int8 P_B (1 or {instances}, {k}, r), got "
                               f"K={k}, {p_b.dtype} {tuple(p_b.shape)}")
     rank = p_b.shape[2]
     rank_block = min(rank, _RANK_BLOCK)

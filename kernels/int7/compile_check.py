@@ -84,12 +84,13 @@ def _variants() -> list[tuple[str, object, dict, dict, int, int]]:
                  "rows_per_instance": "i32", "factor_stride": "i32", "K": "i32", "R": "constexpr",
                  "BR": "constexpr", "BK": "constexpr"}, {"R": 128, "BR": noise._ROWS, "BK": noise._COLS},
                 noise._NOISED_WARPS, 1))
-    for rows, warps in noise._MMA_ROWS:
-        out.append((f"noised_mma_{rows}", noise._noised_mma_kernel,
-                    {"x_ptr": "*i8", "u_ptr": "*i8", "first_ptr": "*i32", "second_ptr": "*i32", "out_ptr": "*i8",
-                     "rows_per_instance": "i32", "factor_stride": "i32", "K": "i32", "R": "constexpr",
-                     "BR": "constexpr", "BC": "constexpr"}, {"R": 128, "BR": rows, "BC": noise._MMA_COLS},
-                    warps, 1))
+    for rows, warps, max_rank in noise._MMA_ROWS:  # rank 128 and the largest each takes
+        for rank in sorted({128, max_rank}):
+            out.append((f"noised_mma_{rows}" + ("" if rank == 128 else f"_r{rank}"), noise._noised_mma_kernel,
+                        {"x_ptr": "*i8", "u_ptr": "*i8", "first_ptr": "*i32", "second_ptr": "*i32",
+                         "out_ptr": "*i8", "rows_per_instance": "i32", "factor_stride": "i32", "K": "i32",
+                         "R": "constexpr", "BR": "constexpr", "BC": "constexpr"},
+                        {"R": rank, "BR": rows, "BC": noise._MMA_COLS}, warps, 1))
     out.append(("noise_factors", noise._prng_kernel,
                 {"key_ptr": "*i32", "label_ptr": "*i32", "u_ptr": "*i8", "first_ptr": "*i32",
                  "second_ptr": "*i32", "u_blocks": "i32", "u_total": "i32", "u_limit": "i32",

@@ -32,7 +32,9 @@ _ROWS = 16  # rows per program of the noised-operand kernel (at most; a divisor 
 _COLS = 512  # k per program (masked at the end)
 _NOISED_WARPS = 8  # 16 × 512 bytes over 256 threads: 32 per thread (64 registers, no spills)
 _MMA_COLS = 128  # k per step of the tensor-core kernel (wgmma N)
-_MMA_ROWS = ((128, 8), (64, 4))  # rows per tensor-core program (wgmma M per warpgroup = 64), warps
+# Tensor-core programs: (rows, warps, largest rank) — wgmma M is 64 per warpgroup; 128 rows at
+# rank 256 spill (sm_90a: 136 bytes, in the k loop), 64 rows do not; larger ranks gather.
+_MMA_ROWS = ((128, 8, 128), (64, 4, 256))
 _SINGLE_BLOCK_KEYED = tl.constexpr(1 | 2 | 8 | 16)  # a global read inside a kernel must be constexpr
 
 
@@ -245,8 +247,8 @@ def noised(x: torch.Tensor, uniform: torch.Tensor, first: torch.Tensor,
     out = torch.empty_like(x)
     args = (x.contiguous(), uniform.contiguous(), first.contiguous(), second.contiguous(), out, rows,
             0 if first.shape[0] == 1 else k, k)
-    for block_rows, warps in _MMA_ROWS:
-        if rows % block_rows == 0 and rank >= 32:
+    for block_rows, warps, max_rank in _MMA_ROWS:
+        if rows % block_rows == 0 and rank <= max_rank:
             _noised_mma_kernel[(instances * rows // block_rows,)](
                 *args, R=rank, BR=block_rows, BC=_MMA_COLS, num_warps=warps, num_stages=1)
             return out
