@@ -114,9 +114,10 @@ def _max_active_clusters(cluster_size: int, device_index: int) -> int:
 
 def launch(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, out: torch.Tensor,
            config: GroupedGemmConfig, x_scale: torch.Tensor | None = None,
-           w_scale: torch.Tensor | None = None) -> None:
+           w_scale: torch.Tensor | None = None, max_sms: int | None = None) -> None:
     """Launch one compiled variant on the current stream; arguments are assumed checked (the
-    variant follows from x's dtype and the scales, as in `grouped_gemm`)."""
+    variant follows from x's dtype and the scales, as in `grouped_gemm`). max_sms caps the
+    persistent grid (a runtime argument: no recompile)."""
     from quack.gemm_default_epi import GemmDefaultEpiMixin
     from quack.gemm_tvm_ffi_utils import make_scheduler_args, make_varlen_args
 
@@ -124,7 +125,10 @@ def launch(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, out: torch.T
 
     precision = precision_of(x)
     fn = compile_grouped_gemm(precision, config, output_for(precision, x_scale is not None))
-    clusters = _max_active_clusters(config.cluster_m * config.cluster_n, x.device.index or 0)
+    cluster_size = config.cluster_m * config.cluster_n
+    clusters = _max_active_clusters(cluster_size, x.device.index or 0)
+    if max_sms is not None:
+        clusters = max(1, min(clusters, max_sms // cluster_size))
     epi_args = GemmDefaultEpiMixin.EpilogueArguments(
         alpha=None, beta=None, mRowVecBroadcast=w_scale, mColVecBroadcast=x_scale,
         add_to_output=None, rounding_mode=None, sr_seed=None)
@@ -135,7 +139,8 @@ def launch(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, out: torch.T
 def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, *,
                  x_scale: torch.Tensor | None = None, w_scale: torch.Tensor | None = None,
                  out: torch.Tensor | None = None,
-                 config: GroupedGemmConfig | None = None) -> torch.Tensor:
+                 config: GroupedGemmConfig | None = None,
+                 max_sms: int | None = None) -> torch.Tensor:
     """Grouped GEMM over experts on an sm_90a GPU.
 
     x: (total_M, K) rows sorted by expert; w: (E, N, K); offsets: (E+1,) int32 on the device,
@@ -152,7 +157,12 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, *,
 
     out: optional preallocated output of that dtype, (total_M, N), filled and returned.
     config: a fixed variant; by default the selector picks by shape (the output does not matter).
+    max_sms: run the persistent grid on at most this many SMs (whole clusters), leaving the rest
+    to concurrent kernels on other streams (the lagged mining passes' side work at decode, where
+    the GEMM is memory-bound); None uses every SM.
     """
+    if max_sms is not None and max_sms < 1:
+        raise GroupedGemmError(f"max_sms must be a positive SM count, got {max_sms}")
     precision, output = _check(x, w, offsets, x_scale, w_scale, out)
     total_m = x.shape[0]
     num_experts, n, k = w.shape
@@ -162,5 +172,5 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, *,
         return out
     if config is None:
         config = select_config(precision, total_m, num_experts, n, k)
-    launch(x, w, offsets, out, config, x_scale, w_scale)
+    launch(x, w, offsets, out, config, x_scale, w_scale, max_sms)
     return out

@@ -167,6 +167,12 @@ def test_bad_arguments_raise_clear_errors(over, match) -> None:
         grouped_gemm(**_args(**over))
 
 
+@pytest.mark.parametrize("max_sms", [0, -4])
+def test_max_sms_must_be_a_positive_count(max_sms) -> None:
+    with pytest.raises(GroupedGemmError, match="max_sms must be a positive SM count"):
+        grouped_gemm(**_args(), max_sms=max_sms)
+
+
 def _eight_bit(dtype: torch.dtype) -> dict:
     return dict(x=torch.zeros(4, 64, dtype=dtype), w=torch.zeros(2, 32, 64, dtype=dtype))
 

@@ -108,6 +108,19 @@ def test_selector_path_on_model_sized_shape(precision, scaled, m) -> None:
     check(out, x, w, offsets, xs, ws)
 
 
+@pytest.mark.parametrize("precision,scaled", [(Precision.BF16, False), (Precision.FP8, False)],
+                         ids=["bf16", "fp8raw"])
+@pytest.mark.parametrize("max_sms", [1, 7, 64])
+def test_a_capped_grid_gives_the_same_output(precision, scaled, max_sms) -> None:
+    """The persistent grid on fewer SMs (side work beside the GEMM) computes every tile alike."""
+    x, w, offsets, xs, ws = make_problem(precision, Routing.ZIPF, experts=16, m=16, k=2048, n=1536,
+                                         seed=max_sms, scaled=scaled)
+    full = grouped_gemm(x, w, offsets, x_scale=xs, w_scale=ws)
+    capped = grouped_gemm(x, w, offsets, x_scale=xs, w_scale=ws, max_sms=max_sms)
+    assert torch.equal(capped.view(torch.int32) if capped.dtype == torch.float32 else capped,
+                       full.view(torch.int32) if full.dtype == torch.float32 else full)
+
+
 def e4m3_operand(rng: np.random.Generator, rows: int, k: int) -> np.ndarray:
     """Random e4m3 codes, rows in random order: one row holds both NaN codes (0x7F, 0xFF; its
     outputs are NaN), one is all -0 (0x80; its outputs are zeros, +0 in the model), the others

@@ -32,6 +32,9 @@ from .peel import a_peel, b_peel, peel_and_unscale
 from .routing import RoutingTable, dense_table, routing_table, row_tiles
 
 
+LAGGED_SIDE_SMS = 16  # SMs the lagged pass's persistent GEMM leaves to the side stream's A side
+
+
 class PipelineError(ValueError):
     """Bad arguments to the mined layer."""
 
@@ -219,7 +222,11 @@ class MinedGemm:
         if lagged:
             self.ready = LagSlot.allocate(m, rows, k, self.b.experts, self.b.device)
             self.pending = LagSlot.allocate(m, rows, k, self.b.experts, self.b.device)
-            self.side = torch.cuda.Stream(self.b.device) if self.b.device.type == "cuda" else None
+            cuda = self.b.device.type == "cuda"
+            # high priority: the side work's blocks are placed first wherever an SM has room
+            self.side = torch.cuda.Stream(self.b.device, priority=-1) if cuda else None
+            self.gemm_sms = (torch.cuda.get_device_properties(self.b.device).multi_processor_count
+                             - LAGGED_SIDE_SMS) if cuda else None
 
     def set_job(self, header76: bytes, ancestors: list[bytes], target: int) -> None:
         """Adopt a new template: σ̂, its ancestors (parent first) and the target."""
@@ -291,7 +298,7 @@ class MinedGemm:
                 peel_ready.record(self.side)
             a = prepare_a(x, self.seed_message, self.p_a_len, state, table if self.moe else None)
             pending.fill(a.side.codes, a.codes, a.scales, a.pow_key, table, self.moe)
-        acc = grouped_matmul(operand.rows, self.b_codes(), operand.table)
+        acc = grouped_matmul(operand.rows, self.b_codes(), operand.table, max_sms=self.gemm_sms)
         self._fork(main)
         with self._on_side():
             mined = ready.table()

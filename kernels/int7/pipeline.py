@@ -233,7 +233,8 @@ class MinedPass:
             self._ready = _LagState.zeros(experts, rows, k, device)
             self._pending = _LagState.zeros(experts, rows, k, device)
             cuda = device.type == "cuda"
-            self._side = torch.cuda.Stream(device) if cuda else None
+            # high priority: the side chain's blocks are placed as soon as a GEMM program retires
+            self._side = torch.cuda.Stream(device, priority=-1) if cuda else None
             self._copied = torch.cuda.Event() if cuda else None
 
     def run(self, x: torch.Tensor, routing: torch.Tensor | None = None) -> torch.Tensor:
