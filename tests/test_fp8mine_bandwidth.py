@@ -31,7 +31,7 @@ def _peel_inputs(g: torch.Generator, counts: list[int], n_e: int):
 
 
 def test_peel_prefill_columns_loop_matches_one_step_and_the_formula(monkeypatch):
-    """64-row tiles walking 2 column steps per program (the last program half past n) give the
+    """64-row tiles walking 4 column steps of 64 per program (the last program past n) give the
     same bits as one step per program, and the formula; experts of 110/90/0/70 rows leave partial
     tiles, an empty expert and rows past an expert's end inside the launch."""
     g = torch.Generator().manual_seed(31)
@@ -39,10 +39,10 @@ def test_peel_prefill_columns_loop_matches_one_step_and_the_formula(monkeypatch)
     acc, a_rows, alpha_a, b_rows, alpha_b, table = args
     assert peel._peel_rows(acc.shape[0], table.experts) == 64
     monkeypatch.setattr(peel, "_PEEL_MIN_PROGRAMS", 1)
-    assert peel.peel_steps(64, 8, 320) == 2
+    assert peel.peel_shape(64, 8, 320) == (64, 4, 3, 8)
     looped = peel.peel_and_unscale(*args)
-    monkeypatch.setattr(peel, "_PEEL_MAX_STEPS", 1)
-    assert peel.peel_steps(64, 8, 320) == 1
+    monkeypatch.setattr(peel, "_PEEL_SPAN", 64)
+    assert peel.peel_shape(64, 8, 320).steps == 1
     single = peel.peel_and_unscale(*args)
     assert torch.equal(looped.view(torch.int16), single.view(torch.int16))
     rows = table.rflat.long()
@@ -56,7 +56,7 @@ def test_peel_prefill_columns_loop_matches_one_step_and_the_formula(monkeypatch)
 def test_peel_row_shift_reads_each_expert_from_its_offset(counts, n_e, monkeypatch):
     """A combined accumulator (junk rows before each expert's rows, as the lagged pass lays out
     READY rows) read through row_shift gives the same bits as the compact accumulator."""
-    monkeypatch.setattr(peel, "_PEEL_MIN_PROGRAMS", 1)  # the prefill shape walks 2 column steps
+    monkeypatch.setattr(peel, "_PEEL_MIN_PROGRAMS", 1)  # the prefill shape walks several column steps
     g = torch.Generator().manual_seed(32)
     acc, *rest = args = _peel_inputs(g, counts, n_e)
     table = args[-1]
@@ -74,11 +74,11 @@ def test_peel_row_shift_reads_each_expert_from_its_offset(counts, n_e, monkeypat
         peel.peel_and_unscale(combined, *rest)
 
 
-def test_peel_steps_keep_decode_at_one_and_fill_the_gpu_at_prefill():
-    assert peel.peel_steps(16, 64, 4096) == 1  # decode: 16-row tiles
-    assert peel.peel_steps(64, 1056, 4096) == peel._PEEL_MAX_STEPS  # GLM-5 prefill: 1056 row tiles
-    few = peel.peel_steps(64, 40, 4096)  # few row tiles: spans shrink to keep the SMs busy
-    assert 40 * (4096 // (few * 128)) >= peel._PEEL_MIN_PROGRAMS > 40 * (4096 // (2 * few * 128))
+def test_peel_shape_keeps_decode_and_fills_the_gpu_at_prefill():
+    assert peel.peel_shape(16, 64, 4096) == (128, 1, 1, 4)  # decode: the one-step kernel
+    assert peel.peel_shape(64, 1056, 4096) == (64, 16, 3, 8)  # GLM-5 prefill: 1056 row tiles, 1024 columns
+    few = peel.peel_shape(64, 40, 4096).steps  # few row tiles: spans shrink to keep the SMs busy
+    assert 40 * (4096 // (few * 64)) >= peel._PEEL_MIN_PROGRAMS > 40 * (4096 // (2 * few * 64))
 
 
 @pytest.mark.parametrize("tokens, top_k, experts", [(600, 8, 1024), (513, 3, 7), (1000, 4, 64)])

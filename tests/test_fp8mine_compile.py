@@ -58,14 +58,20 @@ SCRIPT = textwrap.dedent("""
             "k": "i32", "recip_127": "fp32", "magic": "fp32", "X_BF16": "constexpr", "BR": "constexpr",
             "BB": "constexpr"}, constexprs={"X_BF16": x_bf16, "BR": prequant_kernel._ROWS, "BB": prequant_kernel._BLOCKS}),
             target=target, options={"enable_fp_fusion": False, "num_warps": prequant_kernel._WARPS})
-    for rows, steps, shifted in ((16, 1, False), (64, 8, False), (16, 1, True)):
-        triton.compile(ASTSource(fn=peel._peel_unscale_kernel, signature={
+    for rows, shifted in ((16, False), (64, False), (16, True)):
+        shape = peel.peel_shape(rows, 1056, 4096)  # decode, and the GLM-5 prefill's 3-stage loop
+        peeled = triton.compile(ASTSource(fn=peel._peel_unscale_kernel, signature={
             "acc_ptr": "*fp32", "shift_ptr": "*i32" if shifted else "*fp32", "rflat_ptr": "*i32",
             "a_peel_ptr": "*i16", "alpha_a_ptr": "*i16", "b_peel_ptr": "*i16", "alpha_b_ptr": "*i16",
             "tile_row_ptr": "*i32", "tile_expert_ptr": "*i32", "bounds_ptr": "*i32", "out_ptr": "*i16",
             "n": "i32", "acc_rows": "i32", "BR": "constexpr", "BN": "constexpr", "STEPS": "constexpr",
-            "SHIFTED": "constexpr"},
-            constexprs={"BR": rows, "BN": 128, "STEPS": steps, "SHIFTED": shifted}), target=target)
+            "STAGES": "constexpr", "SHIFTED": "constexpr"},
+            constexprs={"BR": rows, "BN": shape.cols, "STEPS": shape.steps, "STAGES": shape.stages,
+                        "SHIFTED": shifted}, attrs=ALIGNED(13)), target=target, options={"num_warps": shape.warps})
+        if rows == 64:
+            print("PEEL-BEGIN")
+            print(peeled.asm["ptx"])
+            print("PEEL-END")
     for split, rows, f_values in ((False, 16, False), (True, 16, False), (False, 64, True)):
         triton.compile(ASTSource(fn=peel._a_peel_kernel, signature={
             "codes_ptr": "*u8", "beta_ptr": "*i16", "e_ptr": "*u8", "f_b_ptr": "*fp32" if f_values else "*u8",
@@ -185,3 +191,11 @@ def test_noisy_kernel_has_no_contracted_multiply_add(compiled):
     loads = re.findall(r"ld\.global[\w.]*", ptx)
     assert not [op for op in loads if op.endswith(".b32") and ".v" not in op]  # noise and X: vectors
     assert re.findall(r"st\.global[\w.]*", ptx) == ["st.global.v4.b32"]
+
+
+def test_prefill_peel_prefetches_accumulator_tiles(compiled):
+    """The prefill peel's step loop copies its 16-byte accumulator and B-peel blocks with
+    cp.async (the pipeline), and stores bf16 in 16-byte vectors."""
+    ptx = compiled.split("PEEL-BEGIN")[1].split("PEEL-END")[0]
+    assert len(re.findall(r"cp\.async\.cg\.shared\.global(?:\.\w+)*\s+\[[^]]+\], \[[^]]+\], 0x10", ptx)) >= 8
+    assert re.findall(r"st\.global[\w.]*", ptx) and set(re.findall(r"st\.global[\w.]*", ptx)) == {"st.global.v4.b32"}

@@ -15,6 +15,8 @@ job (torch ops).
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -31,8 +33,9 @@ _A_PEEL_ROWS = 16
 _A_PEEL_WIDE_ROWS = 64  # row block once rows alone fill the GPU (prefill)
 _A_PEEL_WIDE_FROM = 64 * 128  # rows from which the wide block is used
 _A_PEEL_PROGRAMS = 128  # split k until row blocks × splits reaches this (H200: 132 SMs)
-_PEEL_COLS = 128
-_PEEL_MAX_STEPS = 8  # most 128-column steps one peel program walks
+_PEEL_COLS = 128  # decode: one 128-column tile a program
+_PEEL_WIDE_COLS = 64  # prefill: 64-column steps, 3-stage cp.async prefetch (82 KB smem, 112 regs: 2 an SM)
+_PEEL_SPAN = 1024  # most columns one prefill program walks
 _PEEL_MIN_PROGRAMS = 4 * 132  # keep ≥ 4 programs per H200 SM when widening spans
 
 
@@ -164,31 +167,41 @@ def _peel_rows(rows: int, experts: int) -> int:
     return 64 if rows >= 64 * experts else 16
 
 
-def peel_steps(block_rows: int, row_tiles_: int, n: int) -> int:
-    """128-column steps per peel program.
+class PeelShape(NamedTuple):
+    """Launch shape of the peel pass: columns per step, steps per program, pipeline stages of
+    the step loop (accumulator and B-peel tiles prefetched by cp.async), warps."""
 
-    Decode (16-row tiles): one step (no loop), so the column tiles spread over the SMs. Prefill
-    (64-row tiles): a program walks its row tile across up to _PEEL_MAX_STEPS steps, so the
-    row-side chain of dependent loads (tile map → Rflat → gathered A peel rows and α_A) is paid
-    once per span instead of once per 128 columns; steps halve while that would leave fewer
-    than _PEEL_MIN_PROGRAMS programs."""
+    cols: int
+    steps: int
+    stages: int
+    warps: int
+
+
+def peel_shape(block_rows: int, row_tiles_: int, n: int) -> PeelShape:
+    """Decode (16-row tiles): one 128-column step a program and no pipeline (the old kernel), so
+    the column tiles spread over the SMs. Prefill (64-row tiles): a program walks its row tile
+    across up to _PEEL_SPAN columns in 64-column steps, so the row-side chain of dependent loads
+    (tile map → Rflat → gathered A peel rows and α_A) is paid once per span, and the step loop
+    keeps the next two steps' accumulator tiles in flight (3 stages) while one is computed;
+    spans halve while they would leave fewer than _PEEL_MIN_PROGRAMS programs."""
     if block_rows < 64:
-        return 1
-    col_tiles = triton.cdiv(n, _PEEL_COLS)
+        return PeelShape(_PEEL_COLS, 1, 1, 4)
+    col_tiles = triton.cdiv(n, _PEEL_WIDE_COLS)
     steps = 1
-    while steps * 2 <= min(col_tiles, _PEEL_MAX_STEPS) and \
+    while steps * 2 <= min(col_tiles, _PEEL_SPAN // _PEEL_WIDE_COLS) and \
             row_tiles_ * triton.cdiv(col_tiles, steps * 2) >= _PEEL_MIN_PROGRAMS:
         steps *= 2
-    return steps
+    return PeelShape(_PEEL_WIDE_COLS, steps, 3, 8)
 
 
 @jit
 def _peel_unscale_kernel(acc_ptr, shift_ptr, rflat_ptr, a_peel_ptr, alpha_a_ptr, b_peel_ptr, alpha_b_ptr,
                          tile_row_ptr, tile_expert_ptr, bounds_ptr, out_ptr, n, acc_rows,
-                         BR: tl.constexpr, BN: tl.constexpr, STEPS: tl.constexpr, SHIFTED: tl.constexpr):
+                         BR: tl.constexpr, BN: tl.constexpr, STEPS: tl.constexpr, STAGES: tl.constexpr,
+                         SHIFTED: tl.constexpr):
     """out = (acc + A_peel[token] · B_peel[w]ᵀ) · (1/α_A[token]) · (1/α_B[w, col]) → bf16 for one
     row tile of expert w (rows in expert order, token = Rflat[row]) and STEPS × BN columns, BN at a
-    time (STEPS = 1: no loop). Accumulator loads are masked by the accumulator's row count, not the
+    time (STEPS = 1: no loop; STAGES: the loop's cp.async pipeline depth). Accumulator loads are masked by the accumulator's row count, not the
     expert's end (a dependent load), so without SHIFTED they need only the tile's first row;
     stores use the end. SHIFTED: output row i of expert w reads accumulator row i + shift[w]."""
     row0 = tl.load(tile_row_ptr + tl.program_id(0))
@@ -208,7 +221,7 @@ def _peel_unscale_kernel(acc_ptr, shift_ptr, rflat_ptr, a_peel_ptr, alpha_a_ptr,
         inv_a = 1.0 / tl.where(live_r, _bf16_of_bits(alpha_a_ptr, token, live_r), 1.0)
         source_cells = source[:, None] * n
         out_cells = rows.to(tl.int64)[:, None] * n
-        for step in range(STEPS):
+        for step in tl.range(STEPS, num_stages=STAGES):
             cols = (tl.program_id(1) * STEPS + step) * BN + tl.arange(0, BN)
             live_c = cols < n
             acc = tl.load(acc_ptr + source_cells + cols[None, :], mask=in_acc[:, None] & live_c[None, :], other=0.0)
@@ -243,12 +256,13 @@ def peel_and_unscale(acc: torch.Tensor, a_peel_: torch.Tensor, alpha_a: torch.Te
     block_rows = _peel_rows(rows, experts)
     tiles = row_tiles(table, block_rows, partial=True)
     out = torch.empty((rows, n), dtype=torch.int16, device=acc.device)
-    steps = peel_steps(block_rows, tiles.row_start.shape[0], n)
-    grid = (tiles.row_start.shape[0], triton.cdiv(n, steps * _PEEL_COLS))
+    shape = peel_shape(block_rows, tiles.row_start.shape[0], n)
+    grid = (tiles.row_start.shape[0], triton.cdiv(n, shape.steps * shape.cols))
     acc = acc.contiguous()
     _peel_unscale_kernel[grid](acc, acc if row_shift is None else row_shift, table.rflat,
                                a_peel_.contiguous().view(torch.int16), alpha_a.contiguous().view(torch.int16),
                                b_peel_.contiguous().view(torch.int16), alpha_b.contiguous().view(torch.int16),
                                tiles.row_start, tiles.expert, table.bounds, out, n, acc.shape[0],
-                               BR=block_rows, BN=_PEEL_COLS, STEPS=steps, SHIFTED=row_shift is not None)
+                               BR=block_rows, BN=shape.cols, STEPS=shape.steps, STAGES=shape.stages,
+                               SHIFTED=row_shift is not None, num_warps=shape.warps)
     return out.view(torch.bfloat16)
