@@ -78,7 +78,7 @@ SCRIPT = textwrap.dedent("""
             "out_ptr": "*i16", "partial_ptr": "*fp32" if split else "*i16", "rows": "i32", "k": "i32",
             "k_per_split": "i32", "BR": "constexpr", "BK": "constexpr", "SPLIT": "constexpr", "F_VALUES": "constexpr"},
             constexprs={"BR": rows, "BK": 128, "SPLIT": split, "F_VALUES": f_values}), target=target,
-            options={"num_warps": 8 if f_values else 4})
+            options={"num_warps": 8 if f_values else 4, "num_stages": 4 if f_values else 3})
     triton.compile(ASTSource(fn=peel._a_peel_combine_kernel, signature={
         "partial_ptr": "*fp32", "beta_ptr": "*i16", "e_ptr": "*u8", "out_ptr": "*i16", "rows": "i32",
         "splits": "i32", "BR": "constexpr"}, constexprs={"BR": 16}), target=target)

@@ -138,12 +138,14 @@ def a_peel(side: NoisySide, f_b: torch.Tensor) -> torch.Tensor:
     block_rows = a_peel_rows(rows)
     row_blocks = triton.cdiv(rows, block_rows)
     # prefill: F_B decoded once, not in each program's every step (its f32 blocks then stream in
-    # by cp.async like the A′ codes); 8 warps on the one program an SM holds (N split in two)
+    # by cp.async like the A′ codes, 4 stages: two k steps in flight); 8 warps on the one
+    # program an SM holds (N split in two)
     f_values = block_rows == _A_PEEL_WIDE_ROWS
     f_b = f_b.float() if f_values else f_b.contiguous().view(torch.uint8)
     _a_peel_kernel[(row_blocks, splits)](
         side.codes.contiguous().view(torch.uint8), beta, e_lines, f_b, out, partial, rows, k, per_split,
-        BR=block_rows, BK=block_k, SPLIT=splits > 1, F_VALUES=f_values, num_warps=8 if f_values else 4)
+        BR=block_rows, BK=block_k, SPLIT=splits > 1, F_VALUES=f_values, num_warps=8 if f_values else 4,
+        num_stages=4 if f_values else 3)
     if splits > 1:
         _a_peel_combine_kernel[(row_blocks,)](partial, beta, e_lines, out, rows, splits, BR=block_rows)
     return out.view(torch.bfloat16)
