@@ -83,8 +83,11 @@ def test_quantise_float32_rows_divide():
 
 @pytest.mark.parametrize("rows, k, prefill_rows, one_pass_max, two_pass_block", [
     (37, 2048, 8, 32768, 8192),  # 4 rows per program, the last program part-empty
+    (37, 3072, 8, 32768, 8192),  # 2 rows per program, each a 2048 block and a 1024 tail
     (5, 2112, 4096, 1024, 512),  # rows longer than the one-pass limit: two passes of 512
-    (3, 6144, 4096, 32768, 8192),  # decode's shape: one row per program, a 8192-wide block
+    (6, 2112, 4096, 32768, 8192),  # one pass: 2048 + a 64 tail
+    (3, 6144, 4096, 32768, 8192),  # GLM-5 decode: one row per program, 4096 + 2048
+    (2, 7168, 4096, 32768, 8192),  # DeepSeek-V3: 4096 + a 4096 tail with 3072 live
 ])
 def test_quantise_program_shapes(monkeypatch, rows, k, prefill_rows, one_pass_max, two_pass_block):
     monkeypatch.setattr(activations, "_PREFILL_ROWS", prefill_rows)

@@ -3,8 +3,9 @@
 Both are bandwidth-bound at prefill (65536 rows × K 6144 at GLM-5) and latency-bound at decode
 (512 rows), so each is one launch that moves every byte once:
 
-- quantise: a program holds whole rows in registers (one read of x, ~32 values per thread; rows of
-  up to 32768 values; longer rows take two passes, the second from L1/L2), reduces max|x|, and
+- quantise: a program holds whole rows in registers (one read of x, 24–32 values per thread, as
+  one or two power-of-two blocks; rows of up to 32768 values; longer rows take two passes, the
+  second from L1/L2), reduces max|x|, and
   writes the codes and the row scale. At prefill a program takes several rows (≥ 8192 values) so
   the per-program work (the cross-warp reduction, the scale store) is amortised.
 - A·P_B: a grid over (row blocks × k-splits × rank blocks); a program multiplies its rows' q slice
@@ -92,10 +93,12 @@ def _codes(x, scale, boost, inv, RECIPROCAL: tl.constexpr):
 
 @jit
 def _quantise_kernel(x_ptr, q_ptr, scale_ptr, zero_ptr, rows, K, R, BR: tl.constexpr, BK: tl.constexpr,
-                     ONE_PASS: tl.constexpr, RECIPROCAL: tl.constexpr, BF16_BITS: tl.constexpr,
-                     ZERO_WIDTH: tl.constexpr):
+                     ONE_PASS: tl.constexpr, TAIL: tl.constexpr, RECIPROCAL: tl.constexpr,
+                     BF16_BITS: tl.constexpr, ZERO_WIDTH: tl.constexpr):
     """Rows [BR·program_id, +BR): scale = max|x| / 64 (1 if zero), q = the int7 codes of x / scale.
-    ONE_PASS: BK ≥ K, each row read once into registers; else two passes in steps of BK.
+    ONE_PASS: each row read once into registers, as a BK-wide block and (TAIL > 0, then BR = 1) a
+    TAIL-wide one after it, BK + TAIL ≥ K (two power-of-two blocks leave fewer lanes idle than
+    one: K 6144 = 4096 + 2048); else two passes over K in steps of BK.
     ZERO_WIDTH > 0: also zero the rows' R int32 of zero_ptr (the k-split A·P_B's accumulator,
     which then needs no memset launch of its own)."""
     row = tl.program_id(0) * BR + tl.arange(0, BR)
@@ -109,7 +112,17 @@ def _quantise_kernel(x_ptr, q_ptr, scale_ptr, zero_ptr, rows, K, R, BR: tl.const
     if ONE_PASS:
         live = row_ok[:, None] & (ks < K)
         x = _widen(tl.load(x_ptr + at + ks, mask=live, other=0), BF16_BITS)
-        amax = tl.reduce(tl.abs(x), 1, _max_combine)
+        if not TAIL:
+            amax = tl.reduce(tl.abs(x), 1, _max_combine)
+        else:
+            ks_tail = BK + tl.arange(0, TAIL)[None, :]
+            live_tail = row_ok[:, None] & (ks_tail < K)
+            x_tail = _widen(tl.load(x_ptr + at + ks_tail, mask=live_tail, other=0), BF16_BITS)
+            # BR = 1 here: both blocks reduce to plain scalars, so the two blocks' layouts need no
+            # conversion (combining two per-row vectors made Triton convert all of x through
+            # shared memory)
+            amax = tl.full((BR,), 0.0, tl.float32) + tl.maximum(tl.reduce(tl.abs(x), None, _max_combine),
+                                                                tl.reduce(tl.abs(x_tail), None, _max_combine))
     else:
         peak = tl.full((BR, BK), 0.0, tl.float32)
         for k0 in range(0, K, BK):
@@ -123,6 +136,8 @@ def _quantise_kernel(x_ptr, q_ptr, scale_ptr, zero_ptr, rows, K, R, BR: tl.const
     scale, boost, inv = scale[:, None], boost[:, None], inv[:, None]
     if ONE_PASS:
         tl.store(q_ptr + at + ks, _codes(x, scale, boost, inv, RECIPROCAL), mask=live)
+        if TAIL:
+            tl.store(q_ptr + at + ks_tail, _codes(x_tail, scale, boost, inv, RECIPROCAL), mask=live_tail)
     else:
         for k0 in range(0, K, BK):
             live = row_ok[:, None] & (k0 + ks < K)
@@ -193,14 +208,18 @@ def _quantise_into(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, zero: 
         return
     width = triton.next_power_of_2(k)
     one_pass = width <= _ONE_PASS_MAX
-    block_k = width if one_pass else _TWO_PASS_BLOCK
-    block_rows = max(1, _TWO_PASS_BLOCK // block_k) if rows >= _PREFILL_ROWS else 1
-    warps = min(32, max(4, block_rows * block_k // (32 * _VALUES_PER_THREAD)))
+    block_k, tail = _TWO_PASS_BLOCK, 0
+    if one_pass:
+        block_k = width if width == k else width // 2  # the largest power of two ≤ K
+        tail = triton.next_power_of_2(k - block_k) if k > block_k else 0
+    block_rows = max(1, _TWO_PASS_BLOCK // width) if rows >= _PREFILL_ROWS and not tail else 1
+    values = block_rows * (block_k + tail)
+    warps = min(32, max(4, triton.next_power_of_2(values // (32 * _VALUES_PER_THREAD))))
     bf16 = x.dtype == torch.bfloat16
     rank = zero.shape[-1] if zero is not None else 0
     _quantise_kernel[(triton.cdiv(rows, block_rows),)](
         x.view(torch.int16) if bf16 else x, q, scale, scale if zero is None else zero,  # scale: unused
-        rows, k, rank, BR=block_rows, BK=block_k, ONE_PASS=int(one_pass),
+        rows, k, rank, BR=block_rows, BK=block_k, ONE_PASS=int(one_pass), TAIL=tail,
         RECIPROCAL=int(bf16 or x.dtype == torch.float16), BF16_BITS=int(bf16),
         ZERO_WIDTH=triton.next_power_of_2(rank) if rank else 0, num_warps=warps)
 

@@ -61,16 +61,17 @@ def _variants() -> list[tuple[str, object, dict, dict, int, int]]:
                     {"SALTED": salted, "FOLD": fold, "LANES": 32}, 4, 1))
     quantise = {"x_ptr": "*i16", "q_ptr": "*i8", "scale_ptr": "*fp32", "zero_ptr": "*i32", "rows": "i32",
                 "K": "i32", "R": "i32", "BR": "constexpr", "BK": "constexpr", "ONE_PASS": "constexpr",
-                "RECIPROCAL": "constexpr", "BF16_BITS": "constexpr",
+                "TAIL": "constexpr", "RECIPROCAL": "constexpr", "BF16_BITS": "constexpr",
                 "ZERO_WIDTH": "constexpr"}  # bf16 rows as their 16-bit patterns
-    for label, rows, width, one_pass, reciprocal, zero, warps in (
-            ("decode", 1, 8192, 1, 1, 128, 8),  # K 6144/7168: a row in registers, zeroes A·P_B's row
-            ("prefill_k4096", 2, 4096, 1, 1, 0, 8),  # two rows per program
-            ("two_pass", 1, activations._TWO_PASS_BLOCK, 0, 1, 0, 8),  # rows longer than 32768
-            ("fp32", 1, 8192, 1, 0, 0, 8)):  # fp32 rows divide
+    for label, rows, width, tail, one_pass, reciprocal, zero, warps in (
+            ("decode", 1, 4096, 2048, 1, 1, 128, 8),  # K 6144: 4096 + 2048, zeroes A·P_B's row
+            ("k7168", 1, 4096, 4096, 1, 1, 0, 8),  # DeepSeek-V3's K: 4096 + 4096 (3072 live)
+            ("prefill_k4096", 2, 4096, 0, 1, 1, 0, 8),  # two rows per program
+            ("two_pass", 1, activations._TWO_PASS_BLOCK, 0, 0, 1, 0, 8),  # rows longer than 32768
+            ("fp32", 1, 4096, 2048, 1, 0, 0, 8)):  # fp32 rows divide
         signature = dict(quantise, x_ptr="*fp32") if not reciprocal else quantise
         out.append((f"activations_quantise_{label}", activations._quantise_kernel, signature,
-                    {"BR": rows, "BK": width, "ONE_PASS": one_pass, "RECIPROCAL": reciprocal,
+                    {"BR": rows, "BK": width, "TAIL": tail, "ONE_PASS": one_pass, "RECIPROCAL": reciprocal,
                      "BF16_BITS": reciprocal, "ZERO_WIDTH": zero}, warps, 1))
     for regime, rows, warps, atomic in (("decode", 16, 4, 1), ("prefill", 128, 8, 0), ("mid", 64, 4, 0)):
         out.append((f"activations_apb_{regime}", activations._apb_kernel,
