@@ -6,10 +6,12 @@ A peel (rows, 2r) = [β_A ⊙ E_A | A′ · F_Bᵀ]; B peel (n, 2r) = [(β_B ⊙
 (A′ − β_A N_A)(B′ − β_B N_B)ᵀ; out = C″ / (α_A α_B) in BF16.
 
 Per launch this is two Triton kernels: the A peel (one pass over A′; split over k, plus a
-combine pass, when there are too few rows to fill the GPU), and the rank-64 correction,
-add and unscale fused in one pass over the accumulator (row tiles never straddle an expert, so a
-tile's correction is one small dot against its expert's B peel; A peel rows and α_A are gathered
-through Rflat in the kernel). The lottery is its own pass (lottery.py): fused into this one it
+combine pass, when there are too few rows to fill the GPU; at prefill F_B's values decoded once
+by torch), and the rank-64 correction, add and unscale fused in one pass over the accumulator
+(row tiles never straddle an expert, so a tile's correction is one small dot against its
+expert's B peel; A peel rows and α_A are gathered through Rflat in the kernel; at prefill a
+program walks its row tile over 1024 columns with the accumulator tiles prefetched, see
+`peel_shape`). The lottery is its own pass (lottery.py): fused into this one it
 was slower on the H200 than the two passes apart (docs/kernels-fp8mine.md). The B peel is per
 job (torch ops).
 """
@@ -110,8 +112,8 @@ def _a_peel_combine_kernel(partial_ptr, beta_ptr, e_ptr, out_ptr, rows, splits, 
 
 def a_peel_rows(rows: int) -> int:
     """Row block of the A peel: 16 (decode: more programs), 64 once 64-row blocks alone give
-    128+ programs (prefill): each k step decodes a BK × 32 F_B block for the whole row block, and
-    with 16 rows that decode was twice the work of the A′ codes it multiplies."""
+    128+ programs (prefill): each k step reads a BK × 32 F_B block for the whole row block (and
+    at prefill no longer decodes it: F_B's values are decoded once per launch)."""
     return _A_PEEL_WIDE_ROWS if rows >= _A_PEEL_WIDE_FROM else _A_PEEL_ROWS
 
 
