@@ -46,23 +46,35 @@ def test_fused_a_side_matches_reference(experts, rows, k, rank, salted, seed):
         assert np.array_equal(apb[e].cpu().numpy(), acts[e].astype(np.int64) @ p_b)
 
 
-def test_noised_a_side_writes_a_noised_and_s_a_into_the_given_buffers():
-    """The lagged pass's A side (no A·P_B) into static buffers, against proof.int7."""
-    experts, rows, k, rank = 2, 16, 128, 32
-    rng = np.random.default_rng(5)
+@pytest.mark.parametrize("experts, rows, k, rank, salted, seed", [
+    (2, 16, 576, 32, True, 5),    # one 512-column step and a 64-column tail
+    (1, 32, 320, 64, False, 6),   # 256 + 64, unsalted
+    (1, 64, 192, 128, True, 7),   # 128 + 64
+    (2, 16, 64, 32, False, 8),    # only the tail; a one-chunk tree (its leaf is the root)
+])
+def test_side_chain_kernel_matches_reference(experts, rows, k, rank, salted, seed):
+    """The lagged pass's one-kernel side chain (`noised_a_side`) into static buffers: s_A and A'
+    against proof.int7, K ending in a 64-column tail of the kernel's column loop."""
+    rng = np.random.default_rng(seed)
     key = rng.bytes(32)
     acts = rng.integers(-64, 65, (experts, rows, k), dtype=np.int8)
     hashes_b = [rng.bytes(32) for _ in range(experts)]
-    seeds = [noise_seeds(key, commitment(key, acts[e].tobytes()), hashes_b[e], salted=True, m=rows, n=48)
+    seeds = [noise_seeds(key, commitment(key, acts[e].tobytes()), hashes_b[e], salted=salted, m=rows, n=48)
              for e in range(experts)]
     a_noised = torch.zeros((experts, rows, k), dtype=torch.int8, device=DEVICE)
     s_a = torch.zeros((experts, 8), dtype=torch.int32, device=DEVICE)
     noised_a_side(torch.from_numpy(acts).to(DEVICE), _words([s for s, _ in seeds]), _words([key]),
-                  rank=rank, salted=True, a_noised=a_noised, s_a=s_a)
+                  rank=rank, salted=salted, a_noised=a_noised, s_a=s_a)
     for e, (_, seed_a) in enumerate(seeds):
         assert bytes_from_words(s_a[e]) == seed_a
         expected = noised(acts[e], noise_a_rows(seed_a, k, rank, range(rows)))
         assert np.array_equal(a_noised[e].cpu().numpy(), expected)
+
+
+def test_noised_a_side_refuses_bad_buffers():
+    experts, rows, k, rank = 2, 16, 128, 32
+    a_noised = torch.zeros((experts, rows, k), dtype=torch.int8, device=DEVICE)
+    s_a = torch.zeros((experts, 8), dtype=torch.int32, device=DEVICE)
     with pytest.raises(ASideError, match="a_noised must be"):
         noised_a_side(a_noised, s_a, s_a[:1], rank=rank, salted=True, a_noised=a_noised[:, :8], s_a=s_a)
     with pytest.raises(ASideError, match="must be contiguous"):

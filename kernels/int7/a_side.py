@@ -17,9 +17,13 @@ them is latency-bound (16 rows per instance). Here:
    then A' = A + U_A·P_Aᵀ for its rows × columns and its k-slice of A·P_B (tensor cores, int32
    atomics into the rows zeroed by step 1).
 
-`noised_a_side` is the same without A·P_B (`_noise_kernel`: the shared `_noise_block` alone; step 1
-then zeroes nothing), writing into the caller's static buffers: the lagged pass runs it on a side
-stream while the serving stream computes A·P_B (pipeline.MinedPass(lagged=True)).
+`noised_a_side`, the lagged pass's side chain (pipeline.MinedPass(lagged=True)), is s_A and A'
+without A·P_B in ONE kernel, `_side_chain_kernel`, one program per instance: step 1's hashing and
+seed, a CTA barrier, then step 2's factors over all of K and A' in a loop over column blocks. As
+one launch of E programs it is dispatched whole before the serving stream's GEMM fills the
+machine (a second launch would queue behind the GEMM's programs: docs/kernels-int7.md, "Lagged
+mining"). Both paths share `_commit_seed` (hash + seed of one instance) and `_noise_columns`
+(factors of a column range, barrier, A' over it).
 
 The tree levels of A are not kept for openings: a winner's A is retained by the winner slot and
 re-hashed on the host (pipeline.MinedPass._build_proof); they live in a scratch buffer here.
@@ -48,6 +52,10 @@ _ZERO_BLOCK = 1024
 _BLOCK_BYTES = 8192  # rows × columns of a step-2 program (the noised kernel's 16 × 512)
 _APPLY_WARPS = 8
 _APPLY_STAGES = 3  # the A·P_B k loop's pipelining depth
+# The lagged side chain (one program per instance): 8 warps, a PRNG block / chunk per thread
+# (docs/kernels-int7.md, "Lagged mining": why 8).
+_SIDE_WARPS = 8
+_SIDE_LANES = 32 * _SIDE_WARPS
 
 
 class ASideError(ValueError):
@@ -55,16 +63,10 @@ class ASideError(ValueError):
 
 
 @jit
-def _commit_seed_kernel(q_ptr, key_ptr, sb_ptr, salt_ptr, nodes_ptr, sa_ptr, apb_ptr,
-                        words_per_instance, chunks, nodes_per_instance, dim, apb_per_instance,
-                        SALTED: tl.constexpr, LANES: tl.constexpr, ZERO_BLOCK: tl.constexpr):
-    """Instance `program_id`: zero its A·P_B rows, hash its int7 rows to the root, derive s_A."""
-    inst = tl.program_id(0).to(tl.int64)
-    zeros = tl.arange(0, ZERO_BLOCK)
-    for z0 in range(0, apb_per_instance, ZERO_BLOCK):
-        at = z0 + zeros
-        tl.store(apb_ptr + inst * apb_per_instance + at, tl.full((ZERO_BLOCK,), 0, tl.int32),
-                 mask=at < apb_per_instance)
+def _commit_seed(q_ptr, key_ptr, sb_ptr, salt_ptr, nodes_ptr, sa_ptr, inst, words_per_instance, chunks,
+                 nodes_per_instance, dim, SALTED: tl.constexpr, LANES: tl.constexpr):
+    """Instance `inst`: hash its int7 rows to the root (a lane per chunk, CTA barriers between
+    levels; the tree lives in nodes_ptr's scratch) and store s_A at sa_ptr + 8·inst."""
     lane = tl.arange(0, LANES).to(tl.int64)
     every = lane >= 0
     k0, k1, k2, k3, k4, k5, k6, k7 = load_words8(key_ptr + lane * 0, every)
@@ -88,17 +90,16 @@ def _commit_seed_kernel(q_ptr, key_ptr, sb_ptr, salt_ptr, nodes_ptr, sa_ptr, apb
 
 
 @jit
-def _noise_block(q_ptr, sa_ptr, label_ptr, u_ptr, first_ptr, second_ptr, out_ptr, K, u_blocks,
-                 column_blocks, R: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr,
-                 LANES: tl.constexpr):
-    """Instance program_id(0), columns [BC·program_id(1), +BC): P_A there and U_A, then A'."""
-    inst = tl.program_id(0).to(tl.int64)
-    c_begin = tl.program_id(1) * BC
+def _noise_columns(q_ptr, sa_ptr, label_ptr, u_ptr, first_ptr, second_ptr, out_ptr, inst, c_begin,
+                   c_end, K, u_blocks, R: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr,
+                   LANES: tl.constexpr):
+    """Instance `inst`, columns [c_begin, c_end) (a multiple of 8 wide): the PRNG blocks of P_A
+    there and of U_A (into this program's scratch: U_A at u_ptr, P_A in the instance's K-long
+    first/second), a CTA barrier, then A' over its BR rows × those columns in BC-wide steps."""
     lane = tl.arange(0, LANES)
-    u_own = u_ptr + (inst * column_blocks + tl.program_id(1)) * (BR * R)  # this program's U_A copy
     first_inst = first_ptr + inst * K
     second_inst = second_ptr + inst * K
-    p_blocks = BC // 8
+    p_blocks = (c_end - c_begin) // 8
     for b0 in range(0, p_blocks + u_blocks, LANES):
         b = b0 + lane
         live = b < p_blocks + u_blocks
@@ -107,21 +108,28 @@ def _noise_block(q_ptr, sa_ptr, label_ptr, u_ptr, first_ptr, second_ptr, out_ptr
         w0, w1, w2, w3, w4, w5, w6, w7 = prng_block(sa_ptr + inst * 8 + lane * 0, label_ptr, block + 1,
                                                      sparse, live)
         store_sparse(first_inst, second_inst, block, K, R, live & sparse, w0, w1, w2, w3, w4, w5, w6, w7)
-        store_uniform(u_own, block, BR * R, live & (b >= p_blocks), w0, w1, w2, w3, w4, w5, w6, w7)
+        store_uniform(u_ptr, block, BR * R, live & (b >= p_blocks), w0, w1, w2, w3, w4, w5, w6, w7)
     tl.debug_barrier()  # the factors this program wrote are read back by its other threads
     rows = tl.arange(0, BR).to(tl.int64)
-    ks = c_begin + tl.arange(0, BC)
-    noised_rows(q_ptr + inst * BR * K, u_own, first_inst, second_inst, out_ptr + inst * BR * K, rows,
-                ks, ks < K, K, R)
+    for c0 in range(c_begin, c_end, BC):
+        ks = c0 + tl.arange(0, BC)
+        noised_rows(q_ptr + inst * BR * K, u_ptr, first_inst, second_inst, out_ptr + inst * BR * K, rows,
+                    ks, ks < K, K, R)
 
 
 @jit
-def _noise_kernel(q_ptr, sa_ptr, label_ptr, u_ptr, first_ptr, second_ptr, out_ptr, K, u_blocks,
-                  column_blocks, R: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr,
-                  LANES: tl.constexpr):
-    """A' only (the lagged pass computes A·P_B on the serving stream)."""
-    _noise_block(q_ptr, sa_ptr, label_ptr, u_ptr, first_ptr, second_ptr, out_ptr, K, u_blocks,
-                 column_blocks, R, BR, BC, LANES)
+def _commit_seed_kernel(q_ptr, key_ptr, sb_ptr, salt_ptr, nodes_ptr, sa_ptr, apb_ptr,
+                        words_per_instance, chunks, nodes_per_instance, dim, apb_per_instance,
+                        SALTED: tl.constexpr, LANES: tl.constexpr, ZERO_BLOCK: tl.constexpr):
+    """Same-launch launch 1, instance `program_id`: zero its A·P_B rows, then `_commit_seed`."""
+    inst = tl.program_id(0).to(tl.int64)
+    zeros = tl.arange(0, ZERO_BLOCK)
+    for z0 in range(0, apb_per_instance, ZERO_BLOCK):
+        at = z0 + zeros
+        tl.store(apb_ptr + inst * apb_per_instance + at, tl.full((ZERO_BLOCK,), 0, tl.int32),
+                 mask=at < apb_per_instance)
+    _commit_seed(q_ptr, key_ptr, sb_ptr, salt_ptr, nodes_ptr, sa_ptr, inst, words_per_instance, chunks,
+                 nodes_per_instance, dim, SALTED, LANES)
 
 
 @jit
@@ -129,11 +137,14 @@ def _noise_apply_kernel(q_ptr, sa_ptr, label_ptr, u_ptr, first_ptr, second_ptr, 
                         apb_ptr, K, u_blocks, column_blocks,
                         R: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
                         LANES: tl.constexpr):
-    """A' as `_noise_kernel`, then the program's k-slice of A·P_B (pb_ptr: P_B K-major, (E, R, K))."""
-    _noise_block(q_ptr, sa_ptr, label_ptr, u_ptr, first_ptr, second_ptr, out_ptr, K, u_blocks,
-                 column_blocks, R, BR, BC, LANES)
+    """Same-launch launch 2, instance program_id(0), columns [BC·program_id(1), +BC): P_A there
+    and U_A (into this program's own U_A copy), A', then the k-slice of A·P_B (pb_ptr: P_B
+    K-major, (E, R, K))."""
     inst = tl.program_id(0).to(tl.int64)
     c_begin = tl.program_id(1) * BC
+    u_own = u_ptr + (inst * column_blocks + tl.program_id(1)) * (BR * R)
+    _noise_columns(q_ptr, sa_ptr, label_ptr, u_own, first_ptr, second_ptr, out_ptr, inst, c_begin,
+                   c_begin + BC, K, u_blocks, R, BR, BC, LANES)
     rows = tl.arange(0, BR).to(tl.int64)
     ts = tl.arange(0, R)
     steps = (tl.minimum(K, c_begin + BC) - c_begin) // BK
@@ -141,6 +152,23 @@ def _noise_apply_kernel(q_ptr, sa_ptr, label_ptr, u_ptr, first_ptr, second_ptr, 
                       1)  # P_B K-major ((R, K) per instance), as the job stores it
     tl.atomic_add(apb_ptr + inst * BR * R + rows[:, None] * R + ts[None, :], acc,
                   sem="relaxed")  # ordered by the kernel boundary
+
+
+@jit
+def _side_chain_kernel(q_words_ptr, q_ptr, key_ptr, sb_ptr, salt_ptr, nodes_ptr, sa_ptr, label_ptr, u_ptr, first_ptr,
+                       second_ptr, out_ptr, words_per_instance, chunks, nodes_per_instance, K, u_blocks,
+                       SALTED: tl.constexpr, R: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr,
+                       LANES: tl.constexpr):
+    """The lagged pass's whole side chain, instance `program_id` (q_words_ptr: the int7 rows as
+    words for the hash, q_ptr: the same rows as bytes): commitment and s_A, a CTA
+    barrier (s_A is read back as the PRNG key by every thread), then P_A over all K, U_A and
+    A' over all K in BC-wide steps."""
+    inst = tl.program_id(0).to(tl.int64)
+    _commit_seed(q_words_ptr, key_ptr, sb_ptr, salt_ptr, nodes_ptr, sa_ptr, inst, words_per_instance,
+                 chunks, nodes_per_instance, BR, SALTED, LANES)
+    tl.debug_barrier()
+    _noise_columns(q_ptr, sa_ptr, label_ptr, u_ptr + inst * (BR * R),
+                   first_ptr, second_ptr, out_ptr, inst, 0, K, K, u_blocks, R, BR, BC, LANES)
 
 
 def fused_applies(rows: int, k: int, rank: int) -> bool:
@@ -165,22 +193,30 @@ def _check_tensor(name: str, t: torch.Tensor, shape: tuple[int, ...], dtype: tor
         raise ASideError(f"{name} must be {dtype} {shape}, got {t.dtype} {tuple(t.shape)}")
 
 
-def _commit_seed(q: torch.Tensor, s_b: torch.Tensor, key_words: torch.Tensor, s_a: torch.Tensor,
-                 apb: torch.Tensor | None, salted: bool) -> None:
-    """Launch 1: s_A of every instance into `s_a`; zeroes `apb` for launch 2's partial sums."""
+def _tree_scratch(q: torch.Tensor) -> tuple[torch.Tensor, dict[str, int]]:
+    """The per-instance node scratch of q's trees and the hashing's size arguments."""
     experts, rows, k = q.shape
     nbytes = rows * k
     node_count = sum(level_counts(nbytes)) + 1  # leaves, parent levels, the root (a lone leaf: 1)
     nodes = torch.empty((experts, node_count, 8), dtype=torch.int32, device=q.device)
+    return nodes, {"words_per_instance": nbytes // 4, "chunks": triton.cdiv(nbytes, 1024),
+                   "nodes_per_instance": node_count}
+
+
+def _commit_seed_launch(q: torch.Tensor, s_b: torch.Tensor, key_words: torch.Tensor, s_a: torch.Tensor,
+                        apb: torch.Tensor, salted: bool) -> None:
+    """Same-launch launch 1: s_A of every instance into `s_a`; zeroes `apb` for launch 2's sums."""
+    experts, rows, _ = q.shape
+    nodes, sizes = _tree_scratch(q)
     _commit_seed_kernel[(experts,)](
         q.view(torch.int32), key_words.contiguous(), s_b.contiguous(), constant_words(SEED_SALT_A, q.device),
-        nodes, s_a, s_a if apb is None else apb, nbytes // 4, triton.cdiv(nbytes, 1024), node_count, rows,
-        0 if apb is None else apb[0].numel(), SALTED=int(salted), LANES=_LANES, ZERO_BLOCK=_ZERO_BLOCK)
+        nodes, s_a, apb, sizes["words_per_instance"], sizes["chunks"], sizes["nodes_per_instance"], rows,
+        apb[0].numel(), SALTED=int(salted), LANES=_LANES, ZERO_BLOCK=_ZERO_BLOCK)
 
 
-def _noise(q: torch.Tensor, s_a: torch.Tensor, a_noised: torch.Tensor, rank: int,
-           p_b: torch.Tensor | None, apb: torch.Tensor | None) -> None:
-    """Launch 2: A' into `a_noised`, and with p_b the A·P_B partial sums into `apb`."""
+def _noise_apply_launch(q: torch.Tensor, s_a: torch.Tensor, a_noised: torch.Tensor, rank: int,
+                        p_b: torch.Tensor, apb: torch.Tensor) -> None:
+    """Same-launch launch 2: A' into `a_noised` and the A·P_B partial sums into `apb`."""
     experts, rows, k = q.shape
     device = q.device
     block_cols = _BLOCK_BYTES // rows
@@ -188,17 +224,11 @@ def _noise(q: torch.Tensor, s_a: torch.Tensor, a_noised: torch.Tensor, rank: int
     uniform = torch.empty((experts, column_blocks, rows, rank), dtype=torch.int8, device=device)
     first = torch.empty((experts, k), dtype=torch.int32, device=device)
     second = torch.empty_like(first)
-    common = (k, rows * rank // 32, column_blocks)
-    shape = {"R": rank, "BR": rows, "BC": block_cols, "LANES": _LANES}
-    label = constant_words(LABEL_A, device)
-    if p_b is None:
-        _noise_kernel[(experts, column_blocks)](q, s_a, label, uniform, first, second, a_noised, *common,
-                                                **shape, num_warps=_APPLY_WARPS, num_stages=1)
-    else:
-        p_b_kmajor = p_b.transpose(1, 2).contiguous()  # no copy for the job's P_B
-        _noise_apply_kernel[(experts, column_blocks)](
-            q, s_a, label, uniform, first, second, a_noised, p_b_kmajor, apb, *common, **shape,
-            BK=128 if k % 128 == 0 else 64, num_warps=_APPLY_WARPS, num_stages=_APPLY_STAGES)
+    p_b_kmajor = p_b.transpose(1, 2).contiguous()  # no copy for the job's P_B
+    _noise_apply_kernel[(experts, column_blocks)](
+        q, s_a, constant_words(LABEL_A, device), uniform, first, second, a_noised, p_b_kmajor, apb, k,
+        rows * rank // 32, column_blocks, R=rank, BR=rows, BC=block_cols, BK=128 if k % 128 == 0 else 64,
+        LANES=_LANES, num_warps=_APPLY_WARPS, num_stages=_APPLY_STAGES)
 
 
 def fused_a_side(q: torch.Tensor, s_b: torch.Tensor, key_words: torch.Tensor, p_b: torch.Tensor, *,
@@ -213,8 +243,8 @@ def fused_a_side(q: torch.Tensor, s_b: torch.Tensor, key_words: torch.Tensor, p_
     s_a = torch.empty((experts, 8), dtype=torch.int32, device=q.device)
     apb = torch.empty((experts, rows, rank), dtype=torch.int32, device=q.device)
     a_noised = torch.empty_like(q)
-    _commit_seed(q, s_b, key_words, s_a, apb, salted)
-    _noise(q, s_a, a_noised, rank, p_b, apb)
+    _commit_seed_launch(q, s_b, key_words, s_a, apb, salted)
+    _noise_apply_launch(q, s_a, a_noised, rank, p_b, apb)
     return a_noised, apb, s_a
 
 
@@ -223,13 +253,21 @@ def noised_a_side(q: torch.Tensor, s_b: torch.Tensor, key_words: torch.Tensor, *
     """The fused A side without A·P_B, into given buffers: A' (E, M, K) int8 and s_A (E, 8) int32.
 
     For the lagged pass (pipeline.MinedPass(lagged=True)): it runs on a side stream into static
-    buffers while the serving stream computes A·P_B itself; two launches, no host syncs.
+    buffers beside the serving stream's GEMM. One launch of E programs (`_side_chain_kernel`), so
+    the whole chain is dispatched at once and never queues behind the GEMM; no host syncs.
     """
     _check_inputs(q, s_b, key_words, rank)
-    experts = q.shape[0]
+    experts, rows, k = q.shape
     _check_tensor("s_a", s_a, (experts, 8), torch.int32)
     _check_tensor("a_noised", a_noised, tuple(q.shape), torch.int8)
     if not (s_a.is_contiguous() and a_noised.is_contiguous()):
         raise ASideError("s_a and a_noised must be contiguous")
-    _commit_seed(q, s_b, key_words, s_a, None, salted)
-    _noise(q, s_a, a_noised, rank, None, None)
+    nodes, sizes = _tree_scratch(q)
+    uniform = torch.empty((experts, rows, rank), dtype=torch.int8, device=q.device)
+    first = torch.empty((experts, k), dtype=torch.int32, device=q.device)
+    second = torch.empty_like(first)
+    _side_chain_kernel[(experts,)](
+        q.view(torch.int32), q, key_words.contiguous(), s_b.contiguous(),
+        constant_words(SEED_SALT_A, q.device), nodes, s_a, constant_words(LABEL_A, q.device), uniform, first,
+        second, a_noised, sizes["words_per_instance"], sizes["chunks"], sizes["nodes_per_instance"], k,
+        rows * rank // 32, SALTED=int(salted), R=rank, BR=rows, BC=_BLOCK_BYTES // rows, LANES=_SIDE_LANES, num_warps=_SIDE_WARPS, num_stages=1)
