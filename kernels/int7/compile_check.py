@@ -112,14 +112,16 @@ def _variants() -> list[tuple[str, object, dict, dict, int, int]]:
                      "LANES": "constexpr"},
                     {"R": 128, "BR": rows, "BC": a_side._BLOCK_BYTES // rows, "BK": 128,
                      "LANES": a_side._LANES}, a_side._APPLY_WARPS, a_side._APPLY_STAGES))
-    for rows in a_side.FUSED_ROWS:  # the lagged pass's side stream: A' without A·P_B
-        out.append((f"a_side_noise_m{rows}", a_side._noise_kernel,
-                    {"q_ptr": "*i8", "sa_ptr": "*i32", "label_ptr": "*i32", "u_ptr": "*i8",
-                     "first_ptr": "*i32", "second_ptr": "*i32", "out_ptr": "*i8", "K": "i32",
-                     "u_blocks": "i32", "column_blocks": "i32",
-                     "R": "constexpr", "BR": "constexpr", "BC": "constexpr", "LANES": "constexpr"},
-                    {"R": 128, "BR": rows, "BC": a_side._BLOCK_BYTES // rows, "LANES": a_side._LANES},
-                    a_side._APPLY_WARPS, 1))
+    for rows in a_side.FUSED_ROWS:  # the lagged pass's side chain: one kernel, a program per instance
+        out.append((f"a_side_side_chain_m{rows}", a_side._side_chain_kernel,
+                    {"q_words_ptr": "*i32", "q_ptr": "*i8", "key_ptr": "*i32", "sb_ptr": "*i32",
+                     "salt_ptr": "*i32", "nodes_ptr": "*i32", "sa_ptr": "*i32", "label_ptr": "*i32",
+                     "u_ptr": "*i8", "first_ptr": "*i32", "second_ptr": "*i32", "out_ptr": "*i8",
+                     "words_per_instance": "i32", "chunks": "i32", "nodes_per_instance": "i32", "K": "i32",
+                     "u_blocks": "i32", "SALTED": "constexpr", "R": "constexpr", "BR": "constexpr",
+                     "BC": "constexpr", "LANES": "constexpr"},
+                    {"SALTED": 1, "R": 128, "BR": rows, "BC": a_side._BLOCK_BYTES // rows,
+                     "LANES": a_side._SIDE_LANES}, a_side._SIDE_WARPS, 1))
     out.append(("retain", winner._retain_kernel,
                 {"record_ptr": "*i32", "src_ptr": "*i32", "dst_ptr": "*i32", "per_instance": "i32",
                  "USE_INDEX": "constexpr", "BLOCK": "constexpr"}, {"USE_INDEX": 1, "BLOCK": 1024}, 4, 1))
