@@ -292,6 +292,7 @@ class MinedGemm:
         operand = build_operand(x, table, ready)
         self._fork(main)
         with self._on_side():
+            mined_tiles = row_tiles(ready.table())  # before the GEMM: off the launch's tail
             a_peel_clean = clean_peel(operand, state.f_b)
             peel_ready = torch.cuda.Event() if main is not None else None
             if peel_ready is not None:
@@ -301,8 +302,7 @@ class MinedGemm:
         acc = grouped_matmul(operand.rows, self.b_codes(), operand.table, max_sms=self.gemm_sms)
         self._fork(main)
         with self._on_side():
-            mined = ready.table()
-            self.latch.run(acc, row_tiles(mined), ready.pow_key, self.threshold, state.seed_b, ready.sources(),
+            self.latch.run(acc, mined_tiles, ready.pow_key, self.threshold, state.seed_b, ready.sources(),
                            row_shift=table.bounds[:-1])
             self.latch.publish()
         if peel_ready is not None:
