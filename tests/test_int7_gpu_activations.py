@@ -46,7 +46,8 @@ def _rows_below(amax: float, dtype: torch.dtype, k: int, rng: np.random.Generato
 # mantissa bits have many exact ties x / scale = k + 1/2; an odd 8-bit mantissa or a subnormal
 # maximum has (almost) none. For 0.875 and 0.8125 (at any power of two) x · fl(1/scale) rounds
 # some ties the wrong way (3 and 1 values): only the tie repair gets them right.
-BF16_MAXIMA = [(1.0, True), (0.875, True), (0.8125 * 2.0 ** -64, True), (3.140625, False), (0.0078125 * 1.4921875, False),
+BF16_MAXIMA = [(1.0, True), (0.875, True), (0.8125 * 2.0 ** -64, True), (3.140625, False),
+               (0.0078125 * 1.4921875, False),
                (2.0 ** 100 * 1.9921875, False), (3.3895313892515355e38, False), (2.0 ** -60, True),
                (2.0 ** -61 * 1.5, True), (2.0 ** -126, True), (2.0 ** -130 * 1.5, False)]
 

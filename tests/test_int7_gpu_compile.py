@@ -17,9 +17,10 @@ def test_kernels_compile_for_sm90a_and_spills_stay_within_the_measured_defaults(
     assert run.returncode == 0, run.stderr[-3000:]
     results = {r["kernel"]: r for r in map(json.loads, run.stdout.splitlines())}
     decode, prefill = results["gemm_decode_mined_16x128x128"], results["gemm_prefill_mined_64x128x128"]
-    activations = {"activations_quantise_decode", "activations_quantise_k7168", "activations_quantise_prefill_k4096",
-                   "activations_quantise_two_pass", "activations_quantise_fp32", "activations_apb_decode",
-                   "activations_apb_prefill", "activations_apb_mid"}
+    activations = {"activations_quantise_decode", "activations_quantise_k7168",
+                   "activations_quantise_prefill_k4096", "activations_quantise_two_pass",
+                   "activations_quantise_fp32", "activations_apb_decode", "activations_apb_prefill",
+                   "activations_apb_mid"}
     assert activations | {"blake3_chunks", "blake3_parents", "blake3_upper_levels", "seeds_salted1_fold1",
                           "noised", "noise_factors", "a_side_commit_seed", "a_side_noise_apply_m16",
                           "a_side_noise_apply_m64", "retain"} <= set(results)

@@ -127,7 +127,8 @@ def _quantise_kernel(x_ptr, q_ptr, scale_ptr, zero_ptr, rows, K, R, BR: tl.const
         peak = tl.full((BR, BK), 0.0, tl.float32)
         for k0 in range(0, K, BK):
             live = row_ok[:, None] & (k0 + ks < K)
-            peak = tl.maximum(peak, tl.abs(_widen(tl.load(x_ptr + at + k0 + ks, mask=live, other=0), BF16_BITS)))
+            x = _widen(tl.load(x_ptr + at + k0 + ks, mask=live, other=0), BF16_BITS)
+            peak = tl.maximum(peak, tl.abs(x))
         amax = tl.reduce(peak, 1, _max_combine)
     scale = tl.where(amax > 0.0, amax * 0.015625, 1.0)  # / 64, exactly (a power of two)
     tl.store(scale_ptr + row, scale, mask=row_ok)
@@ -260,8 +261,8 @@ def _apb_plan(shape: torch.Size, p_b: torch.Tensor, rows_per_instance: int) -> _
     instances = rows_total // rows_per_instance
     if (p_b.dtype != torch.int8 or p_b.dim() != 3 or p_b.shape[0] not in (1, instances)
             or p_b.shape[1] != k or k % 64 or k == 0):
-        raise ActivationError(f"need K a positive multiple of 64 and an int8 P_B (1 or {instances}, {k}, r), got "
-                              f"K={k}, {p_b.dtype} {tuple(p_b.shape)}")
+        raise ActivationError(f"need K a positive multiple of 64 and an int8 P_B (1 or {instances}, {k}, r), "
+                              f"got K={k}, {p_b.dtype} {tuple(p_b.shape)}")
     rank = p_b.shape[2]
     rank_block = min(rank, _RANK_BLOCK)
     if rank % rank_block or rank < 16:
