@@ -4,10 +4,9 @@ Both are bandwidth-bound at prefill (65536 rows × K 6144 at GLM-5) and latency-
 (512 rows), so each is one launch that moves every byte once:
 
 - quantise: a program holds whole rows in registers (one read of x, 24–32 values per thread, as
-  one or two power-of-two blocks; rows of up to 32768 values; longer rows take two passes, the
-  second from L1/L2), reduces max|x|, and
-  writes the codes and the row scale. At prefill a program takes several rows (≥ 8192 values) so
-  the per-program work (the cross-warp reduction, the scale store) is amortised.
+  one or two power-of-two blocks: K 6144 = 4096 + 2048; rows of up to 32768 values; longer rows
+  take two passes, the second from L1/L2), reduces max|x|, and writes the codes and the row
+  scale. At prefill, rows of a power-of-two K ≤ 4096 go several to a program (≥ 8192 values).
 - A·P_B: a grid over (row blocks × k-splits × rank blocks); a program multiplies its rows' q slice
   by the same slice of P_B (the job's sparse ±1 factor stored dense by `noise.dense_sparse_factor`)
   on the tensor cores. At prefill a block is 128 rows × the whole rank (P_B read once per 128 rows,
@@ -20,13 +19,13 @@ row-major was transposed byte by byte through shared memory at every k-step (128
 shared stores per thread per step in the SASS). A (K, r)-contiguous P_B is still accepted.
 
 Quantisation is per-row symmetric: scale = max|x| / 64 (1 for an all-zero row),
-q = round-half-even(x / scale) clamped to [−64, 64] — the protocol's operand range (A + E_A must
-fit int8), with a per-row factor the GEMM epilogue multiplies back; the same codes as
+q = round-half-even(x / scale), in [−64, 64] — the protocol's operand range (A + E_A must fit
+int8), with a per-row factor the GEMM epilogue multiplies back; the same codes as
 torch.round(x / scale) with IEEE division. For bf16 and fp16 rows the kernel does not divide: it
 multiplies by the row's reciprocal and repairs the only case where that can round differently,
 an exact tie (docs/kernels-int7.md, "Third session", has the proof): with 8 (bf16) or 11 (fp16)
-significant bits in x and in the scale, a quotient that is not a half-integer lies at least
-2^-9·|q|/2^8 from every half-integer, far beyond the product's rounding error, and a tie
+significant bits in x and in the scale, a quotient that is not a half-integer lies thousands of
+times farther from every half-integer than the product's rounding error, and a tie
 k + ½ = x / scale is recognised exactly by (k + ½)·scale == x (a product of ≤ 19 significant
 bits, exact in float32). fp32 rows divide (IEEE `div_rn`). Rounding to an integer adds 1.5·2^23
 (float32 round-to-nearest-even then leaves the integer in the low mantissa bits; its low byte is
