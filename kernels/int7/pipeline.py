@@ -16,7 +16,8 @@ commit + seed, noise + A' + A·P_B: 3 launches); MoE and larger row counts the s
 
 Lagged (dense only, `MinedPass(lagged=True)`): launch t serves x_t and mines the noised rows of
 launch t−1, so the serial A-side hash chain runs on a side stream beside the GEMM instead of in
-front of it (docs/kernels-int7.md, "Lagged mining").
+front of it: with the fused A side as ONE kernel (`a_side.noised_a_side`) enqueued before the GEMM
+(docs/kernels-int7.md, "Lagged mining").
 """
 from __future__ import annotations
 
@@ -304,9 +305,12 @@ class MinedPass:
             if side is not None:
                 self._copied.record(side)
         q, scale, apb = prepare_rows(x, self.job.p_b, rows_per_instance=self.rows, scale=scale)
-        with _on_side(side, main):  # q_t exists (forked after A·P_B too: its launches stay fused)
+        # Fork once q_t exists (after A·P_B too: prepare_rows keeps its fused zeroing). The side
+        # chain is enqueued before the GEMM and reads q_t itself (the copy into PENDING follows
+        # it), so its programs are dispatched before the GEMM's grid takes the remaining slots.
+        with _on_side(side, main):
+            self._noise_into(q.contiguous(), pending)
             pending.q.copy_(q)
-            self._noise_into(pending)
             pending.valid.copy_(self.rows_valid)  # last: the rows are in
         if side is not None:
             main.wait_event(self._copied)
@@ -317,14 +321,14 @@ class MinedPass:
             main.wait_stream(side)
         return self.out
 
-    def _noise_into(self, state: _LagState) -> None:
-        """s_A and A' of the int7 rows state.q into state (fused A side without A·P_B, or staged)."""
+    def _noise_into(self, q: torch.Tensor, state: _LagState) -> None:
+        """s_A and A' of the int7 rows q into state (the one-kernel side chain, or staged)."""
         job = self.job
         if self.fused_a:
-            noised_a_side(state.q, job.s_b, job.key_words, rank=job.config.rank, salted=job.salted,
+            noised_a_side(q, job.s_b, job.key_words, rank=job.config.rank, salted=job.salted,
                           a_noised=state.a_noised, s_a=state.s_a)
         else:
-            a_noised, s_a = self._staged_noise(state.q)
+            a_noised, s_a = self._staged_noise(q)
             state.a_noised.copy_(a_noised)
             state.s_a.copy_(s_a)
 
