@@ -1,5 +1,6 @@
-"""The per-launch A side of a dense pass with few rows per instance (decode), fused into two
-kernels after the quantisation: commitment + seed, then noise + A' + A·P_B.
+"""The per-launch A side of a dense pass with few rows per instance (decode), fused after the
+quantisation: same-launch, two kernels (commitment + seed, then noise + A' + A·P_B); lagged, one
+kernel (commitment + seed + noise + A', no A·P_B).
 
 The staged A side is eight dependent launches (quantise, zero, A·P_B, chunk hashing, tree levels,
 seeds, PRNG, noised A), each paying launch latency and a pass over memory; at decode every one of
