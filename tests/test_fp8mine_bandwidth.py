@@ -70,6 +70,8 @@ def test_peel_row_shift_reads_each_expert_from_its_offset(counts, n_e, monkeypat
     plain = peel.peel_and_unscale(*args)
     shifted = peel.peel_and_unscale(combined, *rest, row_shift=shift)
     assert torch.equal(plain.view(torch.int16), shifted.view(torch.int16))
+    ahead = peel.peel_and_unscale(combined, *rest, row_shift=shift, tiles=peel.peel_tiles(table))
+    assert torch.equal(ahead.view(torch.int16), shifted.view(torch.int16))  # the tile map built ahead
     with pytest.raises(ValueError, match="does not hold"):
         peel.peel_and_unscale(combined, *rest)
 

@@ -28,7 +28,7 @@ from kernels.int7._jit import jit
 from .noisy_kernel import _bf16_of_bits, _rne_bf16
 from .numerics import bf16_fma
 from .quant import NoisySide
-from .routing import RoutingTable, row_tiles
+from .routing import RoutingTable, RowTiles, row_tiles
 
 ROW_CHUNK = 2048  # rows per pass of the torch FMA emulation (bounds its f64 temporaries)
 _A_PEEL_ROWS = 16
@@ -238,16 +238,23 @@ def _peel_unscale_kernel(acc_ptr, shift_ptr, rflat_ptr, a_peel_ptr, alpha_a_ptr,
             tl.store(out_ptr + out_cells + cols[None, :], bits.to(tl.int16), mask=live_r[:, None] & live_c[None, :])
 
 
+def peel_tiles(table: RoutingTable) -> RowTiles:
+    """The peel pass's row-tile map of a routing table: one small kernel that a caller may run
+    ahead (e.g. on a side stream before the GEMM) so it is not on the launch's tail."""
+    return row_tiles(table, _peel_rows(table.rflat.shape[0], table.experts), partial=True)
+
+
 def peel_and_unscale(acc: torch.Tensor, a_peel_: torch.Tensor, alpha_a: torch.Tensor,
                      b_peel_: torch.Tensor, alpha_b: torch.Tensor, table: RoutingTable,
-                     row_shift: torch.Tensor | None = None) -> torch.Tensor:
+                     row_shift: torch.Tensor | None = None,
+                     tiles: RowTiles | None = None) -> torch.Tensor:
     """out[i, j] = (acc[i, j] + A_peel[t] · B_peel[w, j]) / (α_A[t] α_B[w, j]) as BF16, t = Rflat[i].
 
     acc (rows, n_e) fp32 in expert order; a_peel_ (m, 64) and alpha_a (m,) in token order;
     b_peel_ (e, n_e, 64), alpha_b (e, n_e). With row_shift (e,) int32, output row i of expert w
     reads acc row i + row_shift[w] (acc may then hold other rows too: a combined launch).
     One Triton pass plus the row-tile map, no host sync (approximate arithmetic: the output is
-    not consensus).
+    not consensus). tiles: `peel_tiles(table)` built ahead, or None to build it here.
     """
     rows, n = table.rflat.shape[0], acc.shape[1]
     experts = table.experts
@@ -258,7 +265,7 @@ def peel_and_unscale(acc: torch.Tensor, a_peel_: torch.Tensor, alpha_a: torch.Te
         raise ValueError(f"acc {tuple(acc.shape)} does not hold the table's {rows} rows "
                          f"(row_shift {None if row_shift is None else tuple(row_shift.shape)}, {experts} experts)")
     block_rows = _peel_rows(rows, experts)
-    tiles = row_tiles(table, block_rows, partial=True)
+    tiles = tiles if tiles is not None else peel_tiles(table)
     out = torch.empty((rows, n), dtype=torch.int16, device=acc.device)
     shape = peel_shape(block_rows, tiles.row_start.shape[0], n)
     grid = (tiles.row_start.shape[0], triton.cdiv(n, shape.steps * shape.cols))

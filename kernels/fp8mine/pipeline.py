@@ -28,7 +28,7 @@ from .hashing import constant_bytes
 from .lagged import LagSlot, build_operand, clean_peel
 from .lottery import LotteryLatch, threshold_words
 from .matmul import grouped_matmul
-from .peel import a_peel, b_peel, peel_and_unscale
+from .peel import a_peel, b_peel, peel_and_unscale, peel_tiles
 from .routing import RoutingTable, dense_table, routing_table, row_tiles
 
 
@@ -292,7 +292,8 @@ class MinedGemm:
         operand = build_operand(x, table, ready)
         self._fork(main)
         with self._on_side():
-            mined_tiles = row_tiles(ready.table())  # before the GEMM: off the launch's tail
+            mined_tiles = row_tiles(ready.table())  # tile maps before the GEMM: off the launch's tail
+            clean_tiles = peel_tiles(table)
             a_peel_clean = clean_peel(operand, state.f_b)
             peel_ready = torch.cuda.Event() if main is not None else None
             if peel_ready is not None:
@@ -308,7 +309,7 @@ class MinedGemm:
         if peel_ready is not None:
             main.wait_event(peel_ready)
         out = peel_and_unscale(acc, a_peel_clean, operand.clean_alpha, state.peel.view(self.b.experts, self.b.n_e, -1),
-                               state.side.alpha.view(self.b.experts, self.b.n_e), table, row_shift=ready.bounds[1:])
+                               state.side.alpha.view(self.b.experts, self.b.n_e), table, row_shift=ready.bounds[1:], tiles=clean_tiles)
         self._join(main)
         return LaunchResult(out, acc, table, a, operand.table.bounds)
 
