@@ -156,20 +156,21 @@ def _noise_apply_kernel(q_ptr, sa_ptr, label_ptr, u_ptr, first_ptr, second_ptr, 
 
 
 @jit
-def _side_chain_kernel(q_words_ptr, q_ptr, key_ptr, sb_ptr, salt_ptr, nodes_ptr, sa_ptr, label_ptr, u_ptr, first_ptr,
-                       second_ptr, out_ptr, words_per_instance, chunks, nodes_per_instance, K, u_blocks,
+def _side_chain_kernel(q_words_ptr, q_ptr, key_ptr, sb_ptr, salt_ptr, nodes_ptr, sa_ptr, label_ptr,
+                       u_ptr, first_ptr, second_ptr, out_ptr, words_per_instance, chunks,
+                       nodes_per_instance, K, u_blocks,
                        SALTED: tl.constexpr, R: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr,
                        LANES: tl.constexpr):
     """The lagged pass's whole side chain, instance `program_id` (q_words_ptr: the int7 rows as
-    words for the hash, q_ptr: the same rows as bytes): commitment and s_A, a CTA
-    barrier (s_A is read back as the PRNG key by every thread), then P_A over all K, U_A and
-    A' over all K in BC-wide steps."""
+    words for the hash, q_ptr: the same rows as bytes): commitment and s_A, a CTA barrier (s_A
+    is read back as the PRNG key by every thread), then P_A over all K, U_A, and A' over all K
+    in BC-wide steps."""
     inst = tl.program_id(0).to(tl.int64)
     _commit_seed(q_words_ptr, key_ptr, sb_ptr, salt_ptr, nodes_ptr, sa_ptr, inst, words_per_instance,
                  chunks, nodes_per_instance, BR, SALTED, LANES)
     tl.debug_barrier()
-    _noise_columns(q_ptr, sa_ptr, label_ptr, u_ptr + inst * (BR * R),
-                   first_ptr, second_ptr, out_ptr, inst, 0, K, K, u_blocks, R, BR, BC, LANES)
+    _noise_columns(q_ptr, sa_ptr, label_ptr, u_ptr + inst * (BR * R), first_ptr, second_ptr, out_ptr,
+                   inst, 0, K, K, u_blocks, R, BR, BC, LANES)
 
 
 def fused_applies(rows: int, k: int, rank: int) -> bool:
@@ -271,4 +272,5 @@ def noised_a_side(q: torch.Tensor, s_b: torch.Tensor, key_words: torch.Tensor, *
         q.view(torch.int32), q, key_words.contiguous(), s_b.contiguous(),
         constant_words(SEED_SALT_A, q.device), nodes, s_a, constant_words(LABEL_A, q.device), uniform, first,
         second, a_noised, sizes["words_per_instance"], sizes["chunks"], sizes["nodes_per_instance"], k,
-        rows * rank // 32, SALTED=int(salted), R=rank, BR=rows, BC=_BLOCK_BYTES // rows, LANES=_SIDE_LANES, num_warps=_SIDE_WARPS, num_stages=1)
+        rows * rank // 32, SALTED=int(salted), R=rank, BR=rows, BC=_BLOCK_BYTES // rows, LANES=_SIDE_LANES,
+        num_warps=_SIDE_WARPS, num_stages=1)
