@@ -42,6 +42,10 @@ def test_kernels_compile_for_sm90a_and_spills_stay_within_the_measured_defaults(
     assert results["activations_quantise_decode"]["registers"] <= 64
     assert all(results[f"a_side_noise_apply_m{m}"]["stack_bytes"] == 0 for m in (16, 32, 64))
     assert results["a_side_commit_seed"]["stack_bytes"] == 0
+    # The lagged pass's one-kernel side chain: no stack at M 16/32; at M 64 an 8-byte slot (two
+    # local loads per A′ column step; smaller blocks double the steps, larger ones need 173 registers).
+    assert all(results[f"a_side_side_chain_m{m}"]["stack_bytes"] == 0 for m in (16, 32))
+    assert results["a_side_side_chain_m64"]["stack_bytes"] <= 8
 
 
 def test_local_accesses_counts_only_those_inside_backward_branch_ranges():
