@@ -239,17 +239,7 @@ def check_planted() -> dict:
     for name, args in (("dense", (1, 128, 1024, 16, 1)), ("moe", (4, 128, 1024, 32, 2))):
         gemm, _, x, topk, header = _setup(*args, seed=5)
         first = gemm.forward(x, topk)
-        tiles = row_tiles(first.table)
-        tickets = torch.zeros((tiles.row_start.shape[0], first.acc.shape[1] // 64, 8), dtype=torch.int32, device=DEVICE)
-        gemm.latch.run(first.acc, tiles, first.a.pow_key, gemm.threshold, gemm.state.seed_b, {}, tickets=tickets)
-        values = {}
-        slots = zip(tiles.row_start.tolist(), tiles.expert.tolist(), tiles.local.tolist())
-        for slot, (row0, expert, local) in enumerate(slots):
-            if row0 >= 0:
-                for col in range(tickets.shape[1]):
-                    values[(expert, local, col)] = tickets[slot, col].cpu().numpy().astype("<i4").tobytes()
-        planted, ticket = min(values.items(), key=lambda kv: int.from_bytes(kv[1], "little"))
-        target = -(-int.from_bytes(ticket, "little") // (4 * 64 * gemm.b.k))
+        planted, ticket, target = _lowest_ticket(gemm, first.table, first.acc, first.a.pow_key)
         _, ancestors = synthetic_chain()
         gemm.set_job(header, ancestors, target)
         gemm.forward(x, topk)
@@ -293,10 +283,16 @@ def _ready_target(gemm: MinedGemm, x_a, topk_a, x_b, topk_b) -> tuple[tuple, byt
     accumulator) → the lowest tile, its ticket and the target at which only it wins."""
     first = gemm.forward(x_a, topk_a)
     second = gemm.forward(x_b, topk_b)
-    tiles = row_tiles(first.table)
-    tickets = torch.zeros((tiles.row_start.shape[0], second.acc.shape[1] // 64, 8), dtype=torch.int32, device=DEVICE)
-    gemm.latch.run(second.acc, tiles, first.a.pow_key, gemm.threshold, gemm.state.seed_b, {}, tickets=tickets,
-                   row_shift=second.table.bounds[:-1])
+    return _lowest_ticket(gemm, first.table, second.acc, first.a.pow_key, row_shift=second.table.bounds[:-1])
+
+
+def _lowest_ticket(gemm: MinedGemm, table: RoutingTable, acc: torch.Tensor, pow_key: torch.Tensor,
+                   row_shift: torch.Tensor | None = None) -> tuple[tuple, bytes, int]:
+    """Every ticket of the table's lottery tiles in acc (read at row_shift when given) → the
+    lowest tile (expert, local tile, column tile), its ticket and the target at which only it wins."""
+    tiles = row_tiles(table)
+    tickets = torch.zeros((tiles.row_start.shape[0], acc.shape[1] // 64, 8), dtype=torch.int32, device=DEVICE)
+    gemm.latch.run(acc, tiles, pow_key, gemm.threshold, gemm.state.seed_b, {}, tickets=tickets, row_shift=row_shift)
     values = {}
     slots = zip(tiles.row_start.tolist(), tiles.expert.tolist(), tiles.local.tolist())
     for slot, (row0, expert, local) in enumerate(slots):
