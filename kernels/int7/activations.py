@@ -209,8 +209,8 @@ def _apb_index_kernel(q_ptr, first_ptr, second_ptr, pair_stride, apb_ptr, rows_p
     pairs_at = inst * pair_stride + ks[None, :] + 0 * ts[:, None]
     first = tl.load(first_ptr + pairs_at, mask=live[None, :], other=0).to(tl.int32)
     second = tl.load(second_ptr + pairs_at, mask=live[None, :], other=0).to(tl.int32)
-    one_hot_t = tl.where(ts[:, None] == first, 1, tl.where(ts[:, None] == second, -1, 0)).to(tl.int8)
     q = tl.load(q_ptr + rows[:, None] * K + ks[None, :], mask=live[None, :], other=0)
+    one_hot_t = tl.where(ts[:, None] == first, 1, tl.where(ts[:, None] == second, -1, 0)).to(tl.int8)
     acc = tl.dot(q, tl.trans(one_hot_t), out_dtype=tl.int32)
     tl.atomic_add(apb_ptr + rows[:, None] * R + ts[None, :], acc, sem="relaxed")  # ordered by the kernel boundary
 
