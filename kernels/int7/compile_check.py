@@ -85,7 +85,8 @@ def _variants() -> list[tuple[str, object, dict, dict, int, int]]:
                     {"q_ptr": "*i8", "first_ptr": "*i16", "second_ptr": "*i16", "pair_stride": "i32",
                      "apb_ptr": "*i32", "rows_per_instance": "i32", "K": "i32", "R": "constexpr",
                      "BR": "constexpr", "BK": "constexpr", "RB": "constexpr"},
-                    {"R": 128, "BR": rows, "BK": activations._INDEX_SLICE, "RB": 128}, activations._INDEX_WARPS, 1))
+                    {"R": 128, "BR": rows, "BK": activations._INDEX_SLICE, "RB": 128},
+                    activations._INDEX_WARPS, 1))
     out.append(("noised", noise._noised_kernel,
                 {"x_ptr": "*i8", "u_ptr": "*i8", "first_ptr": "*i32", "second_ptr": "*i32", "out_ptr": "*i8",
                  "rows_per_instance": "i32", "factor_stride": "i32", "K": "i32", "R": "constexpr",

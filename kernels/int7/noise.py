@@ -4,9 +4,10 @@ The PRNG block G(index, label, key, slot) is one keyed BLAKE3 compression of (ei
 slot `slot` = index + 1) ‖ label; a Triton kernel computes one block per lane, both factors of a
 side in one launch (`noise_factors`). The uniform factor
 U (rows × rank, [−32, 31]) takes byte f of the flat row-major stream from block f // 32; the sparse
-±1 factor P (k × rank) is stored as two index vectors (first, second) (and, for the job's P_B, also
-dense for the prefill A·P_B kernel and narrowed to int16 for the decode one: `index_pairs`). Applying them is a second kernel, the same rule for A (rows = tokens)
-and for Bᵀ (rows = output columns): X' = X + U·Pᵀ, i.e. X + U[:, first] − U[:, second].
+±1 factor P (k × rank) is stored as two index vectors (first, second) (and, for the job's P_B,
+also dense for the prefill A·P_B kernel, and narrowed to int16 for the decode one: `index_pairs`).
+Applying them is a second kernel, the same rule for A (rows = tokens) and for Bᵀ (rows = output
+columns): X' = X + U·Pᵀ, i.e. X + U[:, first] − U[:, second].
 
 Two kernels apply it. With 64 or more rows per instance (prefill, B' per job) `_noised_mma_kernel`
 computes U·Pᵀ on the tensor cores: a program holds 64/128 rows' U (its A operand, loaded once)
