@@ -1,14 +1,13 @@
 """kernels.int7.activations: the int7 quantiser (reciprocal with exact tie repair, one read per
-row, several rows per program) and A·P_B (K-major or row-major P_B, every block shape; and from
-P_B's int16 index pairs at decode row counts), against literal references (IEEE division and
-torch.round; an int64 dense product)."""
+row, several rows per program) and A·P_B (K-major or row-major P_B, every block shape), against
+literal references (IEEE division and torch.round; an int64 dense product)."""
 import numpy as np
 import pytest
 import torch
 
 from kernels.int7 import activations
-from kernels.int7.activations import ActivationError, a_times_p_b, a_times_p_b_indexed, prepare_rows, quantise_rows
-from kernels.int7.noise import NoiseError, dense_sparse_factor, index_pairs
+from kernels.int7.activations import ActivationError, a_times_p_b, quantise_rows
+from kernels.int7.noise import dense_sparse_factor
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -170,72 +169,3 @@ def test_prepare_rows_at_decode_takes_the_split_path_and_matches():
     p = _dense(first, second, rank)
     for i in range(2):
         assert np.array_equal(apb[i].cpu().numpy(), expected_q[i].numpy().astype(np.int64) @ p[i])
-
-
-def _random_pairs(instances: int, k: int, rank: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """A sparse ±1 factor's (first, second) int32 index vectors, first ≠ second in every row."""
-    gen = torch.Generator().manual_seed(seed)
-    first = torch.randint(0, rank, (instances, k), dtype=torch.int32, generator=gen)
-    second = (first + torch.randint(1, rank, (instances, k), dtype=torch.int32, generator=gen)) % rank
-    return first, second
-
-
-@pytest.mark.parametrize("rows", [16, 32, 64])
-@pytest.mark.parametrize("rank", [64, 128, 256])  # 256: two rank blocks
-def test_a_times_p_b_indexed_equals_the_literal_product(rows, rank):
-    k = 320  # two 128-column slices and a 64-column tail (a part-empty last slice)
-    first, second = _random_pairs(2, k, rank, rows + rank)
-    q = torch.randint(-64, 65, (2, rows, k), dtype=torch.int8, generator=torch.Generator().manual_seed(rank))
-    apb = a_times_p_b_indexed(q.to(DEVICE), *index_pairs(first.to(DEVICE), second.to(DEVICE), rank), rank=rank,
-                              rows_per_instance=rows)
-    p = _dense(first, second, rank)
-    assert apb.dtype == torch.int32 and apb.shape == (2, rows, rank)
-    for i in range(2):
-        assert np.array_equal(apb[i].cpu().numpy(), q[i].numpy().astype(np.int64) @ p[i])
-
-
-def test_a_times_p_b_indexed_with_one_shared_factor_and_48_rows():
-    """(1, K) pairs serve every instance; 48 rows per instance take three 16-row programs."""
-    rank, k, rows = 128, 256, 48
-    first, second = _random_pairs(1, k, rank, 9)
-    q = torch.randint(-64, 65, (3 * rows, k), dtype=torch.int8, generator=torch.Generator().manual_seed(9))
-    apb = a_times_p_b_indexed(q.to(DEVICE), *index_pairs(first.to(DEVICE), second.to(DEVICE), rank), rank=rank,
-                              rows_per_instance=rows)
-    assert np.array_equal(apb.cpu().numpy(), q.numpy().astype(np.int64) @ _dense(first, second, rank)[0])
-
-
-@pytest.mark.parametrize("rows", [16, 64, 128])  # 128: above INDEXED_MAX_ROWS, the dense product
-def test_prepare_rows_with_index_pairs_equals_the_dense_path(rows):
-    rank, k = 128, 384
-    first, second = (v.to(DEVICE) for v in _random_pairs(2, k, rank, rows))
-    p_b, pairs = dense_sparse_factor(first, second, rank), index_pairs(first, second, rank)
-    x = torch.randn((2, rows, k), generator=torch.Generator().manual_seed(rows)).bfloat16().to(DEVICE)
-    plan = activations._plan(x.shape, p_b, pairs, rows)
-    assert isinstance(plan, activations._IndexPlan) == (rows <= activations.INDEXED_MAX_ROWS)
-    q, scale, apb = prepare_rows(x, p_b, rows_per_instance=rows, pairs=pairs)
-    dense_q, dense_scale, dense_apb = prepare_rows(x, p_b, rows_per_instance=rows)
-    assert torch.equal(q, dense_q) and torch.equal(scale, dense_scale) and torch.equal(apb, dense_apb)
-    expected = np.einsum("imk,ikr->imr", _reference(x)[0].numpy().astype(np.int64), _dense(first, second, rank))
-    assert np.array_equal(apb.cpu().numpy(), expected)
-    codes_q, codes_scale, codes_apb = prepare_rows(q, p_b, rows_per_instance=rows, scale=scale, pairs=pairs)
-    assert codes_q is q and codes_scale is scale and torch.equal(codes_apb, apb)
-
-
-def test_index_form_bad_input_is_named():
-    first, second = (v.to(DEVICE) for v in _random_pairs(2, 128, 64, 1))
-    pairs = index_pairs(first, second, 64)
-    q = torch.zeros((2, 16, 128), dtype=torch.int8, device=DEVICE)
-    with pytest.raises(ActivationError, match="two int16"):
-        a_times_p_b_indexed(q, first, second, rank=64, rows_per_instance=16)  # int32, not narrowed
-    with pytest.raises(ActivationError, match="two int16"):
-        a_times_p_b_indexed(q[..., :64], *pairs, rank=64, rows_per_instance=16)  # K differs
-    with pytest.raises(ActivationError, match="at most 64 rows"):
-        a_times_p_b_indexed(q.view(1, 32, 128).repeat(1, 4, 1), *pairs, rank=64, rows_per_instance=128)
-    with pytest.raises(ActivationError, match="rank 48"):
-        a_times_p_b_indexed(q, *pairs, rank=48, rows_per_instance=16)
-    with pytest.raises(ActivationError, match="int8 codes"):
-        a_times_p_b_indexed(q.float(), *pairs, rank=64, rows_per_instance=16)
-    with pytest.raises(NoiseError, match="int32"):
-        index_pairs(pairs[0], pairs[1], 64)
-    with pytest.raises(NoiseError, match="int16"):
-        index_pairs(first, second, 1 << 16)

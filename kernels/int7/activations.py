@@ -12,11 +12,6 @@ Both are bandwidth-bound at prefill (65536 rows × K 6144 at GLM-5) and latency-
   on the tensor cores. At prefill a block is 128 rows × the whole rank (P_B read once per 128 rows,
   one split, plain stores, 8 warps: two wgmma warpgroups); at decode 16-row blocks with a k-split
   that fills the GPU and int32 atomics (exact in any order) into a zeroed result.
-- A·P_B from P_B's index pairs (decode: ≤ 64 rows per instance, where the job keeps them): P_B
-  has two non-zeros per row l (+1 at first[l], −1 at second[l]), so instead of streaming the dense
-  (K, r) factor (25 MB at GLM-5) a program per (row block, 128-column k-slice, rank block) builds
-  its slice's ±1 block in registers from 2 × 128 small integers, one tensor-core dot with its rows,
-  and int32 atomics into the zeroed result (docs/kernels-int7.md, "Index-form A·P_B").
 
 P_B is stored K-major (the storage of P_Bᵀ, (r, K) per instance, viewed as (K, r)): the int8
 tensor-core operands (wgmma and mma.sync's ldmatrix path) must be K-contiguous; P_B stored (K, r)
@@ -56,9 +51,6 @@ _PREFILL_ROWS = 4096  # quantise: from this many rows, programs take ≥ 8192 va
 _SMS = 132  # H200 streaming multiprocessors: a grid below one program per SM leaves SMs idle
 _RANK_BLOCK = 128
 _TARGET_PROGRAMS = 264  # decode A·P_B programs to aim for: two per SM
-INDEXED_MAX_ROWS = 64  # rows per instance up to which A·P_B is built from P_B's index pairs
-_INDEX_SLICE = 128  # k per index-form program: 48 × 32 = 1536 programs at GLM-5 decode
-_INDEX_WARPS = 4  # fewest instructions per one-hot element in the SASS (8 warps: +28 %)
 # (a global read inside a kernel must be constexpr)
 _MAGIC = tl.constexpr(12582912.0)  # 1.5·2^23: v + _MAGIC rounds v to an integer, half to even (|v| < 2^22)
 _TINY = tl.constexpr(2.0 ** -60)  # below this max|x| the reciprocal of the scale would overflow
@@ -191,30 +183,6 @@ def _apb_kernel(q_ptr, pb_ptr, pb_stride, apb_ptr, rows_per_instance, K, steps_p
         tl.store(at, acc)
 
 
-@jit
-def _apb_index_kernel(q_ptr, first_ptr, second_ptr, pair_stride, apb_ptr, rows_per_instance, K,
-                      R: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr, RB: tl.constexpr):
-    """apb[rows, rank block] += q[rows, k-slice] · P_B[k-slice, rank block], the slice of P_B
-    built in registers from its index pairs: row l is +1 at first[l] and −1 at second[l].
-    The one-hot is built transposed (RB × BK) from 2-D loads of the index vectors (every rank
-    row reads the same 256 bytes, from L1): its layout then holds 8 consecutive k per thread, so
-    it reaches the MMA operand in shared memory with vector stores (built from 1-D loads, Triton
-    stored it byte by byte). Columns past K load index 0 for both (+1 − 1 = 0) and q = 0."""
-    block = tl.program_id(0)
-    rows = (block * BR + tl.arange(0, BR)).to(tl.int64)
-    inst = ((block * BR) // rows_per_instance).to(tl.int64)  # BR divides rows_per_instance
-    ks = tl.program_id(1) * BK + tl.arange(0, BK)
-    live = ks < K
-    ts = tl.program_id(2) * RB + tl.arange(0, RB)
-    pairs_at = inst * pair_stride + ks[None, :] + 0 * ts[:, None]
-    first = tl.load(first_ptr + pairs_at, mask=live[None, :], other=0).to(tl.int32)
-    second = tl.load(second_ptr + pairs_at, mask=live[None, :], other=0).to(tl.int32)
-    q = tl.load(q_ptr + rows[:, None] * K + ks[None, :], mask=live[None, :], other=0)
-    one_hot_t = tl.where(ts[:, None] == first, 1, tl.where(ts[:, None] == second, -1, 0)).to(tl.int8)
-    acc = tl.dot(q, tl.trans(one_hot_t), out_dtype=tl.int32)
-    tl.atomic_add(apb_ptr + rows[:, None] * R + ts[None, :], acc, sem="relaxed")  # ordered by the kernel boundary
-
-
 def _splits(k_steps: int, programs: int) -> int:
     """The largest divisor of k_steps that brings the grid near _TARGET_PROGRAMS programs."""
     wanted = max(1, -(-_TARGET_PROGRAMS // programs))
@@ -267,7 +235,7 @@ def _apb_blocks(rows_total: int, rows_per_instance: int) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class _ApbPlan:
-    """The dense A·P_B launch for one shape: grid, block sizes, and P_B as the kernel reads it."""
+    """The A·P_B launch for one shape: grid, block sizes, and P_B as the kernel reads it."""
     p_b: torch.Tensor
     rows_per_instance: int
     block_rows: int
@@ -281,71 +249,26 @@ class _ApbPlan:
     def rank(self) -> int:
         return self.p_b.shape[2]
 
-    @property
-    def accumulates(self) -> bool:
-        """The result must be zeroed before the launch (k-split partial sums add atomically)."""
-        return self.splits > 1
 
-    def launch(self, q: torch.Tensor, apb: torch.Tensor) -> None:
-        k = q.shape[-1]
-        grid = (q.numel() // k // self.block_rows, self.splits, self.rank // self.rank_block)
-        _apb_kernel[grid](
-            q, self.p_b, 0 if self.p_b.shape[0] == 1 else k * self.rank, apb, self.rows_per_instance, k,
-            k // self.block_k // self.splits, R=self.rank, BR=self.block_rows, BK=self.block_k,
-            RB=self.rank_block, ATOMIC=int(self.accumulates), PB_KMAJOR=int(self.k_major),
-            num_warps=self.warps, num_stages=3)
-
-
-@dataclass(frozen=True)
-class _IndexPlan:
-    """The index-form A·P_B launch: P_B as its (first, second) int16 index vectors."""
-    first: torch.Tensor
-    second: torch.Tensor
-    rank: int
-    rows_per_instance: int
-    block_rows: int
-    rank_block: int
-    accumulates = True  # every k-slice adds its partial sums atomically
-
-    def launch(self, q: torch.Tensor, apb: torch.Tensor) -> None:
-        k = q.shape[-1]
-        grid = (q.numel() // k // self.block_rows, triton.cdiv(k, _INDEX_SLICE), self.rank // self.rank_block)
-        _apb_index_kernel[grid](
-            q, self.first, self.second, 0 if self.first.shape[0] == 1 else k, apb, self.rows_per_instance, k,
-            R=self.rank, BR=self.block_rows, BK=_INDEX_SLICE, RB=self.rank_block, num_warps=_INDEX_WARPS,
-            num_stages=1)
-
-
-def _instances(shape: torch.Size, rows_per_instance: int) -> int:
-    """The number of instances of rows shaped (..., K), checking rows_per_instance."""
+def _apb_plan(shape: torch.Size, p_b: torch.Tensor, rows_per_instance: int) -> _ApbPlan:
+    """Check the rows (shape (..., K)) and P_B against each other and pick the launch."""
+    k = shape[-1]
     rows_total = math.prod(shape[:-1])
     if rows_per_instance <= 0 or rows_per_instance % ROWS or rows_total % rows_per_instance:
         raise ActivationError(f"rows per instance must be a multiple of {ROWS} dividing {rows_total}, "
                               f"got {rows_per_instance}")
-    return rows_total // rows_per_instance
-
-
-def _rank_block(rank: int) -> int:
-    rank_block = min(rank, _RANK_BLOCK)
-    if rank % rank_block or rank < 16 or rank_block & (rank_block - 1):
-        raise ActivationError(f"rank {rank} must be a power of two of at least 16 or a multiple of {_RANK_BLOCK}")
-    return rank_block
-
-
-def _apb_plan(shape: torch.Size, p_b: torch.Tensor, rows_per_instance: int) -> _ApbPlan:
-    """Check the rows (shape (..., K)) and the dense P_B against each other and pick the launch."""
-    k = shape[-1]
-    instances = _instances(shape, rows_per_instance)
+    instances = rows_total // rows_per_instance
     if (p_b.dtype != torch.int8 or p_b.dim() != 3 or p_b.shape[0] not in (1, instances)
             or p_b.shape[1] != k or k % 64 or k == 0):
         raise ActivationError(f"need K a positive multiple of 64 and an int8 P_B (1 or {instances}, {k}, r), "
                               f"got K={k}, {p_b.dtype} {tuple(p_b.shape)}")
     rank = p_b.shape[2]
-    rank_block = _rank_block(rank)
+    rank_block = min(rank, _RANK_BLOCK)
+    if rank % rank_block or rank < 16:
+        raise ActivationError(f"rank {rank} must be at least 16 and a multiple of {_RANK_BLOCK} or smaller")
     k_major = p_b.stride(1) == 1 and p_b.stride(2) == k
     if not k_major and (p_b.stride(2) != 1 or p_b.stride(1) != rank):
         p_b = p_b.contiguous()
-    rows_total = math.prod(shape[:-1])
     block_rows, warps = _apb_blocks(rows_total, rows_per_instance)
     block_k = 128 if k % 128 == 0 else 64
     programs = rows_total // block_rows * (rank // rank_block)
@@ -353,62 +276,29 @@ def _apb_plan(shape: torch.Size, p_b: torch.Tensor, rows_per_instance: int) -> _
     return _ApbPlan(p_b, rows_per_instance, block_rows, warps, block_k, splits, rank_block, k_major)
 
 
-def _index_plan(shape: torch.Size, first: torch.Tensor, second: torch.Tensor, rank: int,
-                rows_per_instance: int) -> _IndexPlan:
-    """Check the rows and P_B's index pairs against each other and pick the launch: a program
-    takes the largest of 64/32/16 rows dividing the instance's (its one-hot serves all of them).
-    The indices themselves (in [0, rank), first ≠ second) are not checked: that would sync."""
-    k = shape[-1]
-    instances = _instances(shape, rows_per_instance)
-    if rows_per_instance > INDEXED_MAX_ROWS:
-        raise ActivationError(f"index-form A·P_B takes at most {INDEXED_MAX_ROWS} rows per instance, "
-                              f"got {rows_per_instance}")
-    if (first.dtype != torch.int16 or first.dim() != 2 or first.shape[0] not in (1, instances)
-            or first.shape[1] != k or k == 0 or second.dtype != first.dtype or second.shape != first.shape):
-        raise ActivationError(f"P_B's index pairs must be two int16 (1 or {instances}, {k}) tensors with K > 0, "
-                              f"got {first.dtype} {tuple(first.shape)} and {second.dtype} {tuple(second.shape)}")
-    block_rows = next(b for b in (64, 32, ROWS) if rows_per_instance % b == 0)
-    return _IndexPlan(first.contiguous(), second.contiguous(), rank, rows_per_instance, block_rows,
-                      _rank_block(rank))
-
-
-def _plan(shape: torch.Size, p_b: torch.Tensor, pairs: tuple[torch.Tensor, torch.Tensor] | None,
-          rows_per_instance: int) -> _ApbPlan | _IndexPlan:
-    """The index form where it applies (pairs given, decode row counts), else the dense product."""
-    if pairs is not None and rows_per_instance <= INDEXED_MAX_ROWS:
-        if p_b.dim() != 3:
-            raise ActivationError(f"P_B must be (instances, K, r), got {tuple(p_b.shape)}")
-        return _index_plan(shape, *pairs, p_b.shape[2], rows_per_instance)
-    return _apb_plan(shape, p_b, rows_per_instance)
-
-
-def _a_times(q: torch.Tensor, plan: _ApbPlan | _IndexPlan) -> torch.Tensor:
-    alloc = torch.zeros if plan.accumulates else torch.empty
-    apb = alloc((*q.shape[:-1], plan.rank), dtype=torch.int32, device=q.device)
-    plan.launch(q.contiguous(), apb)
-    return apb
-
-
-def _check_codes(q: torch.Tensor) -> None:
-    if q.dtype != torch.int8:
-        raise ActivationError(f"A·P_B needs int8 codes, got {q.dtype}")
+def _apb_launch(q: torch.Tensor, apb: torch.Tensor, plan: _ApbPlan) -> None:
+    """A·P_B into apb (zeroed beforehand when plan.splits > 1: the splits add atomically)."""
+    k = q.shape[-1]
+    p_b = plan.p_b
+    grid = (q.numel() // k // plan.block_rows, plan.splits, plan.rank // plan.rank_block)
+    _apb_kernel[grid](
+        q, p_b, 0 if p_b.shape[0] == 1 else k * plan.rank, apb, plan.rows_per_instance, k,
+        k // plan.block_k // plan.splits, R=plan.rank, BR=plan.block_rows, BK=plan.block_k,
+        RB=plan.rank_block, ATOMIC=int(plan.splits > 1), PB_KMAJOR=int(plan.k_major),
+        num_warps=plan.warps, num_stages=3)
 
 
 def a_times_p_b(q: torch.Tensor, p_b: torch.Tensor, *, rows_per_instance: int) -> torch.Tensor:
     """A·P_B as int32 (*q.shape[:-1], r) for int7 codes q (..., K); p_b: (instances, K, r) int8
     (or (1, K, r): one factor for all rows), the instance of a row being row // rows_per_instance;
     stored K-major as `noise.dense_sparse_factor` makes it (fastest) or (K, r)-contiguous."""
-    _check_codes(q)
-    return _a_times(q, _apb_plan(q.shape, p_b, rows_per_instance))
-
-
-def a_times_p_b_indexed(q: torch.Tensor, first: torch.Tensor, second: torch.Tensor, *, rank: int,
-                        rows_per_instance: int) -> torch.Tensor:
-    """A·P_B as in `a_times_p_b`, from P_B's index pairs (`noise.index_pairs`: (instances or 1, K)
-    int16, row l of P_B +1 at first[l], −1 at second[l]) instead of the dense factor; at most
-    INDEXED_MAX_ROWS rows per instance (decode: the dense factor's bytes dominate there)."""
-    _check_codes(q)
-    return _a_times(q, _index_plan(q.shape, first, second, rank, rows_per_instance))
+    if q.dtype != torch.int8:
+        raise ActivationError(f"A·P_B needs int8 codes, got {q.dtype}")
+    plan = _apb_plan(q.shape, p_b, rows_per_instance)
+    alloc = torch.zeros if plan.splits > 1 else torch.empty
+    apb = alloc((*q.shape[:-1], plan.rank), dtype=torch.int32, device=q.device)
+    _apb_launch(q.contiguous(), apb, plan)
+    return apb
 
 
 def int7_codes(x: torch.Tensor, scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -421,21 +311,17 @@ def int7_codes(x: torch.Tensor, scale: torch.Tensor | None = None) -> tuple[torc
 
 
 def prepare_rows(x: torch.Tensor, p_b: torch.Tensor, *, rows_per_instance: int,
-                 scale: torch.Tensor | None = None,
-                 pairs: tuple[torch.Tensor, torch.Tensor] | None = None
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                 scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(q, scale, A·P_B) for rows x (..., K): floating x is quantised; int8 x is taken as int7 codes
     (then `scale` is passed through). A·P_B: int32 (*x.shape[:-1], r); p_b as in `a_times_p_b`.
-    pairs: P_B's index pairs as in `a_times_p_b_indexed`, used instead of p_b at decode row counts
-    (≤ INDEXED_MAX_ROWS per instance); the result is the same. Two launches for floating x: the
-    quantiser also zeroes an accumulating A·P_B's result."""
-    plan = _plan(x.shape, p_b, pairs, rows_per_instance)
+    Two launches for floating x: the quantiser also zeroes a k-split A·P_B's accumulator."""
     if not x.is_floating_point():
         q, scale = int7_codes(x, scale)
-        return q, scale, _a_times(q, plan)
+        return q, scale, a_times_p_b(q, p_b, rows_per_instance=rows_per_instance)
+    plan = _apb_plan(x.shape, p_b, rows_per_instance)
     q = torch.empty(x.shape, dtype=torch.int8, device=x.device)
     scale = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
     apb = torch.empty((*x.shape[:-1], plan.rank), dtype=torch.int32, device=x.device)
-    _quantise_into(x.contiguous(), q, scale, apb if plan.accumulates else None)
-    plan.launch(q, apb)
+    _quantise_into(x.contiguous(), q, scale, apb if plan.splits > 1 else None)
+    _apb_launch(q, apb, plan)
     return q, scale, apb

@@ -35,7 +35,7 @@ _GEMM_SIGNATURE = {
 
 
 # Integer arguments that are multiples of 16 on the bench shapes (the JIT specialises them so).
-_ALIGNED_INTS = ("M", "N", "K", "pb_stride", "rows_per_instance", "factor_stride", "pair_stride")
+_ALIGNED_INTS = ("M", "N", "K", "pb_stride", "rows_per_instance", "factor_stride")
 
 
 def _variants() -> list[tuple[str, object, dict, dict, int, int]]:
@@ -80,13 +80,6 @@ def _variants() -> list[tuple[str, object, dict, dict, int, int]]:
                      "BR": "constexpr", "BK": "constexpr", "RB": "constexpr", "ATOMIC": "constexpr",
                      "PB_KMAJOR": "constexpr"},
                     {"R": 128, "BR": rows, "BK": 128, "RB": 128, "ATOMIC": atomic, "PB_KMAJOR": 1}, warps, 3))
-    for rows in (16, 32, 64):  # decode A·P_B from P_B's index pairs: a program's rows are the instance's
-        out.append((f"activations_apb_indexed_m{rows}", activations._apb_index_kernel,
-                    {"q_ptr": "*i8", "first_ptr": "*i16", "second_ptr": "*i16", "pair_stride": "i32",
-                     "apb_ptr": "*i32", "rows_per_instance": "i32", "K": "i32", "R": "constexpr",
-                     "BR": "constexpr", "BK": "constexpr", "RB": "constexpr"},
-                    {"R": 128, "BR": rows, "BK": activations._INDEX_SLICE, "RB": 128},
-                    activations._INDEX_WARPS, 1))
     out.append(("noised", noise._noised_kernel,
                 {"x_ptr": "*i8", "u_ptr": "*i8", "first_ptr": "*i32", "second_ptr": "*i32", "out_ptr": "*i8",
                  "rows_per_instance": "i32", "factor_stride": "i32", "K": "i32", "R": "constexpr",

@@ -13,8 +13,7 @@ winner; the same for the lagged pass, whose second replay records the first repl
 tile); timing (mined pass vs unmined int8 GEMMs on the decode and prefill shapes of
 grouped-gemm-anchors.md §6: CUDA-graph replays, warm-up, L2 flushed before every replay,
 interleaved variants, medians; at decode also the lagged pass, and the acceptance takes the
-faster of the two passes); breakdown (the A-side stages one by one; at decode A·P_B both from the
-dense P_B and from its index pairs, alone and after the quantiser).
+faster of the two passes); breakdown (the A-side stages one by one).
 """
 from __future__ import annotations
 
@@ -36,7 +35,7 @@ from proof.int7 import (MiningConfig, commit_instance, instance_tickets, ticket,
 
 from proof.int7.noise import LABEL_A
 
-from .activations import INDEXED_MAX_ROWS, a_times_p_b, a_times_p_b_indexed, prepare_rows, quantise_rows
+from .activations import a_times_p_b, prepare_rows, quantise_rows
 from .blake3 import bytes_from_words, keyed_trees
 from .a_side import fused_a_side, fused_applies, noised_a_side
 from .mined_gemm import DUMP_WORDS, Tiling, default_tiling, lottery_tile, mined_gemm, plain_gemm
@@ -505,11 +504,6 @@ def section_breakdown() -> dict:
             "noise_factors_A": lambda: noise_factors(s_a, LABEL_A, rows, k, RANK),
             "noised_A": lambda: noised(q, u_a, first, second),
         }
-        if rows <= INDEXED_MAX_ROWS:  # decode: A·P_B from P_B's index pairs (what the passes use there)
-            stages["quantise_and_A_times_P_B_indexed"] = lambda: prepare_rows(x, job.p_b, rows_per_instance=rows,
-                                                                              pairs=job.p_b_pairs)
-            stages["A_times_P_B_indexed"] = lambda: a_times_p_b_indexed(q, *job.p_b_pairs, rank=RANK,
-                                                                        rows_per_instance=rows)
         if fused_applies(rows, k, RANK):  # the fused A side (a_side): 3 launches with the quantiser
             stages["fused_A_side"] = lambda: fused_a_side(quantise_rows(x)[0], job.s_b, job.key_words, job.p_b,
                                                           rank=RANK, salted=True)
@@ -519,10 +513,6 @@ def section_breakdown() -> dict:
             stages["lagged_side_stream"] = lambda: noised_a_side(q, job.s_b, job.key_words, rank=RANK, salted=True,
                                                                  a_noised=a_noised, s_a=s_a_out)
         result[name] = timer.median_us({stage: timer.graph(fn) for stage, fn in stages.items()})
-        if rows <= INDEXED_MAX_ROWS:  # both forms are exact int32: they must agree bit for bit
-            indexed = a_times_p_b_indexed(q, *job.p_b_pairs, rank=RANK, rows_per_instance=rows)
-            result[name]["A_times_P_B_indexed_equals_dense"] = torch.equal(
-                indexed, a_times_p_b(q, job.p_b, rows_per_instance=rows))
     return result
 
 

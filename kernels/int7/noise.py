@@ -4,10 +4,9 @@ The PRNG block G(index, label, key, slot) is one keyed BLAKE3 compression of (ei
 slot `slot` = index + 1) ‖ label; a Triton kernel computes one block per lane, both factors of a
 side in one launch (`noise_factors`). The uniform factor
 U (rows × rank, [−32, 31]) takes byte f of the flat row-major stream from block f // 32; the sparse
-±1 factor P (k × rank) is stored as two index vectors (first, second) (and, for the job's P_B,
-also dense for the prefill A·P_B kernel, and narrowed to int16 for the decode one: `index_pairs`).
-Applying them is a second kernel, the same rule for A (rows = tokens) and for Bᵀ (rows = output
-columns): X' = X + U·Pᵀ, i.e. X + U[:, first] − U[:, second].
+±1 factor P (k × rank) is stored as two index vectors (first, second) (and, for the job's P_B, also
+dense for the A·P_B kernel). Applying them is a second kernel, the same rule for A (rows = tokens)
+and for Bᵀ (rows = output columns): X' = X + U·Pᵀ, i.e. X + U[:, first] − U[:, second].
 
 Two kernels apply it. With 64 or more rows per instance (prefill, B' per job) `_noised_mma_kernel`
 computes U·Pᵀ on the tensor cores: a program holds 64/128 rows' U (its A operand, loaded once)
@@ -170,18 +169,6 @@ def dense_sparse_factor(first: torch.Tensor, second: torch.Tensor, rank: int) ->
     dense_t.scatter_(1, first.long().unsqueeze(1), 1)
     dense_t.scatter_(1, second.long().unsqueeze(1), -1)
     return dense_t.transpose(1, 2)
-
-
-def index_pairs(first: torch.Tensor, second: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """P's (first, second) index vectors narrowed to int16, as the job keeps P_B for the
-    index-form A·P_B (`activations.a_times_p_b_indexed`): 4 bytes per row l instead of the
-    dense factor's rank bytes (GLM-5: 0.8 MB for 32 experts instead of 25 MB)."""
-    if first.shape != second.shape or first.dim() != 2 or first.dtype != torch.int32:
-        raise NoiseError(f"first/second must be int32 (instances, k), got {first.dtype} "
-                         f"{tuple(first.shape)} and {tuple(second.shape)}")
-    if not 0 < rank <= 1 << 15:
-        raise NoiseError(f"rank {rank} does not fit int16 indices")
-    return first.to(torch.int16), second.to(torch.int16)
 
 
 @jit

@@ -9,8 +9,7 @@ Two instance layouts (ARCHITECTURE.md's mode table):
 
 `prepare_job` (per job: new header or config) hashes and noises the weights on a side stream and
 records an event that the serving stream waits on before the first launch. `MinedPass.run`
-(per launch) quantises, computes A·P_B for the peel (at decode row counts from P_B's index
-pairs, not the dense factor: `activations.prepare_rows(pairs=)`), hashes A, derives s_A (one kernel),
+(per launch) quantises, computes A·P_B for the peel, hashes A, derives s_A (one kernel),
 noises A, runs the mined GEMM, snapshots a winner and publishes the record, with no host syncs,
 so it captures in a CUDA graph. Dense decode shapes take the fused A side (`a_side`: quantise,
 commit + seed, noise + A' + A·P_B: 3 launches); MoE and larger row counts the staged kernels (8).
@@ -41,7 +40,7 @@ from .a_side import fused_a_side, fused_applies, noised_a_side
 from .activations import int7_codes, prepare_rows
 from .blake3 import KeyedTrees, bytes_from_words, keyed_trees, words_from_bytes
 from .mined_gemm import TILE_WIDTHS, Tiling, mined_gemm
-from .noise import dense_sparse_factor, index_pairs, noise_factors, noised
+from .noise import dense_sparse_factor, noise_factors, noised
 from .seeds import noise_seed_a, noise_seed_b
 from .winner import INSTANCE, TICKET, TILE_COL, TILE_ROW, WinnerSlot, row_opening
 
@@ -83,9 +82,7 @@ class MiningJob:
     b_trees: KeyedTrees  # dense: E instances; MoE: 1 instance (stacked)
     s_b: torch.Tensor  # (E, 8)
     u_b: torch.Tensor  # (E, N, r) int8
-    p_b: torch.Tensor  # (E, K, r) int8 P_B stored dense (prefill's and the fused A side's A·P_B); MoE (1, K, r)
-    p_b_first: torch.Tensor  # (E, K) int16: P_B's +1 column per row (decode's index-form A·P_B); MoE (1, K)
-    p_b_second: torch.Tensor  # (E, K) int16: its −1 column
+    p_b: torch.Tensor  # (E, K, r) int8 P_B stored dense (the A·P_B kernel's operand); MoE (1, K, r)
     bt_noised: torch.Tensor  # (E, N, K) int8
     bound: torch.Tensor  # (8,) int32
     ready: torch.cuda.Event | None
@@ -93,11 +90,6 @@ class MiningJob:
     @property
     def salted(self) -> bool:
         return salted_for(self.cert_version)
-
-    @property
-    def p_b_pairs(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """P_B's index vectors (first, second) for `activations.prepare_rows(pairs=)`."""
-        return self.p_b_first, self.p_b_second
 
 
 def prepare_job(weights: torch.Tensor, scale_b: torch.Tensor, *, header76: bytes,
@@ -138,8 +130,8 @@ def prepare_job(weights: torch.Tensor, scale_b: torch.Tensor, *, header76: bytes
         bt_noised = noised(weights.view(instances, -1, k), u_b, first, second).view(experts, n, k)
         job = MiningJob(bytes(header76), config, cert_version, moe, key, key_words, weights,
                         scale_b, trees, s_b.expand(experts, 8).contiguous() if moe else s_b,
-                        u_b.view(experts, n, rank), dense_sparse_factor(first, second, rank),
-                        *index_pairs(first, second, rank), bt_noised, bound_words(bound, weights.device), None)
+                        u_b.view(experts, n, rank), dense_sparse_factor(first, second, rank), bt_noised,
+                        bound_words(bound, weights.device), None)
         if side is not None:
             job.ready = torch.cuda.Event()
             job.ready.record(side)
@@ -268,8 +260,7 @@ class MinedPass:
             if x.shape != (self.tokens, k) or routing is None or routing.shape != (experts, self.rows):
                 raise PipelineError(f"MoE pass needs activations ({self.tokens}, {k}) and routing "
                                     f"({experts}, {self.rows})")
-            q, scale, apb = prepare_rows(x, job.p_b, rows_per_instance=self.tokens, scale=scale,
-                                         pairs=job.p_b_pairs)
+            q, scale, apb = prepare_rows(x, job.p_b, rows_per_instance=self.tokens, scale=scale)
             a_trees = keyed_trees(job.key_words, q.view(1, -1))
             flat_routing = routing.to(torch.int32).contiguous().view(1, -1)
             r_trees = keyed_trees(job.key_words, flat_routing.view(torch.int8))
@@ -292,8 +283,7 @@ class MinedPass:
                 a_noised, apb, s_a = fused_a_side(q.contiguous(), job.s_b, job.key_words, job.p_b,
                                                   rank=rank, salted=job.salted)
             else:
-                q, scale, apb = prepare_rows(x, job.p_b, rows_per_instance=self.rows, scale=scale,
-                                             pairs=job.p_b_pairs)
+                q, scale, apb = prepare_rows(x, job.p_b, rows_per_instance=self.rows, scale=scale)
                 a_noised, s_a = self._staged_noise(q)
             a_clean = q
         self._gemm(a_noised, a_clean, apb, s_a, scale, self.rows_valid)
@@ -314,8 +304,7 @@ class MinedPass:
             ready.flat.copy_(pending.flat)
             if side is not None:
                 self._copied.record(side)
-        q, scale, apb = prepare_rows(x, self.job.p_b, rows_per_instance=self.rows, scale=scale,
-                                     pairs=self.job.p_b_pairs)
+        q, scale, apb = prepare_rows(x, self.job.p_b, rows_per_instance=self.rows, scale=scale)
         # Fork once q_t exists (after A·P_B too: prepare_rows keeps its fused zeroing). The side
         # chain is enqueued before the GEMM and reads q_t itself (the copy into PENDING follows
         # it), so its programs are dispatched before the GEMM's grid takes the remaining slots.
