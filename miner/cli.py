@@ -26,6 +26,9 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--seed", type=int, default=0)
     m.add_argument("--device", help="torch device of the model (default: cuda when available, else cpu); "
                                     "CUDA mines with the GPU backends (miner.gpu), the CPU with the reference ones")
+    m.add_argument("--no-lagged-decode", dest="lagged_decode", action="store_false",
+                   help="GPU backends: mine every decode launch's own rows (default: decode launches mine the "
+                        "previous launch's rows beside the GEMM, faster; docs/miner-gpu.md)")
     m.add_argument("--prompts", type=Path, help="file of prompts, one per line (default: generated)")
     m.add_argument("--batch-size", type=int, default=4)
     m.add_argument("--prompt-len", type=int, default=64)

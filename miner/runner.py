@@ -21,7 +21,7 @@ from miner.sources import GatewaySource
 from miner.worker import BackendFactory, Worker, WorkerConfig, cpu_backend
 
 
-def backend_factory(device: str) -> BackendFactory:
+def backend_factory(device: str, lagged_decode: bool = True) -> BackendFactory:
     """CUDA mines with the GPU pipelines (miner.gpu); anything else with the CPU references.
 
     miner.gpu is imported only for CUDA: it pulls in the kernel toolchains, which a CPU install
@@ -31,7 +31,7 @@ def backend_factory(device: str) -> BackendFactory:
         return cpu_backend
     from miner.gpu import worker_factory
 
-    return worker_factory(device)
+    return worker_factory(device, lagged_decode=lagged_decode)
 
 
 def _embedded_devnet(args: argparse.Namespace, stack: ExitStack) -> tuple[str, PearldClient, str]:
@@ -66,7 +66,7 @@ def run_worker(args: argparse.Namespace, stack: ExitStack) -> int:
         max_new_tokens=args.max_new_tokens, min_mining_tokens=args.min_mining_tokens, mode=args.mode,
         duration_s=args.duration, max_blocks=max_blocks,
     )
-    worker = Worker(config, source, backend_factory(config.device))
+    worker = Worker(config, source, backend_factory(config.device, args.lagged_decode))
     try:
         server, port = serve(worker, args.control)
     except (OSError, RuntimeError) as exc:

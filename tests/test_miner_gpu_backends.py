@@ -35,15 +35,24 @@ def _inputs(n: int, tokens: int, seed: int):
     return x, ids, w13
 
 
-def _mine(backend, x, ids) -> LaunchResult:
-    """One launch on DEVICE, its output on the CPU. On CUDA a doorbell may ring after the launch
-    returns (the backend never waits): the next launch reports the held winner."""
+def _launch(backend, x, ids) -> LaunchResult:
+    """One launch on DEVICE, its output on the CPU."""
     result = backend.mine_launch(x.to(DEVICE), ids.to(DEVICE))
-    winners = result.winners
-    if not winners and DEVICE.type == "cuda":
+    return LaunchResult(result.output.cpu(), result.winners, result.credited_work, result.tickets)
+
+
+def _mine(backend, x, ids) -> LaunchResult:
+    """One launch; on CUDA a doorbell may ring after the launch returns (the backend never waits):
+    then the next launch (same inputs) reports the held winner."""
+    result = _launch(backend, x, ids)
+    if not result.winners and DEVICE.type == "cuda":
         torch.cuda.synchronize()
-        winners = backend.mine_launch(x.to(DEVICE), ids.to(DEVICE)).winners
-    return LaunchResult(result.output.cpu(), winners, result.credited_work, result.tickets)
+        return LaunchResult(result.output, _launch(backend, x, ids).winners, result.credited_work, result.tickets)
+    return result
+
+
+def _counts(ids) -> list[int]:
+    return torch.bincount(ids.reshape(-1), minlength=EXPERTS).tolist()
 
 
 def _int7_rows(values: torch.Tensor):
@@ -66,32 +75,12 @@ def _int7_reference(x, ids, w13):
     return out
 
 
-def _header(bits: int) -> bytes:
-    return BlockHeader(1, b"\x11" * 32, b"\x22" * 32, 1_700_000_000, bits).incomplete_bytes()
+def _header(bits: int, merkle_root: bytes = b"\x22" * 32) -> bytes:
+    return BlockHeader(1, b"\x11" * 32, merkle_root, 1_700_000_000, bits).incomplete_bytes()
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("mode", [Mode.INT7_DENSE, Mode.INT7_MOE])
-def test_int7_backend_serves_the_int7_product_and_its_winner_verifies(mode):
-    n = 32
-    x, ids, w13 = _inputs(n, 6, seed=5)
-    backend = backend_factory(mode, _Layer(n // 2), DEVICE)
-    job = MiningJob.of(_header(LOOSE), 1, 3, height=100_000)
-    backend.prepare_job(job, w13.to(DEVICE))
-    result = _mine(backend, x, ids)
-    # the served output is the exact int7 product, dequantised, in bf16: within one bf16 ulp
-    # (2^-7 relative; Triton's interpreter does not round the final cast to nearest)
-    torch.testing.assert_close(result.output, _int7_reference(x, ids, w13), rtol=2**-7, atol=1e-6)
-    reference = grouped_fc1(x, ids, w13)
-    assert float((result.output - reference).norm() / reference.norm()) < 0.05
-    counts = torch.bincount(ids.reshape(-1), minlength=EXPERTS).tolist()
-    assert result.credited_work == sum(c - c % 2 for c in counts) * n * K
-    # M = 16 rows per expert; 2-row tiles as wide as the GEMM block: the whole N = 32 for dense,
-    # 16 for MoE (where a tile must be narrower than the expert's N, protocol §7)
-    width = 32 if mode == Mode.INT7_DENSE else 16
-    assert result.tickets == EXPERTS * (16 // 2) * (n // width)
-    assert len(result.winners) == 1  # the pass latches one winner
-    record = result.winners[0]
+def _check_int7_winner(backend, mode, record, job) -> None:
+    """The record's proof verifies under its job and passes the chain's rules; the record is spent."""
     assert (record.mode, record.layer_id, record.job) == (mode.value, 3, job)
     built = backend.build_proof(record)
     assert built.cert_version == 3 and backend.verify(record, built) == (True, "ok")
@@ -105,25 +94,101 @@ def test_int7_backend_serves_the_int7_product_and_its_winner_verifies(mode):
         backend.build_proof(record)  # re-armed: the record is spent
 
 
+def _check_int7_output(result, x, ids, w13) -> None:
+    """The served output is the exact int7 product, dequantised, in bf16: within one bf16 ulp
+    (2^-7 relative; Triton's interpreter does not round the final cast to nearest)."""
+    torch.testing.assert_close(result.output, _int7_reference(x, ids, w13), rtol=2**-7, atol=1e-6)
+    reference = grouped_fc1(x, ids, w13)
+    assert float((result.output - reference).norm() / reference.norm()) < 0.05
+
+
 @pytest.mark.slow
-def test_fp8_backend_serves_the_layer_and_its_winner_verifies():
-    n = 64
-    x, ids, w13 = _inputs(n, 16, seed=6)
-    parent = BlockHeader(1, b"\x01" * 32, b"\x02" * 32, 1_700_000_000, EASY).to_bytes()
-    proposed = BlockHeader(1, BlockHeader.from_bytes(parent).block_hash(), b"\x03" * 32, 1_700_000_001, EASY)
-    job = MiningJob.of(proposed.incomplete_bytes(), 2**240, 4, (parent,), height=2)
-    backend = backend_factory(Mode.FP8_MOE, _Layer(n // 2), DEVICE)
-    with pytest.raises(ValueError, match="cert V4"):
-        backend.prepare_job(MiningJob.of(proposed.incomplete_bytes(), 1, 3), w13)
+def test_int7_moe_backend_mines_same_launch_and_its_winner_verifies():
+    n = 32
+    x, ids, w13 = _inputs(n, 6, seed=5)
+    backend = backend_factory(Mode.INT7_MOE, _Layer(n // 2), DEVICE)
+    job = MiningJob.of(_header(LOOSE), 1, 3, height=100_000)
     backend.prepare_job(job, w13.to(DEVICE))
     result = _mine(backend, x, ids)
+    assert [p.lagged for p in backend._passes.values()] == [False]  # the pipeline mines MoE same-launch
+    _check_int7_output(result, x, ids, w13)
+    assert result.credited_work == sum(c - c % 2 for c in _counts(ids)) * n * K
+    # M = 16 rows per expert; 2-row tiles 16 wide (an MoE tile is narrower than the expert's N, §7)
+    assert result.tickets == EXPERTS * (16 // 2) * (n // 16)
+    assert len(result.winners) == 1  # the pass latches one winner
+    _check_int7_winner(backend, Mode.INT7_MOE, result.winners[0], job)
+
+
+@pytest.mark.slow
+def test_int7_dense_decode_mines_lagged_within_one_job_and_its_winner_verifies():
+    """Every tile wins at LOOSE: a launch that hashed rows would latch a winner. The first launch
+    of a job's pass mines nothing; rows served under the old job are not mined under the new one;
+    the next launch mines (and credits) the previous launch's rows, and that winner verifies."""
+    n = 32
+    x, ids, w13 = _inputs(n, 6, seed=5)
+    x2, ids2, _ = _inputs(n, 6, seed=7)
+    backend = backend_factory(Mode.INT7_DENSE, _Layer(n // 2), DEVICE)
+    old = MiningJob.of(_header(LOOSE), 1, 3, height=100_000)
+    backend.prepare_job(old, w13.to(DEVICE))
+    first = _launch(backend, x, ids)
+    assert [p.lagged for p in backend._passes.values()] == [True]  # M = 16 per expert: decode
+    _check_int7_output(first, x, ids, w13)
+    assert (first.credited_work, first.tickets, first.winners) == (0, 0, [])
+    job = MiningJob.of(_header(LOOSE, b"\x33" * 32), 1, 3, height=100_000)
+    backend.prepare_job(job, w13.to(DEVICE))
+    changed = _launch(backend, x2, ids2)  # the old job's pending rows are gone with its passes
+    _check_int7_output(changed, x2, ids2, w13)
+    assert (changed.credited_work, changed.tickets, changed.winners) == (0, 0, [])
+    result = _mine(backend, x, ids)  # mines x2's rows
+    _check_int7_output(result, x, ids, w13)
+    assert result.credited_work == sum(c - c % 2 for c in _counts(ids2)) * n * K
+    assert result.tickets == EXPERTS * (16 // 2) * (n // 32)  # dense: tiles as wide as N = 32
+    assert len(result.winners) == 1
+    _check_int7_winner(backend, Mode.INT7_DENSE, result.winners[0], job)
+
+
+def _fp8_job(parent: bytes, merkle_root: bytes) -> MiningJob:
+    """A V4 job on ``parent`` whose target saturates the tile threshold: every hashed tile wins."""
+    proposed = BlockHeader(1, BlockHeader.from_bytes(parent).block_hash(), merkle_root, 1_700_000_001, EASY)
+    return MiningJob.of(proposed.incomplete_bytes(), 2**240, 4, (parent,), height=2)
+
+
+def _check_fp8_output(result, x, ids, w13) -> None:
     reference = grouped_fc1(x, ids, w13)
     assert float((result.output - reference).norm() / reference.norm()) < 0.1
-    counts = torch.bincount(ids.reshape(-1), minlength=EXPERTS).tolist()
+
+
+@pytest.mark.slow
+def test_fp8_decode_mines_lagged_within_one_job_and_its_winner_verifies():
+    """16 tokens · top 2 over 4 experts: 8 rows per expert, a lagged decode launch. Every tile wins:
+    a launch that hashed rows would latch a winner. The first launch mines nothing; rows served
+    under the old job are not mined under the new one (set_job empties the lag buffers); the next
+    launch mines and credits the previous launch's rows, and that winner verifies."""
+    n = 64
+    x, ids, w13 = _inputs(n, 16, seed=6)
+    x2, ids2, _ = _inputs(n, 16, seed=8)
+    parent = BlockHeader(1, b"\x01" * 32, b"\x02" * 32, 1_700_000_000, EASY).to_bytes()
+    backend = backend_factory(Mode.FP8_MOE, _Layer(n // 2), DEVICE)
+    with pytest.raises(ValueError, match="cert V4"):
+        backend.prepare_job(MiningJob.of(_fp8_job(parent, b"\x03" * 32).header76, 1, 3), w13)
+    backend.prepare_job(_fp8_job(parent, b"\x03" * 32), w13.to(DEVICE))
+    first = _launch(backend, x, ids)
+    assert [g.lagged for g in backend._gemms.values()] == [True]
+    _check_fp8_output(first, x, ids, w13)
+    assert (first.credited_work, first.tickets, first.winners) == (0, 0, [])
+    job = _fp8_job(parent, b"\x04" * 32)
+    backend.prepare_job(job, w13.to(DEVICE))
+    changed = _launch(backend, x2, ids2)
+    _check_fp8_output(changed, x2, ids2, w13)
+    assert (changed.credited_work, changed.tickets, changed.winners) == (0, 0, [])
+    result = _mine(backend, x, ids)  # mines x2's rows
+    _check_fp8_output(result, x, ids, w13)
+    counts = _counts(ids2)
     assert result.credited_work == sum(c - c % 4 for c in counts) * n * K
     assert result.tickets == sum(c // 4 for c in counts) * (n // 64)
     assert len(result.winners) == 1
     record = result.winners[0]
+    assert record.job == job
     built = backend.build_proof(record)
     assert built.cert_version == 4 and backend.verify(record, built) == (True, "ok")
     rules.check_certificate("regtest-fp8", 2, 4, built.public_data, EASY)

@@ -5,7 +5,9 @@ import torch
 
 from miner.gpu import FP8_DENSE, backend_factory, factory_for, worker_factory
 from miner.gpu.fp8 import GpuFp8Backend
+from miner.gpu.fp8 import lagged_applies as fp8_lagged_applies
 from miner.gpu.int7 import GpuInt7Backend
+from miner.gpu.int7 import lagged_applies as int7_lagged_applies
 from miner.jobs import MiningJob
 from miner.model import preset
 from miner.modes import Mode
@@ -75,3 +77,27 @@ def test_backends_refuse_bad_setups_before_any_kernel():
         fp8.mine_launch(torch.zeros(4, 2048), torch.zeros(4, 2, dtype=torch.int64))
     with pytest.raises(ValueError, match="top_k"):
         GpuFp8Backend(0, 1, 2)
+
+
+def test_lagged_decode_knob_reaches_the_backends():
+    assert backend_factory(Mode.INT7_DENSE, _Layer(), "cpu").lagged_decode
+    assert not backend_factory(Mode.INT7_DENSE, _Layer(), "cpu", lagged_decode=False).lagged_decode
+    assert not backend_factory(Mode.FP8_MOE, _Layer(), "cpu", lagged_decode=False).lagged_decode
+    assert not worker_factory("cpu", lagged_decode=False)(Mode.FP8_MOE, 0, _Layer().cfg).lagged_decode
+    assert worker_factory("cpu")(Mode.INT7_MOE, 0, _Layer().cfg).lagged_decode
+
+
+@pytest.mark.parametrize("moe,rows,k,lagged", [(False, 16, 2048, True), (False, 64, 2048, True),
+                                               (False, 128, 2048, False),  # prefill: same-launch
+                                               (False, 48, 2048, False),  # no fused A side at M 48
+                                               (True, 16, 2048, False)])  # MoE: the pipeline refuses lagged
+def test_int7_lags_dense_decode_shapes_only(moe, rows, k, lagged):
+    assert int7_lagged_applies(moe, rows, k) == lagged
+
+
+@pytest.mark.parametrize("tokens,top_k,experts,lagged", [(16, 8, 256, True), (1024, 8, 256, True),
+                                                         (1025, 8, 256, False),  # 33 rows per expert
+                                                         (32, 1, 1, True), (33, 1, 1, False),
+                                                         (2048, 8, 256, False)])  # prefill
+def test_fp8_lags_launches_of_at_most_32_rows_per_expert(tokens, top_k, experts, lagged):
+    assert fp8_lagged_applies(tokens, top_k, experts) == lagged

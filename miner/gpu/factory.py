@@ -5,6 +5,8 @@
 (mode, layer id, model config) and keeps one backend per (mode, layer) for the worker's life, so
 per-weights work (int7 quantisation, FP8 gemms and their B states) is not redone every block.
 ``factory_for(device)``: the GPU backends on CUDA, the worker's CPU reference backends otherwise.
+``lagged_decode`` (all three; default on): decode launches mine the previous launch's rows beside
+the GEMM (docs/miner-gpu.md, "Lagged decode mining"); False keeps every launch same-launch.
 """
 from __future__ import annotations
 
@@ -30,7 +32,8 @@ class LayerShape(Protocol):
     cfg: ModelConfig
 
 
-def backend_factory(mode: Mode | str, layer: LayerShape, device: torch.device | str) -> MiningBackend:
+def backend_factory(mode: Mode | str, layer: LayerShape, device: torch.device | str, *,
+                    lagged_decode: bool = True) -> MiningBackend:
     """The GPU-pipeline backend of ``layer`` for ``mode`` (fp8-moe, fp8-dense, int7-moe, int7-dense).
 
     ``device`` is where the layer's weights live; the backend runs its pipeline there (CUDA, or
@@ -40,13 +43,13 @@ def backend_factory(mode: Mode | str, layer: LayerShape, device: torch.device | 
     cfg = layer.cfg
     name = mode.value if isinstance(mode, Mode) else str(mode)
     if name in (Mode.INT7_MOE.value, Mode.INT7_DENSE.value):
-        return GpuInt7Backend(Mode(name), layer.layer_id, cfg.num_experts, cfg.top_k)
+        return GpuInt7Backend(Mode(name), layer.layer_id, cfg.num_experts, cfg.top_k, lagged_decode=lagged_decode)
     if name == Mode.FP8_MOE.value:
-        return GpuFp8Backend(layer.layer_id, cfg.num_experts, cfg.top_k)
+        return GpuFp8Backend(layer.layer_id, cfg.num_experts, cfg.top_k, lagged_decode=lagged_decode)
     if name == FP8_DENSE:
         if cfg.num_experts != 1:
             raise ValueError(f"fp8-dense mines a one-expert (dense) layer; this one has {cfg.num_experts}")
-        return GpuFp8Backend(layer.layer_id, 1, 1)
+        return GpuFp8Backend(layer.layer_id, 1, 1, lagged_decode=lagged_decode)
     raise NotImplementedError(f"no GPU backend mines {name} (on {device})")
 
 
@@ -55,7 +58,7 @@ class _Layer:
         self.layer_id, self.cfg = layer_id, cfg
 
 
-def worker_factory(device: torch.device | str) -> BackendFactory:
+def worker_factory(device: torch.device | str, *, lagged_decode: bool = True) -> BackendFactory:
     """``backend_factory`` in the worker's signature, one backend per (mode, layer) kept across jobs."""
     kept: dict[tuple[Mode, int], MiningBackend] = {}
     lock = threading.Lock()
@@ -64,12 +67,13 @@ def worker_factory(device: torch.device | str) -> BackendFactory:
         with lock:
             backend = kept.get((mode, layer_id))
             if backend is None:
-                backend = kept[(mode, layer_id)] = backend_factory(mode, _Layer(layer_id, cfg), device)
+                backend = kept[(mode, layer_id)] = backend_factory(mode, _Layer(layer_id, cfg), device,
+                                                                     lagged_decode=lagged_decode)
             return backend
 
     return make
 
 
-def factory_for(device: torch.device | str) -> BackendFactory:
+def factory_for(device: torch.device | str, *, lagged_decode: bool = True) -> BackendFactory:
     """The worker's factory for a model on ``device``: GPU pipelines on CUDA, CPU references otherwise."""
-    return worker_factory(device) if torch.device(device).type == "cuda" else cpu_backend
+    return worker_factory(device, lagged_decode=lagged_decode) if torch.device(device).type == "cuda" else cpu_backend

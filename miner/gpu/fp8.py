@@ -11,6 +11,15 @@ parent's state prefetched). A new job re-targets the gemms (``set_job``) on the 
 the serving stream: the launch constants it writes are ordered with the launches, and the
 serving stream waits on the GPU (never the host) only when a B state is not ready yet.
 
+Lagged decode (``lagged_decode``, on by default): launch sizes of at most
+``LAGGED_MAX_ROWS_PER_EXPERT`` rows per expert take ``MinedGemm(lagged=True)``: launch t serves x_t
+and mines launch t−1's rows (READY) beside the GEMM (docs/decisions.md, "Mining may lag inference
+by one launch"); larger launches keep the same-launch pass. ``set_job`` empties the lag buffers, so
+rows hashed under one job are never mined under the next.
+
+Accounting: a launch credits the rows it actually hashed. Same-launch: its own rows. Lagged: the
+previous launch's rows of the same gemm (the first launch after a job change credits nothing).
+
 Winners: the latch's pinned record is read without waiting; ``build_proof`` (completion thread)
 re-commits the A side from the latch's payload, commits B on the CPU (once per σ_d, cached), opens
 the tile with proof.fp8's builder and re-arms the latch. Launches the pipeline cannot mine (fewer
@@ -35,22 +44,33 @@ from proof.fp8.lottery import credited_work_moe
 from proof.fp8.verify import Rejected
 
 MAX_GEMMS = 4  # launch sizes kept (each holds a B side of its own)
+# The lagged GEMM's operand holds, per expert, launch t−1's rows and launch t's: at ≤ 32 rows per
+# expert each, the combined operand stays within the grouped GEMM's 64-row decode tiles.
+LAGGED_MAX_ROWS_PER_EXPERT = 32
+
+
+def lagged_applies(tokens: int, top_k: int, experts: int) -> bool:
+    """Whether a launch of ``tokens`` is a decode size that mines lagged: rows per expert
+    (tokens·top_k / experts, rounded up) of at most LAGGED_MAX_ROWS_PER_EXPERT."""
+    return -(-tokens * top_k // experts) <= LAGGED_MAX_ROWS_PER_EXPERT
 
 
 class GpuFp8Backend:
     """The FP8 (V4) MiningBackend of one layer on its weights' device."""
 
-    def __init__(self, layer_id: int, experts: int, top_k: int) -> None:
+    def __init__(self, layer_id: int, experts: int, top_k: int, *, lagged_decode: bool = True) -> None:
         if experts == 1 and top_k != 1:
             raise ValueError(f"a dense layer routes each token once, got top_k={top_k}")
         self.mode = "fp8-dense" if experts == 1 else "fp8-moe"
         self.name = f"gpu-{self.mode}"
         self.layer_id, self.experts, self.top_k = layer_id, experts, top_k
+        self.lagged_decode = lagged_decode
         self._lock = threading.Lock()  # launches and job changes
         self._proof_lock = threading.Lock()  # a proof reads the gemm's job: not while it changes
         self._weights: torch.Tensor | None = None
         self._job: MiningJob | None = None
         self._gemms: dict[int, MinedGemm] = {}
+        self._lag_credit: dict[int, tuple[int, int]] = {}  # lagged gemm → its pending rows' credit
         self._reported: set[bytes] = set()
         self._b_commits: dict[bytes, CommittedOperand] = {}
 
@@ -66,7 +86,7 @@ class GpuFp8Backend:
             for gemm in self._gemms.values():
                 gemm.latch.reset()
                 gemm.set_job(job.header76, list(job.ancestor_headers), job.target)
-            self._job, self._reported = job, set()
+            self._job, self._reported, self._lag_credit = job, set(), {}
             window = {bytes(h) for h in job.ancestor_headers}
             self._b_commits = {h: c for h, c in self._b_commits.items() if h in window}
 
@@ -87,18 +107,22 @@ class GpuFp8Backend:
             order = torch.sort(routing.reshape(-1).to(torch.int64), stable=True).indices
             output = torch.empty_like(result.out).index_copy_(0, order, result.out)
             winners = self._winners(job)
-        k = activations.shape[1]
-        tiles = sum(c // TILE_ROWS for c in counts) * (n // TILE_COLS)
-        return LaunchResult(output.view(*routing.shape, n).to(activations.dtype), winners,
-                            credited_work_moe(counts, n, k, TILE_ROWS), tiles)
+            credit = (credited_work_moe(counts, n, activations.shape[1], TILE_ROWS),
+                      sum(c // TILE_ROWS for c in counts) * (n // TILE_COLS))
+            if gemm.lagged:  # this launch hashed the previous launch's rows; its own are hashed next
+                credit, self._lag_credit[tokens] = self._lag_credit.get(tokens, (0, 0)), credit
+        return LaunchResult(output.view(*routing.shape, n).to(activations.dtype), winners, *credit)
 
     def _gemm(self, job: MiningJob, weights: torch.Tensor, tokens: int) -> MinedGemm:
         """The gemm for this launch size (made on first use, on the serving stream)."""
         gemm = self._gemms.get(tokens)
         if gemm is None:
             if len(self._gemms) >= MAX_GEMMS:
-                self._gemms.pop(next(iter(self._gemms)))
-            gemm = MinedGemm(weights, m=tokens, top_k=self.top_k, layer_id=self.layer_id)
+                evicted = next(iter(self._gemms))
+                self._gemms.pop(evicted)
+                self._lag_credit.pop(evicted, None)
+            lagged = self.lagged_decode and lagged_applies(tokens, self.top_k, self.experts)
+            gemm = MinedGemm(weights, m=tokens, top_k=self.top_k, layer_id=self.layer_id, lagged=lagged)
             gemm.set_job(job.header76, list(job.ancestor_headers), job.target)
             self._gemms[tokens] = gemm
         return gemm

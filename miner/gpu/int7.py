@@ -11,9 +11,19 @@ seeds and noises them on a side stream. Per launch (the serving thread): one hos
 expert counts, then the device-only mined pass (A side, mined GEMM, peel, winner snapshot); its
 bf16 output is the layer's FC1 output.
 
+Lagged decode (``lagged_decode``, on by default): int7-dense launches of a decode shape (the fused
+A side applies: M in 16/32/64 rows per expert) take ``MinedPass(lagged=True)``: launch t serves
+x_t and mines launch t−1's noised rows, the A side's hash chain running beside the GEMM
+(docs/decisions.md, "Mining may lag inference by one launch"). int7-moe and prefill shapes keep
+the same-launch pass. A new job takes new passes, so rows never carry over to another job.
+
+Accounting: a launch credits the rows it actually hashed. Same-launch: its own rows. Lagged: the
+previous launch's rows of the same pass (the first launch of a pass credits nothing).
+
 Winners: the pass's doorbell is read from pinned memory without waiting (a record is visible only
 once complete), so a launch's winner is reported by that launch or a later one. The pass keeps the
-winning operands until ``build_proof`` (the completion thread) opens them and re-arms it.
+winning operands until ``build_proof`` (the completion thread) opens them and re-arms it (a
+lagged pass retains the mined launch t−1's A, which its record names).
 """
 from __future__ import annotations
 
@@ -22,6 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kernels.int7.a_side import fused_applies
 from kernels.int7.mined_gemm import lottery_tile
 from kernels.int7.pipeline import MinedPass
 from kernels.int7.pipeline import MiningJob as DeviceJob
@@ -37,6 +48,12 @@ RANK = 128  # the rank-penalty floor; needs k >= 16 · 128 = 2048
 ROW_BLOCK = 16  # the pipeline's row block: M and an MoE instance's token count are multiples of it
 MAX_PASSES = 8  # launch shapes kept per job (each holds static buffers)
 INT7_LIMIT = 64  # operands in [-64, 64] so that A + E_A fits int8
+
+
+def lagged_applies(moe: bool, rows: int, k: int) -> bool:
+    """Whether a launch of ``rows`` per expert mines lagged: dense decode shapes only (the fused
+    A side's row counts, where the serial A-side chain dominates; the pipeline refuses lagged MoE)."""
+    return not moe and fused_applies(rows, k, RANK)
 
 
 def quantize_weights(weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -74,18 +91,21 @@ def verify_int7(record: WinnerRecord, built: BuiltProof) -> tuple[bool, str]:
 class GpuInt7Backend:
     """The INT7 MiningBackend of one MoE layer on its weights' device."""
 
-    def __init__(self, mode: Mode, layer_id: int, experts: int, top_k: int) -> None:
+    def __init__(self, mode: Mode, layer_id: int, experts: int, top_k: int, *,
+                 lagged_decode: bool = True) -> None:
         if mode not in (Mode.INT7_MOE, Mode.INT7_DENSE):
             raise ValueError(f"GpuInt7Backend mines int7-moe or int7-dense, not {mode.value}")
         self.name = f"gpu-{mode.value}"
         self.mode, self.layer_id, self.experts, self.top_k = mode, layer_id, experts, top_k
         self.moe = mode == Mode.INT7_MOE
+        self.lagged_decode = lagged_decode
         self._lock = threading.Lock()  # launches and job changes; proofs only read retained state
         self._weights: _Weights | None = None
         self._job: MiningJob | None = None
         self._device_job: DeviceJob | None = None
         self._side: SideWork | None = None
         self._passes: dict[tuple[int, int], MinedPass] = {}
+        self._lag_credit: dict[tuple[int, int], tuple[int, int]] = {}  # lagged pass → its pending rows' credit
         self._reported: set[bytes] = set()
 
     def prepare_job(self, job: MiningJob, weights: torch.Tensor) -> None:
@@ -113,7 +133,7 @@ class GpuInt7Backend:
                                                 bound=mining_bound(job.bits, config, job.cert_version),
                                                 moe=self.moe, stream=side.stream)
             self._job, self._device_job, self._side = job, device_job, side
-            self._passes, self._reported = {}, set()
+            self._passes, self._lag_credit, self._reported = {}, {}, set()
 
     def _quantized(self, weights: torch.Tensor) -> _Weights:
         key = (weights.data_ptr(), weights._version, tuple(weights.shape))
@@ -128,7 +148,7 @@ class GpuInt7Backend:
                 raise RuntimeError("mine_launch before prepare_job")
             side.ready()
             plan = layout(routing, self.experts, ROW_BLOCK, moe=self.moe)
-            mined = self._pass(device_job, plan)
+            shape, mined = self._pass(device_job, plan)
             x = activations.detach()
             if self.moe:  # the phantom tokens are zero rows after the real ones
                 tokens = torch.cat([x, x.new_zeros(plan.phantoms, x.shape[1])])
@@ -139,21 +159,25 @@ class GpuInt7Backend:
             n = out.shape[-1]
             output = out.view(-1, n).index_select(0, plan.slot_of).view(*routing.shape, n).to(activations.dtype)
             winners = self._winners(job)
-        k = activations.shape[1]
-        h, w = device_job.config.h, device_job.config.w
-        tickets = self.experts * (plan.rows // h) * (n // w)
-        return LaunchResult(output, winners, plan.credited_rows(h) * n * k, tickets)
+            h, w = device_job.config.h, device_job.config.w
+            credit = (plan.credited_rows(h) * n * activations.shape[1], self.experts * (plan.rows // h) * (n // w))
+            if mined.lagged:  # this launch hashed the previous launch's rows; its own are hashed next
+                credit, self._lag_credit[shape] = self._lag_credit.get(shape, (0, 0)), credit
+        return LaunchResult(output, winners, *credit)
 
-    def _pass(self, device_job: DeviceJob, plan: Layout) -> MinedPass:
+    def _pass(self, device_job: DeviceJob, plan: Layout) -> tuple[tuple[int, int], MinedPass]:
         """The pass of this launch shape (rows per expert; MoE: and the instance's token count)."""
         shape = (plan.rows, plan.tokens + plan.phantoms if self.moe else 0)
         mined = self._passes.get(shape)
         if mined is None:
             if len(self._passes) >= MAX_PASSES:
-                self._passes.pop(next(iter(self._passes)))
-            mined = MinedPass(device_job, plan.rows, tokens=shape[1] if self.moe else None)
+                evicted = next(iter(self._passes))
+                self._passes.pop(evicted)
+                self._lag_credit.pop(evicted, None)
+            lagged = self.lagged_decode and lagged_applies(self.moe, plan.rows, device_job.bt.shape[2])
+            mined = MinedPass(device_job, plan.rows, tokens=shape[1] if self.moe else None, lagged=lagged)
             self._passes[shape] = mined
-        return mined
+        return shape, mined
 
     def _winners(self, job: MiningJob) -> list[WinnerRecord]:
         """Records whose doorbell rang and that were not reported yet (one per held pass)."""
