@@ -85,6 +85,26 @@ def test_prequantize_and_norms_match_reference():
         assert np.array_equal(u16(values), ref_prequant.open_values(want_codes, want_scales))
 
 
+@pytest.mark.parametrize("rows, k", [(40, 256), (3, 6144), (2, 16)])
+def test_prepare_rows_matches_reference(rows, k):
+    """The fused decode row kernel (planes, values, norms, α/β in one launch; programs walk rows
+    when rows > 32; k = 6144 leaves a quarter of the 1024-block row dead) against the reference."""
+    rng = np.random.default_rng(k + rows)
+    x = (rng.standard_normal((rows, k)) * np.exp2(rng.integers(-30, 30, (rows, 1)))).astype(np.float32)
+    x[0] = 0  # an all-zero row: l2 = 0
+    x[-1, :8] = [0.5, -0.5, 1.5, 2.5, -2.5, 127.0, 3.5, 1.0]
+    source = torch.from_numpy(x).to(torch.bfloat16)
+    got = dev_quant.prepare_rows(source)
+    codes, scales = ref_prequant.prequantize(source.float().numpy())
+    l2, linf = ref_prequant.row_norms(codes, scales)
+    assert np.array_equal(got.codes.numpy(), codes) and np.array_equal(u16(got.scales), scales)
+    assert np.array_equal(u16(got.values), ref_prequant.open_values(codes, scales))
+    assert np.array_equal(u16(got.l2), l2) and np.array_equal(u16(got.linf), linf)
+    want = [ref_quant.row_scales("hopper", int(a), int(b)) for a, b in zip(l2, linf)]
+    assert same_bf16(u16(got.alpha), np.array([w[0] for w in want], dtype=np.uint16))
+    assert same_bf16(u16(got.beta), np.array([w[1] for w in want], dtype=np.uint16))
+
+
 @pytest.mark.parametrize("k, shape", [(16, None), (1024, None), (64, (16, 4)), (1024, (4, 32))])
 def test_row_norms_match_reference_on_random_planes(k, shape, monkeypatch):
     """Default block shape (one row, one step) and multi-row, multi-step programs."""

@@ -112,16 +112,24 @@ def _floor_norm(x):
 
 
 @jit
+def alpha_beta(l2, linf, delta_r, delta_over_std):
+    """(α, β) as f32 bit patterns (int32) of bf16 values from the raw norms as f32 values (a 1-D
+    tensor). Shared by the row-scales kernel and the fused decode row kernel (prequant_kernel)."""
+    l2f = _floor_norm(l2)
+    linf_f = _floor_norm(linf)
+    bound = _fma_bf16(tl.full(l2.shape, 0.0, tl.float32) + delta_r, l2f, linf_f).to(tl.float32, bitcast=True)
+    alpha = _rne_bf16(tl.math.div_rn(tl.full(l2.shape, 448.0, tl.float32), bound).to(tl.int32, bitcast=True))
+    scaled = _rne_bf16((alpha.to(tl.float32, bitcast=True) * l2f).to(tl.int32, bitcast=True))
+    return alpha, _rne_bf16((scaled.to(tl.float32, bitcast=True) * delta_over_std).to(tl.int32, bitcast=True))
+
+
+@jit
 def _row_scales_kernel(l2_ptr, linf_ptr, alpha_ptr, beta_ptr, rows, delta_r, delta_over_std,
                        BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     live = offs < rows
-    l2f = _floor_norm(_bf16_of_bits(l2_ptr, offs, live))
-    linf_f = _floor_norm(_bf16_of_bits(linf_ptr, offs, live))
-    bound = _fma_bf16(tl.full((BLOCK,), 0.0, tl.float32) + delta_r, l2f, linf_f).to(tl.float32, bitcast=True)
-    alpha = _rne_bf16(tl.math.div_rn(tl.full((BLOCK,), 448.0, tl.float32), bound).to(tl.int32, bitcast=True))
-    scaled = _rne_bf16((alpha.to(tl.float32, bitcast=True) * l2f).to(tl.int32, bitcast=True))
-    beta = _rne_bf16((scaled.to(tl.float32, bitcast=True) * delta_over_std).to(tl.int32, bitcast=True))
+    alpha, beta = alpha_beta(_bf16_of_bits(l2_ptr, offs, live), _bf16_of_bits(linf_ptr, offs, live),
+                             delta_r, delta_over_std)
     tl.store(alpha_ptr + offs, (alpha >> 16).to(tl.int16), mask=live)
     tl.store(beta_ptr + offs, (beta >> 16).to(tl.int16), mask=live)
 
@@ -160,7 +168,7 @@ def noisy_codes(alpha: torch.Tensor, beta: torch.Tensor, x: torch.Tensor, noise:
     return out.view(torch.float8_e4m3fn)
 
 
-def _bf16_value(bits: int) -> float:
+def bf16_value(bits: int) -> float:
     """The exact value of a bf16 bit pattern (a Python float holds it exactly)."""
     return float(np.array([bits << 16], dtype=np.uint32).view(np.float32)[0])
 
@@ -173,5 +181,5 @@ def row_scales(l2: torch.Tensor, linf: torch.Tensor, delta_r: int,
     beta = torch.empty(rows, dtype=torch.int16, device=l2.device)
     _row_scales_kernel[(max(1, triton.cdiv(rows, _BLOCK)),)](
         l2.contiguous().view(torch.int16), linf.contiguous().view(torch.int16), alpha, beta, rows,
-        _bf16_value(delta_r), _bf16_value(delta_over_std), BLOCK=_BLOCK, enable_fp_fusion=False)
+        bf16_value(delta_r), bf16_value(delta_over_std), BLOCK=_BLOCK, enable_fp_fusion=False)
     return alpha.view(torch.bfloat16), beta.view(torch.bfloat16)

@@ -44,13 +44,20 @@ def _block_terms(codes_ptr, scales_ptr, rows, row_live, b0, nblocks, k,
     blocks = b0 + tl.arange(0, BB)
     live = row_live[:, None] & (blocks < nblocks)[None, :]
     scale = tl.load(scales_ptr + rows[:, None] * nblocks + blocks[None, :], mask=live, other=0)
-    magnitude = scale.to(tl.int32) & 0x7FFF
-    exp_field = magnitude >> 7
-    mantissa = (magnitude & 0x7F) + tl.where(exp_field != 0, 128, 0)
-    doubled = 2 * tl.maximum(exp_field, 1)
     lane = tl.arange(0, 8)
     code_ptr = codes_ptr + rows[:, None, None] * k + blocks[None, :, None] * 8 + lane[None, None, :]
     q = tl.load(code_ptr, mask=live[:, :, None], other=0).to(tl.int32)
+    return block_terms_of(q, scale.to(tl.int32))
+
+
+@jit
+def block_terms_of(q, scale_bits):
+    """Block terms from codes q (rows, blocks, 8) int32 and bf16 scale bits (rows, blocks) int32:
+    shared by this kernel (planes loaded) and the fused decode row kernel (planes in registers)."""
+    magnitude = scale_bits & 0x7FFF
+    exp_field = magnitude >> 7
+    mantissa = (magnitude & 0x7F) + tl.where(exp_field != 0, 128, 0)
+    doubled = 2 * tl.maximum(exp_field, 1)
     # tl.sum's / tl.max's own combines: the same operations on the GPU, and the interpreter then
     # reduces with numpy instead of element by element
     square_sum = tl.reduce(q * q, 2, tl.standard._sum_combine)
@@ -111,6 +118,22 @@ def _frame_sum(energy, doubled, e_max, wl2):
 
 
 @jit
+def _norm_codes(frame, e_max, peak, k, wl2):
+    """(l2, linf) bf16 codes (int32) from a row's frame sum S, E_MAX and peak |q|·|s|."""
+    root = _rne_sqrt_code(tl.maximum(frame, 1), e_max - 268 - wl2, k)
+    l2 = tl.where(frame != 0, (root + 2) & ~3, 0)
+    return l2, _rne_bf16(peak.to(tl.int32, bitcast=True)) >> 16
+
+
+@jit
+def norms_of_terms(energy, doubled, block_peak, k, wl2):
+    """(l2, linf) bf16 codes (int32) of rows whose block terms (rows, blocks) are all in hand."""
+    e_max = tl.reduce(tl.where(energy != 0, doubled, 0), 1, tl.standard._elementwise_max)
+    peak = tl.reduce(block_peak, 1, tl.standard._elementwise_max)
+    return _norm_codes(_frame_sum(energy, doubled, e_max, wl2), e_max, peak, k, wl2)
+
+
+@jit
 def _norms_kernel(codes_ptr, scales_ptr, l2_ptr, linf_ptr, num_rows, k, wl2,
                   BR: tl.constexpr, BB: tl.constexpr, ONE_STEP: tl.constexpr):
     """ONE_STEP (the row fits in one BB-block step): the block terms are computed once and kept
@@ -122,9 +145,7 @@ def _norms_kernel(codes_ptr, scales_ptr, l2_ptr, linf_ptr, num_rows, k, wl2,
     nblocks = k // 8
     if ONE_STEP:
         energy, doubled, block_peak = _block_terms(codes_ptr, scales_ptr, rows64, row_live, 0, nblocks, k, BR, BB)
-        e_max = tl.reduce(tl.where(energy != 0, doubled, 0), 1, tl.standard._elementwise_max)
-        peak = tl.reduce(block_peak, 1, tl.standard._elementwise_max)
-        frame = _frame_sum(energy, doubled, e_max, wl2)
+        l2, linf = norms_of_terms(energy, doubled, block_peak, k, wl2)
     else:
         e_max = tl.full((BR,), 0, tl.int32)
         peak = tl.full((BR,), 0.0, tl.float32)
@@ -136,10 +157,7 @@ def _norms_kernel(codes_ptr, scales_ptr, l2_ptr, linf_ptr, num_rows, k, wl2,
         for b0 in range(0, nblocks, BB):
             energy, doubled, block_peak = _block_terms(codes_ptr, scales_ptr, rows64, row_live, b0, nblocks, k, BR, BB)
             frame += _frame_sum(energy, doubled, e_max, wl2)
-    exponent = e_max - 268 - wl2
-    root = _rne_sqrt_code(tl.maximum(frame, 1), exponent, k)
-    l2 = tl.where(frame != 0, (root + 2) & ~3, 0)
-    linf = _rne_bf16(peak.to(tl.int32, bitcast=True)) >> 16
+        l2, linf = _norm_codes(frame, e_max, peak, k, wl2)
     tl.store(l2_ptr + rows, l2.to(tl.int16), mask=row_live)
     tl.store(linf_ptr + rows, linf.to(tl.int16), mask=row_live)
 

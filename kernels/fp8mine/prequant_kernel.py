@@ -2,6 +2,9 @@
 s = bf16(max(amax, 2^-100) · f32(1/127)), q = RNE(x · rcp_rn(s)) clamped to ±127, and the opened
 value RNE_bf16(q · s). Rounding to an integer uses the 1.5·2^23 magic constant (|x · rcp| ≤ 128,
 far inside its exact range) with FP fusion disabled; bf16 rounding is integer arithmetic.
+
+`prequantize_rows` (decode activations, k ≤ 8192) also computes the row norms and (α, β) in the
+same pass: one launch instead of three, the norms read the planes from registers.
 """
 from __future__ import annotations
 
@@ -12,7 +15,8 @@ import triton.language as tl
 
 from kernels.int7._jit import jit
 
-from .noisy_kernel import _rne_bf16
+from .noisy_kernel import _rne_bf16, alpha_beta
+from .norms_kernel import block_terms_of, norms_of_terms
 
 _RECIP_127 = float(np.float32(1) / np.float32(127))
 _MAGIC = 12582912.0  # 1.5 · 2^23
@@ -34,6 +38,17 @@ def _prequant_kernel(x_ptr, codes_ptr, scales_ptr, values_ptr, num_rows, k, reci
         x = bits.to(tl.float32, bitcast=True)
     else:
         x = tl.load(x_ptr + offs, mask=live[:, :, None], other=0.0)
+    q, scale_bits, value = _quantize_blocks(x, recip_127, magic)
+    tl.store(codes_ptr + offs, q.to(tl.int8), mask=live[:, :, None])
+    tl.store(values_ptr + offs, value.to(tl.int16), mask=live[:, :, None])
+    scale_offs = rows.to(tl.int64)[:, None] * nblocks + blocks[None, :]
+    tl.store(scales_ptr + scale_offs, scale_bits.to(tl.int16), mask=live)
+
+
+@jit
+def _quantize_blocks(x, recip_127, magic):
+    """Blocks x (rows, blocks, 8) f32 → codes q (f32 integers), bf16 scale bits (rows, blocks)
+    int32 and the opened values' bf16 bits (rows, blocks, 8) int32."""
     # tl.max's own combine (tl.maximum, as before): the interpreter then reduces with numpy
     amax = tl.maximum(tl.reduce(tl.abs(x), 2, tl.standard._elementwise_max), 7.888609052210118e-31)  # 2^-100
     scale = _rne_bf16((amax * recip_127).to(tl.int32, bitcast=True)).to(tl.float32, bitcast=True)
@@ -41,10 +56,35 @@ def _prequant_kernel(x_ptr, codes_ptr, scales_ptr, values_ptr, num_rows, k, reci
     q = (x * reciprocal[:, :, None] + magic) - magic  # RNE to an integer
     q = tl.minimum(tl.maximum(q, -127.0), 127.0)
     value = _rne_bf16((q * scale[:, :, None]).to(tl.int32, bitcast=True)) >> 16
-    tl.store(codes_ptr + offs, q.to(tl.int8), mask=live[:, :, None])
-    tl.store(values_ptr + offs, value.to(tl.int16), mask=live[:, :, None])
-    scale_offs = rows.to(tl.int64)[:, None] * nblocks + blocks[None, :]
-    tl.store(scales_ptr + scale_offs, (scale.to(tl.int32, bitcast=True) >> 16).to(tl.int16), mask=live)
+    return q, scale.to(tl.int32, bitcast=True) >> 16, value
+
+
+@jit
+def _rows_kernel(x_ptr, codes_ptr, scales_ptr, values_ptr, l2_ptr, linf_ptr, alpha_ptr, beta_ptr,
+                 num_rows, k, wl2, recip_127, magic, delta_r, delta_over_std, BB: tl.constexpr):
+    """Whole bf16 rows (k ≤ 8·BB) → planes, opened values, norms and (α, β), one row per step of
+    a program; the norms and scales read the planes from registers, not memory."""
+    blocks = tl.arange(0, BB)
+    nblocks = k // 8
+    live = (blocks < nblocks)[None, :]
+    offs = blocks[None, :, None] * 8 + tl.arange(0, 8)[None, None, :]
+    first = tl.full((1,), 0, tl.int32)
+    for row in range(tl.program_id(0), num_rows, tl.num_programs(0)):
+        at = first + row
+        base = at.to(tl.int64)[:, None, None] * k
+        bits = tl.load(x_ptr + base + offs, mask=live[:, :, None], other=0).to(tl.int32) << 16
+        q, scale_bits, value = _quantize_blocks(bits.to(tl.float32, bitcast=True), recip_127, magic)
+        tl.store(codes_ptr + base + offs, q.to(tl.int8), mask=live[:, :, None])
+        tl.store(values_ptr + base + offs, value.to(tl.int16), mask=live[:, :, None])
+        tl.store(scales_ptr + at.to(tl.int64)[:, None] * nblocks + blocks[None, :], scale_bits.to(tl.int16), mask=live)
+        energy, doubled, peak = block_terms_of(q.to(tl.int32), tl.where(live, scale_bits, 0))
+        l2, linf = norms_of_terms(energy, doubled, peak, k, wl2)
+        alpha, beta = alpha_beta((l2 << 16).to(tl.float32, bitcast=True), (linf << 16).to(tl.float32, bitcast=True),
+                                 delta_r, delta_over_std)
+        tl.store(l2_ptr + at, l2.to(tl.int16))
+        tl.store(linf_ptr + at, linf.to(tl.int16))
+        tl.store(alpha_ptr + at, (alpha >> 16).to(tl.int16))
+        tl.store(beta_ptr + at, (beta >> 16).to(tl.int16))
 
 
 def prequantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -60,3 +100,27 @@ def prequantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
                            X_BF16=is_bf16, BR=_ROWS, BB=_BLOCKS, num_warps=_WARPS,
                            enable_fp_fusion=False)
     return codes, scales.view(torch.bfloat16), values.view(torch.bfloat16)
+
+
+MAX_ROW_BLOCKS = 1024  # the fused row kernel holds a whole row: k ≤ 8192
+_ROW_PROGRAMS = 32  # two programs an SM on the 16 SMs the lagged GEMM leaves: one wave
+_ROW_WARPS = 16  # 63 registers, no spills (sm_90a, BB 1024): 16 row elements a thread; 8 warps took 101
+
+
+def prequantize_rows(x: torch.Tensor, wl2: int, delta_r: float, delta_over_std: float) -> tuple[torch.Tensor, ...]:
+    """bf16 x (rows, k ≤ 8192) → (codes, scales, values, l2, linf, α, β) in one launch of at most
+    32 programs (each walks rows; decode: 64 rows, 2 a program). wl2: the l2 frame width of k;
+    delta_r, delta_over_std: the device's scale constants as floats."""
+    rows, k = x.shape
+    blocks = triton.next_power_of_2(k // 8)
+    device = x.device
+    codes = torch.empty((rows, k), dtype=torch.int8, device=device)
+    values = torch.empty((rows, k), dtype=torch.int16, device=device)
+    scales = torch.empty((rows, k // 8), dtype=torch.int16, device=device)
+    per_row = torch.empty((4, rows), dtype=torch.int16, device=device)  # l2, linf, α, β
+    _rows_kernel[(max(1, min(rows, _ROW_PROGRAMS)),)](
+        x.contiguous().view(torch.int16), codes, scales, values, per_row[0], per_row[1], per_row[2], per_row[3],
+        rows, k, wl2, _RECIP_127, _MAGIC, delta_r, delta_over_std, BB=blocks, num_warps=_ROW_WARPS,
+        enable_fp_fusion=False)
+    l2, linf, alpha, beta = per_row.view(torch.bfloat16)
+    return codes, scales.view(torch.bfloat16), values.view(torch.bfloat16), l2, linf, alpha, beta

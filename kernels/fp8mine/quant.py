@@ -13,9 +13,10 @@ from dataclasses import dataclass
 
 import torch
 
+from proof.fp8.prequant import BLOCK_SIZE, l2_frame_width
 from proof.fp8.quantization import scale_constants
 
-from . import noisy_kernel
+from . import noisy_kernel, prequant, prequant_kernel
 from .matmul import matmul
 from .noisy_kernel import noisy_codes
 
@@ -37,6 +38,32 @@ class NoisySide:
     e_lines: torch.Tensor
 
 
+@dataclass
+class Rows:
+    """One launch's activations after pre-quantization: planes, opened values, norms and (α, β)."""
+
+    codes: torch.Tensor  # (rows, k) int8
+    scales: torch.Tensor  # (rows, k/8) bf16
+    values: torch.Tensor  # (rows, k) bf16
+    l2: torch.Tensor  # (rows,) bf16
+    linf: torch.Tensor
+    alpha: torch.Tensor
+    beta: torch.Tensor
+
+
+def prepare_rows(x: torch.Tensor) -> Rows:
+    """prequant.prequantize_and_open + prequant.row_norms + row_scales of bf16 x (rows, k): one
+    launch of ≤ 32 programs when k ≤ 8192 (decode: the lagged side stream has ~16 SMs; three
+    launches of 96, 64 and 1 programs took 2 waves each there), the three launches otherwise."""
+    if x.dtype == torch.bfloat16 and x.dim() == 2 and x.shape[1] % BLOCK_SIZE == 0 \
+            and 0 < x.shape[1] <= 8 * prequant_kernel.MAX_ROW_BLOCKS:
+        return Rows(*prequant_kernel.prequantize_rows(x, l2_frame_width(x.shape[1]), noisy_kernel.bf16_value(DELTA_R),
+                                                      noisy_kernel.bf16_value(DELTA_OVER_STD)))
+    codes, scales, values = prequant.prequantize_and_open(x)
+    l2, linf = prequant.row_norms(codes, scales)
+    return Rows(codes, scales, values, l2, linf, *row_scales(l2, linf))
+
+
 def row_scales(l2: torch.Tensor, linf: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(α, β) bf16 per row from the raw bf16 norms (Hopper constants)."""
     return noisy_kernel.row_scales(l2, linf, DELTA_R, DELTA_OVER_STD)
@@ -52,6 +79,11 @@ def noisy_quantize(x: torch.Tensor, l2: torch.Tensor, linf: torch.Tensor, e_line
     if x.dtype != torch.bfloat16 or e_lines.shape != (rows, 32) or f_lines.shape != (k, 32):
         raise QuantError(f"need x bf16 (rows, k), e_lines (rows, 32), f_lines (k, 32); got "
                          f"{x.dtype} {tuple(x.shape)}, {tuple(e_lines.shape)}, {tuple(f_lines.shape)}")
+    return noisy_side(x, *row_scales(l2, linf), e_lines, f_lines)
+
+
+def noisy_side(x: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor, e_lines: torch.Tensor,
+               f_lines: torch.Tensor) -> tuple[NoisySide, torch.Tensor]:
+    """`noisy_quantize` with (α, β) already in hand (`prepare_rows`): the noise dot and the codes."""
     noise = matmul(e_lines, f_lines)
-    alpha, beta = row_scales(l2, linf)
     return NoisySide(noisy_codes(alpha, beta, x, noise), alpha, beta, e_lines), noise
