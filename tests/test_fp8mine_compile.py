@@ -1,8 +1,9 @@
 """CPU compile check (no GPU needed: Triton's ptxas): the windowed FP8 GEMM compiles for sm_90 into
 the Hopper model's structure — four K = 32 e4m3 WGMMAs per 128-k window, the first zero-initialised,
 then one fp32 add per accumulator register; the noisy-quantization kernel has no contracted
-multiply-add; the pre-quantization (+ the fused decode rows kernel), row-scales, row-norms, noise-line, tile-map, lottery, payload,
-A-peel (+ split-k combine), peel/unscale (decode, the prefill column loop, row-shifted), plane-forest,
+multiply-add; the pre-quantization (+ the fused decode rows kernel), row-scales, row-norms,
+noise-line, tile-map, lottery, payload, A-peel (+ split-k combine), peel/unscale (decode, the prefill
+column loop, row-shifted), plane-forest (one launch),
 launch-keys, routing (decode rank; prefill counts, prefixes, bounds, scatter) and short-hash kernels compile."""
 import os
 import re
@@ -82,14 +83,12 @@ SCRIPT = textwrap.dedent("""
     triton.compile(ASTSource(fn=peel._a_peel_combine_kernel, signature={
         "partial_ptr": "*fp32", "beta_ptr": "*i16", "e_ptr": "*u8", "out_ptr": "*i16", "rows": "i32",
         "splits": "i32", "BR": "constexpr"}, constexprs={"BR": 16}), target=target)
-    triton.compile(ASTSource(fn=transcript._forest_leaves_kernel, signature={
+    triton.compile(ASTSource(fn=transcript._forest_kernel, signature={
         "key_ptr": "*i32", **{f"p{i}": "*i32" for i in range(4)}, **{f"w{i}": "i32" for i in range(4)},
-        "c1": "i32", "c2": "i32", "c3": "i32", "total": "i32", "leaves_ptr": "*i32", "LANES": "constexpr"},
-        constexprs={"LANES": 32}), target=target, options={"num_warps": 1})
-    triton.compile(ASTSource(fn=transcript._forest_tops_kernel, signature={
-        "key_ptr": "*i32", "leaves_ptr": "*i32", "parents_ptr": "*i32", "roots_ptr": "*i32", "c1": "i32",
-        "c2": "i32", "c3": "i32", "total": "i32", "q1": "i32", "q2": "i32", "q3": "i32", "LANES": "constexpr"},
-        constexprs={"LANES": 128}), target=target)
+        **{f"n{i}": "i32" for i in range(4)}, "g1": "i32", "g2": "i32", "g3": "i32", "programs": "i32",
+        "nodes_ptr": "*i32", "roots_ptr": "*i32", "counter_ptr": "*i32", "LANES": "constexpr", "LEVELS": "constexpr"},
+        constexprs={"LANES": transcript._FOREST_LANES, "LEVELS": transcript._FOREST_LEVELS}), target=target,
+        options={"num_warps": transcript._FOREST_LANES // 32})
     for routed in (False, True):
         triton.compile(ASTSource(fn=transcript._launch_keys_kernel, signature={
             "roots_codes_ptr": "*i32", "roots_scales_ptr": "*i32", "hr_ptr": "*i32", "ho_ptr": "*i32",

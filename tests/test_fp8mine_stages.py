@@ -197,7 +197,7 @@ def test_offsets_root_pin():
 
 
 def test_plane_roots_match_the_reference_tree():
-    """The launch's trees in two shared launches (leaves, then one program per tree) against
+    """The launch's trees in one shared launch (a program per 128-chunk group of a tree) against
     proof.blake3tree: one-chunk trees (ROOT on the chunk), ragged and odd leaf counts, mixed
     dtypes, and the pinned offsets root in any slot."""
     from proof.blake3tree import keyed_tree_root
@@ -214,6 +214,23 @@ def test_plane_roots_match_the_reference_tree():
         "53aa5cb0b531c648f26f806b927438ad8790b843cbb07a4f367f73d91d0129dd"
     with pytest.raises(ValueError, match="1..4 planes"):
         dev_transcript.plane_roots(words(key), planes + planes[:1])
+
+
+def test_plane_roots_of_many_groups(monkeypatch):
+    """Trees of several lane groups (4-lane programs here, 128 on the device; full and partial
+    last groups, a ragged last chunk): the last program folds the group nodes to the root; the
+    completion counter is back at zero for the next launch (a graph replay)."""
+    from proof.blake3tree import keyed_tree_root
+    monkeypatch.setattr(dev_transcript, "_FOREST_LANES", 4)
+    monkeypatch.setattr(dev_transcript, "_FOREST_LEVELS", 2)
+    leaves = (10, 5, 1)
+    rng = np.random.default_rng(8)
+    key = rng.bytes(32)
+    planes = [torch.from_numpy(rng.integers(-128, 128, (n, 1024 - 4 * (i == 1)), dtype=np.int8)).view(-1)
+              for i, n in enumerate(leaves)]
+    for plane, root in zip(planes, dev_transcript.plane_roots(words(key), planes)):
+        assert digest(root) == keyed_tree_root(key, plane.numpy().tobytes(), 1024)
+    assert int(dev_transcript._counter(torch.device("cpu"), 0)) == 0
     with pytest.raises(ValueError, match="multiple of 4 bytes"):
         dev_transcript.plane_roots(words(key), [torch.zeros(3, dtype=torch.int8)])
 

@@ -12,13 +12,15 @@ HR, HO) into its head before hashing it.
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 import triton.language as tl
 
 from kernels.int7._jit import jit
-from kernels.int7.blake3 import (chunk_chaining_value, compress_block, keyed_trees, level_counts, load_words8,
-                                 store_words8, upper_levels)
+from kernels.int7.blake3 import (chunk_chaining_value, compress, compress_block, keyed_trees, load_words8,
+                                 store_words8)
 from proof.fp8.params import HashId
 from proof.fp8.transcript import LABEL_PREFIX, subkey
 
@@ -71,8 +73,8 @@ def tree_root(key: torch.Tensor, data: torch.Tensor) -> torch.Tensor:
 
 _FOREST_TREES = 4  # codes, scales, Rflat, offsets
 _FOREST_MAX_CHUNKS = 2048  # larger planes: int7's trees (parent levels spread over the GPU)
-_FOREST_LANES = 32  # chunks per one-warp leaf program (decode has few chunks: spread them over SMs)
-_TOP_LANES = 128
+_FOREST_LANES = 128  # chunks per program (4 warps): a decode launch's forest is 6 programs
+_FOREST_LEVELS = 7  # log2(_FOREST_LANES)
 
 
 @jit
@@ -82,74 +84,116 @@ def _pick4(index, v0, v1, v2, v3):
 
 
 @jit
-def _forest_leaves_kernel(key_ptr, p0, p1, p2, p3, w0, w1, w2, w3, c1, c2, c3, total, leaves_ptr,
-                          LANES: tl.constexpr):
-    """Leaf chaining values of up to four planes' trees in one launch: lane = a chunk of the
-    concatenated chunk lists (tree t's chunks start at c_t, c_0 = 0; w_t words per plane)."""
-    lane = tl.program_id(0) * LANES + tl.arange(0, LANES)
-    live = lane < total
-    tree = (lane >= c1).to(tl.int32) + (lane >= c2).to(tl.int32) + (lane >= c3).to(tl.int32)
-    first = _pick4(tree, 0, c1, c2, c3)
-    words = _pick4(tree, w0, w1, w2, w3)
-    chunks = _pick4(tree, c1, c2 - c1, c3 - c2, total - c3)
-    base = _pick4(tree, p0 + lane * 0, p1 + lane * 0, p2 + lane * 0, p3 + lane * 0)
-    every = lane >= 0
-    k0, k1, k2, k3, k4, k5, k6, k7 = load_words8(key_ptr + lane * 0, every)
-    last_flags = tl.where(chunks == 1, 8, 0)  # ROOT on a one-chunk tree's only chunk
-    c0_, c1_, c2_, c3_, c4_, c5_, c6_, c7_ = chunk_chaining_value(
-        base, lane - first, words, live, k0, k1, k2, k3, k4, k5, k6, k7, last_flags)
-    store_words8(leaves_ptr + lane.to(tl.int64) * 8, c0_, c1_, c2_, c3_, c4_, c5_, c6_, c7_, live)
+def _fold_lanes(c0, c1, c2, c3, c4, c5, c6, c7, count, whole, k0, k1, k2, k3, k4, k5, k6, k7,
+                LEVELS: tl.constexpr):
+    """The subtree over the first `count` of 2^LEVELS lane nodes (an aligned group of one tree's
+    level): each level, lane i pairs nodes 2i and 2i+1 gathered in registers (an odd last node is
+    promoted), no memory round trip or barrier; ROOT on the last compression when the group is
+    the whole tree. The lanes keep their width (the upper ones compute copies: same latency).
+    Returns the node in lane 0 of each word."""
+    lane = tl.arange(0, 1 << LEVELS)
+    left = tl.minimum(2 * lane, (1 << LEVELS) - 1)
+    right = tl.minimum(2 * lane + 1, (1 << LEVELS) - 1)
+    zero = tl.full(lane.shape, 0, tl.uint32)
+    n = count
+    for _ in range(LEVELS):
+        paired = 2 * lane + 1 < n
+        flags = zero + tl.where(whole & (n == 2), 16 | 4 | 8, 16 | 4)  # KEYED_HASH | PARENT (| ROOT)
+        l0, l1, l2, l3 = tl.gather(c0, left, 0), tl.gather(c1, left, 0), tl.gather(c2, left, 0), tl.gather(c3, left, 0)
+        l4, l5, l6, l7 = tl.gather(c4, left, 0), tl.gather(c5, left, 0), tl.gather(c6, left, 0), tl.gather(c7, left, 0)
+        p0, p1, p2, p3, p4, p5, p6, p7 = compress(
+            zero + k0, zero + k1, zero + k2, zero + k3, zero + k4, zero + k5, zero + k6, zero + k7,
+            l0, l1, l2, l3, l4, l5, l6, l7,
+            tl.gather(c0, right, 0), tl.gather(c1, right, 0), tl.gather(c2, right, 0), tl.gather(c3, right, 0),
+            tl.gather(c4, right, 0), tl.gather(c5, right, 0), tl.gather(c6, right, 0), tl.gather(c7, right, 0),
+            zero, flags)
+        c0, c1, c2, c3 = tl.where(paired, p0, l0), tl.where(paired, p1, l1), tl.where(paired, p2, l2), tl.where(paired, p3, l3)
+        c4, c5, c6, c7 = tl.where(paired, p4, l4), tl.where(paired, p5, l5), tl.where(paired, p6, l6), tl.where(paired, p7, l7)
+        n = (n + 1) // 2
+    return c0, c1, c2, c3, c4, c5, c6, c7
 
 
 @jit
-def _forest_tops_kernel(key_ptr, leaves_ptr, parents_ptr, roots_ptr, c1, c2, c3, total,
-                        q1, q2, q3, LANES: tl.constexpr):
-    """Program t: every parent level of tree t (its leaves at chunk offset c_t, its parents at
-    node offset q_t of parents_ptr), then its root into roots[t]."""
-    tree = tl.program_id(0)
-    first = _pick4(tree, 0, c1, c2, c3)
-    chunks = _pick4(tree, c1, c2 - c1, c3 - c2, total - c3)
-    parents_at = _pick4(tree, 0, q1, q2, q3)
-    lane = tl.arange(0, LANES).to(tl.int64)
+def _load_words8_l2(ptr, mask):
+    """Eight words at ptr from L2 (.cg): other programs of this launch wrote them."""
+    w0 = tl.load(ptr + 0, mask=mask, other=0, cache_modifier=".cg").to(tl.uint32, bitcast=True)
+    w1 = tl.load(ptr + 1, mask=mask, other=0, cache_modifier=".cg").to(tl.uint32, bitcast=True)
+    w2 = tl.load(ptr + 2, mask=mask, other=0, cache_modifier=".cg").to(tl.uint32, bitcast=True)
+    w3 = tl.load(ptr + 3, mask=mask, other=0, cache_modifier=".cg").to(tl.uint32, bitcast=True)
+    w4 = tl.load(ptr + 4, mask=mask, other=0, cache_modifier=".cg").to(tl.uint32, bitcast=True)
+    w5 = tl.load(ptr + 5, mask=mask, other=0, cache_modifier=".cg").to(tl.uint32, bitcast=True)
+    w6 = tl.load(ptr + 6, mask=mask, other=0, cache_modifier=".cg").to(tl.uint32, bitcast=True)
+    w7 = tl.load(ptr + 7, mask=mask, other=0, cache_modifier=".cg").to(tl.uint32, bitcast=True)
+    return w0, w1, w2, w3, w4, w5, w6, w7
+
+
+@jit
+def _forest_kernel(key_ptr, p0, p1, p2, p3, w0, w1, w2, w3, n0, n1, n2, n3, g1, g2, g3, programs,
+                   nodes_ptr, roots_ptr, counter_ptr, LANES: tl.constexpr, LEVELS: tl.constexpr):
+    """Roots of up to four planes' trees in one launch. Program p hashes an aligned group of
+    LANES chunks of one tree (tree t's groups are programs g_t.., g_0 = 0; w_t words, n_t chunks)
+    and folds them to the group's subtree node in registers; a one-group tree's node is its root.
+    The last program to finish (an acq_rel counter, reset by it) folds each larger tree's group
+    nodes (≤ 16) to its root."""
+    pid = tl.program_id(0)
+    tree = (pid >= g1).to(tl.int32) + (pid >= g2).to(tl.int32) + (pid >= g3).to(tl.int32)
+    group = pid - _pick4(tree, 0, g1, g2, g3)
+    chunks = _pick4(tree, n0, n1, n2, n3)
+    lane = tl.arange(0, LANES)
     every = lane >= 0
     k0, k1, k2, k3, k4, k5, k6, k7 = load_words8(key_ptr + lane * 0, every)
-    leaves = leaves_ptr + first.to(tl.int64) * 8
-    parents = parents_ptr + parents_at.to(tl.int64) * 8
-    upper_levels(leaves, parents, chunks, lane, k0, k1, k2, k3, k4, k5, k6, k7, LANES)
-    nodes = 0
-    count = chunks
-    while count > 1:
-        count = (count + 1) // 2
-        nodes += count
-    root = tl.where(nodes == 0, leaves + lane * 0, parents + (nodes - 1) * 8 + lane * 0)
-    r0, r1, r2, r3, r4, r5, r6, r7 = load_words8(root, every)
-    store_words8(roots_ptr + tree * 8 + lane * 0, r0, r1, r2, r3, r4, r5, r6, r7, lane == 0)
+    base = _pick4(tree, p0 + lane * 0, p1 + lane * 0, p2 + lane * 0, p3 + lane * 0)
+    chunk = group * LANES + lane
+    last_flags = tl.where(chunks == 1, 8, 0)  # ROOT on a one-chunk tree's only chunk
+    c0, c1, c2, c3, c4, c5, c6, c7 = chunk_chaining_value(
+        base, chunk, _pick4(tree, w0, w1, w2, w3), chunk < chunks, k0, k1, k2, k3, k4, k5, k6, k7, last_flags)
+    whole = chunks <= LANES
+    k0, k1, k2, k3, k4, k5, k6, k7 = load_words8(key_ptr, pid >= 0)
+    c0, c1, c2, c3, c4, c5, c6, c7 = _fold_lanes(c0, c1, c2, c3, c4, c5, c6, c7, tl.minimum(chunks - group * LANES, LANES),
+                                                 whole, k0, k1, k2, k3, k4, k5, k6, k7, LEVELS)
+    out = tl.where(whole, roots_ptr + tree * 8, nodes_ptr + pid.to(tl.int64) * 8) + lane * 0
+    store_words8(out, c0, c1, c2, c3, c4, c5, c6, c7, lane == 0)
+    tl.debug_barrier()  # every thread's stores come before the release below
+    if tl.atomic_add(counter_ptr, 1, sem="acq_rel") == programs - 1:
+        for t in tl.static_range(4):
+            first = _pick4(t, 0, g1, g2, g3)
+            groups = (_pick4(t, n0, n1, n2, n3) + LANES - 1) // LANES
+            if groups > 1:
+                d0, d1, d2, d3, d4, d5, d6, d7 = _load_words8_l2(nodes_ptr + (first + lane).to(tl.int64) * 8,
+                                                                 lane < groups)
+                d0, d1, d2, d3, d4, d5, d6, d7 = _fold_lanes(d0, d1, d2, d3, d4, d5, d6, d7, groups, groups > 0,
+                                                             k0, k1, k2, k3, k4, k5, k6, k7, LEVELS)
+                store_words8(roots_ptr + t * 8 + lane * 0, d0, d1, d2, d3, d4, d5, d6, d7, lane == 0)
+        tl.store(counter_ptr, 0)  # ready for the next launch (graph replays reuse the counter)
 
 
-def _parent_nodes(chunks: int) -> int:
-    return sum(level_counts(chunks * 1024)[1:]) + (1 if chunks > 1 else 0)
+@functools.lru_cache(maxsize=64)
+def _counter(device: torch.device, stream: int) -> torch.Tensor:
+    """The forest's completion counter for launches on one stream (zero between launches: the
+    last program resets it), so launches on different streams never share one."""
+    return torch.zeros(1, dtype=torch.int32, device=device)
+
+
+def _stream_id(device: torch.device) -> int:
+    return torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
 
 
 def _forest_roots(key: torch.Tensor, planes: list[torch.Tensor]) -> torch.Tensor:
-    """(len(planes), 8) roots of up to four small planes' trees: two launches in all."""
+    """(len(planes), 8) roots of up to four small planes' trees: one launch."""
     device = key.device
     words = [p.contiguous().view(torch.int32).view(-1) for p in planes]
     chunks = [-(-w.numel() // 256) for w in words]
-    starts = np.cumsum([0] + chunks).tolist()
-    node_starts = np.cumsum([0] + [_parent_nodes(c) for c in chunks]).tolist()
     pad = _FOREST_TREES - len(planes)
+    counts = [w.numel() for w in words] + [0] * pad
+    chunks += [0] * pad  # empty trees at the end: no programs
     words += [words[0]] * pad
-    counts = [w.numel() for w in words[:len(planes)]] + [0] * pad
-    starts += [starts[-1]] * pad  # empty trees at the end
-    node_starts += [node_starts[-1]] * pad
-    total = starts[len(planes)]
-    leaves = torch.empty((total, 8), dtype=torch.int32, device=device)
-    parents = torch.empty((max(node_starts[-1], 1), 8), dtype=torch.int32, device=device)
+    starts = np.cumsum([0] + [-(-c // _FOREST_LANES) for c in chunks]).tolist()
+    programs = starts[_FOREST_TREES]
+    nodes = torch.empty((programs, 8), dtype=torch.int32, device=device)
     roots = torch.empty((_FOREST_TREES, 8), dtype=torch.int32, device=device)
-    _forest_leaves_kernel[(-(-total // _FOREST_LANES),)](
-        key, *words, *counts, *starts[1:4], total, leaves, LANES=_FOREST_LANES, num_warps=_FOREST_LANES // 32)
-    _forest_tops_kernel[(len(planes),)](key, leaves, parents, roots, *starts[1:4], total,
-                                        *node_starts[1:4], LANES=_TOP_LANES)
+    _forest_kernel[(programs,)](
+        key, *words, *counts, *chunks, *starts[1:4], programs, nodes, roots, _counter(device, _stream_id(device)),
+        LANES=_FOREST_LANES, LEVELS=_FOREST_LEVELS, num_warps=_FOREST_LANES // 32)
     return roots[:len(planes)]
 
 
