@@ -154,17 +154,28 @@ def test_quantiser_clears_the_split_a_times_p_b_accumulator(rank):
     assert torch.equal(q.cpu(), _reference(x)[0].view(q.shape))
 
 
-def test_prepare_rows_at_decode_takes_the_split_path_and_matches():
-    """16 rows per instance: a k-split A·P_B whose accumulator the quantiser zeroed."""
+@pytest.mark.parametrize("fused, dtype", [(True, torch.bfloat16), (True, torch.float16),
+                                          (True, torch.float32), (False, torch.bfloat16)])
+def test_prepare_rows_at_decode_matches(monkeypatch, fused, dtype):
+    """16 rows per instance: quantise + A·P_B as one launch (rank blocks of 16 here, each storing
+    a quarter of the codes), or the quantiser zeroing a k-split A·P_B's accumulator."""
+    monkeypatch.setattr(activations, "DECODE_FUSED", fused)
     gen = torch.Generator().manual_seed(5)
     rank, k = 64, 1024
     first = torch.randint(0, rank, (2, k), dtype=torch.int32, generator=gen)
     second = (first + torch.randint(1, rank, first.shape, dtype=torch.int32, generator=gen)) % rank
     p_b = dense_sparse_factor(first.to(DEVICE), second.to(DEVICE), rank)
-    x = torch.randn((2, 16, k), generator=gen).bfloat16().to(DEVICE)
-    assert activations._apb_plan(x.shape, p_b, 16).splits > 1
+    x = torch.randn((2, 16, k), generator=gen)
+    x[1, 3] *= 2.0 ** -70  # a row below 2^-60: the boosted reciprocal
+    x[0, 7] = 0.0  # an all-zero row: scale 1
+    x = x.to(dtype).to(DEVICE)
+    plan = activations._apb_plan(x.shape, p_b, 16)
+    assert activations._fuses(plan) == fused and plan.splits > 1
     q, scale, apb = activations.prepare_rows(x, p_b, rows_per_instance=16)
-    expected_q, expected_scale = _reference(x)
+    values = x.float().cpu()
+    amax = values.abs().amax(-1)
+    expected_scale = torch.where(amax > 0, amax / 64, torch.ones_like(amax))
+    expected_q = torch.round(values / expected_scale[..., None]).to(torch.int8)
     assert torch.equal(q.cpu(), expected_q) and torch.equal(scale.cpu(), expected_scale)
     p = _dense(first, second, rank)
     for i in range(2):

@@ -53,10 +53,13 @@ _ZERO_BLOCK = 1024
 _BLOCK_BYTES = 8192  # rows × columns of a step-2 program (the noised kernel's 16 × 512)
 _APPLY_WARPS = 8
 _APPLY_STAGES = 3  # the A·P_B k loop's pipelining depth
-# The lagged side chain (one program per instance): 8 warps, a PRNG block / chunk per thread
-# (docs/kernels-int7.md, "Lagged mining": why 8).
-_SIDE_WARPS = 8
-_SIDE_LANES = 32 * _SIDE_WARPS
+# The lagged side chain (one program per instance, a PRNG block / chunk per thread, 32 bytes of
+# A' per thread per column step): 4 warps at 80 registers (10 K) still fit on an SM beside three
+# decode GEMM programs (3 × 16 K of its 64 K registers), 8 warps (20 K) evict one of them
+# (docs/kernels-int7.md, "Side chain footprint"). SIDE_WARPS_CHOICES are what noised_a_side takes.
+SIDE_WARPS = 4
+SIDE_WARPS_CHOICES = (2, 4, 8)
+_SIDE_STEP_BYTES_PER_THREAD = 32
 
 
 class ASideError(ValueError):
@@ -93,10 +96,11 @@ def _commit_seed(q_ptr, key_ptr, sb_ptr, salt_ptr, nodes_ptr, sa_ptr, inst, word
 @jit
 def _noise_columns(q_ptr, sa_ptr, label_ptr, u_ptr, first_ptr, second_ptr, out_ptr, inst, c_begin,
                    c_end, K, u_blocks, R: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr,
-                   LANES: tl.constexpr):
+                   LANES: tl.constexpr, copy_ptr=None, COPY: tl.constexpr = 0):
     """Instance `inst`, columns [c_begin, c_end) (a multiple of 8 wide): the PRNG blocks of P_A
     there and of U_A (into this program's scratch: U_A at u_ptr, P_A in the instance's K-long
-    first/second), a CTA barrier, then A' over its BR rows × those columns in BC-wide steps."""
+    first/second), a CTA barrier, then A' over its BR rows × those columns in BC-wide steps
+    (COPY: the clean rows also to copy_ptr, laid out like q)."""
     lane = tl.arange(0, LANES)
     first_inst = first_ptr + inst * K
     second_inst = second_ptr + inst * K
@@ -115,7 +119,7 @@ def _noise_columns(q_ptr, sa_ptr, label_ptr, u_ptr, first_ptr, second_ptr, out_p
     for c0 in range(c_begin, c_end, BC):
         ks = c0 + tl.arange(0, BC)
         noised_rows(q_ptr + inst * BR * K, u_ptr, first_inst, second_inst, out_ptr + inst * BR * K, rows,
-                    ks, ks < K, K, R)
+                    ks, ks < K, K, R, copy_ptr + inst * BR * K, COPY)
 
 
 @jit
@@ -145,7 +149,7 @@ def _noise_apply_kernel(q_ptr, sa_ptr, label_ptr, u_ptr, first_ptr, second_ptr, 
     c_begin = tl.program_id(1) * BC
     u_own = u_ptr + (inst * column_blocks + tl.program_id(1)) * (BR * R)
     _noise_columns(q_ptr, sa_ptr, label_ptr, u_own, first_ptr, second_ptr, out_ptr, inst, c_begin,
-                   c_begin + BC, K, u_blocks, R, BR, BC, LANES)
+                   c_begin + BC, K, u_blocks, R, BR, BC, LANES, out_ptr, 0)
     rows = tl.arange(0, BR).to(tl.int64)
     ts = tl.arange(0, R)
     steps = (tl.minimum(K, c_begin + BC) - c_begin) // BK
@@ -157,20 +161,23 @@ def _noise_apply_kernel(q_ptr, sa_ptr, label_ptr, u_ptr, first_ptr, second_ptr, 
 
 @jit
 def _side_chain_kernel(q_words_ptr, q_ptr, key_ptr, sb_ptr, salt_ptr, nodes_ptr, sa_ptr, label_ptr,
-                       u_ptr, first_ptr, second_ptr, out_ptr, words_per_instance, chunks,
-                       nodes_per_instance, K, u_blocks,
+                       u_ptr, first_ptr, second_ptr, out_ptr, copy_ptr, valid_ptr, valid_rows,
+                       words_per_instance, chunks, nodes_per_instance, K, u_blocks,
                        SALTED: tl.constexpr, R: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr,
-                       LANES: tl.constexpr):
+                       LANES: tl.constexpr, COPY: tl.constexpr, MARK: tl.constexpr):
     """The lagged pass's whole side chain, instance `program_id` (q_words_ptr: the int7 rows as
     words for the hash, q_ptr: the same rows as bytes): commitment and s_A, a CTA barrier (s_A
     is read back as the PRNG key by every thread), then P_A over all K, U_A, and A' over all K
-    in BC-wide steps."""
+    in BC-wide steps. COPY: the clean rows also to copy_ptr; MARK: last, valid_rows to
+    valid_ptr[inst] (the lagged state's row count), so neither needs a copy launch behind it."""
     inst = tl.program_id(0).to(tl.int64)
     _commit_seed(q_words_ptr, key_ptr, sb_ptr, salt_ptr, nodes_ptr, sa_ptr, inst, words_per_instance,
                  chunks, nodes_per_instance, BR, SALTED, LANES)
     tl.debug_barrier()
     _noise_columns(q_ptr, sa_ptr, label_ptr, u_ptr + inst * (BR * R), first_ptr, second_ptr, out_ptr,
-                   inst, 0, K, K, u_blocks, R, BR, BC, LANES)
+                   inst, 0, K, K, u_blocks, R, BR, BC, LANES, copy_ptr, COPY)
+    if MARK:
+        tl.store(valid_ptr + inst, valid_rows)
 
 
 def fused_applies(rows: int, k: int, rank: int) -> bool:
@@ -250,20 +257,35 @@ def fused_a_side(q: torch.Tensor, s_b: torch.Tensor, key_words: torch.Tensor, p_
     return a_noised, apb, s_a
 
 
+def side_columns(rows: int, warps: int) -> int:
+    """The side chain's A' step width: 32 bytes per thread of `warps` warps over `rows` rows."""
+    return max(32, 32 * warps * _SIDE_STEP_BYTES_PER_THREAD // rows)
+
+
 def noised_a_side(q: torch.Tensor, s_b: torch.Tensor, key_words: torch.Tensor, *, rank: int,
-                  salted: bool, a_noised: torch.Tensor, s_a: torch.Tensor) -> None:
-    """The fused A side without A·P_B, into given buffers: A' (E, M, K) int8 and s_A (E, 8) int32.
+                  salted: bool, a_noised: torch.Tensor, s_a: torch.Tensor,
+                  q_copy: torch.Tensor | None = None, valid: torch.Tensor | None = None,
+                  valid_rows: int = 0, warps: int = SIDE_WARPS) -> None:
+    """The fused A side without A·P_B, into given buffers: A' (E, M, K) int8 and s_A (E, 8) int32;
+    also q into `q_copy` (E, M, K) and `valid_rows` into every entry of `valid` (E,) int32 where
+    given (the lagged state, pipeline._LagState), so they need no copy launches after it.
 
     For the lagged pass (pipeline.MinedPass(lagged=True)): it runs on a side stream into static
-    buffers beside the serving stream's GEMM. One launch of E programs (`_side_chain_kernel`), so
-    the whole chain is dispatched at once and never queues behind the GEMM; no host syncs.
+    buffers beside the serving stream's GEMM. One launch of E programs of `warps` warps
+    (`_side_chain_kernel`), so the whole chain is dispatched at once; no host syncs.
     """
     _check_inputs(q, s_b, key_words, rank)
     experts, rows, k = q.shape
     _check_tensor("s_a", s_a, (experts, 8), torch.int32)
     _check_tensor("a_noised", a_noised, tuple(q.shape), torch.int8)
-    if not (s_a.is_contiguous() and a_noised.is_contiguous()):
-        raise ASideError("s_a and a_noised must be contiguous")
+    if q_copy is not None:
+        _check_tensor("q_copy", q_copy, tuple(q.shape), torch.int8)
+    if valid is not None:
+        _check_tensor("valid", valid, (experts,), torch.int32)
+    if not all(t is None or t.is_contiguous() for t in (s_a, a_noised, q_copy, valid)):
+        raise ASideError("s_a, a_noised, q_copy and valid must be contiguous")
+    if warps not in SIDE_WARPS_CHOICES:
+        raise ASideError(f"the side chain takes {SIDE_WARPS_CHOICES} warps, got {warps}")
     nodes, sizes = _tree_scratch(q)
     uniform = torch.empty((experts, rows, rank), dtype=torch.int8, device=q.device)
     first = torch.empty((experts, k), dtype=torch.int32, device=q.device)
@@ -271,6 +293,7 @@ def noised_a_side(q: torch.Tensor, s_b: torch.Tensor, key_words: torch.Tensor, *
     _side_chain_kernel[(experts,)](
         q.view(torch.int32), q, key_words.contiguous(), s_b.contiguous(),
         constant_words(SEED_SALT_A, q.device), nodes, s_a, constant_words(LABEL_A, q.device), uniform, first,
-        second, a_noised, sizes["words_per_instance"], sizes["chunks"], sizes["nodes_per_instance"], k,
-        rows * rank // 32, SALTED=int(salted), R=rank, BR=rows, BC=_BLOCK_BYTES // rows, LANES=_SIDE_LANES,
-        num_warps=_SIDE_WARPS, num_stages=1)
+        second, a_noised, a_noised if q_copy is None else q_copy, s_a if valid is None else valid, valid_rows,
+        sizes["words_per_instance"], sizes["chunks"], sizes["nodes_per_instance"], k, rows * rank // 32,
+        SALTED=int(salted), R=rank, BR=rows, BC=side_columns(rows, warps), LANES=32 * warps,
+        COPY=int(q_copy is not None), MARK=int(valid is not None), num_warps=warps, num_stages=1)

@@ -80,6 +80,13 @@ def _variants() -> list[tuple[str, object, dict, dict, int, int]]:
                      "BR": "constexpr", "BK": "constexpr", "RB": "constexpr", "ATOMIC": "constexpr",
                      "PB_KMAJOR": "constexpr"},
                     {"R": 128, "BR": rows, "BK": 128, "RB": 128, "ATOMIC": atomic, "PB_KMAJOR": 1}, warps, 3))
+    out.append(("activations_quantise_apb_decode", activations._quantise_apb_kernel,  # GLM-5: 32 × 4 programs
+                {"x_ptr": "*i16", "q_ptr": "*i8", "scale_ptr": "*fp32", "pb_ptr": "*i8", "pb_stride": "i32",
+                 "apb_ptr": "*i32", "rows_per_instance": "i32", "K": "i32", "R": "constexpr", "BR": "constexpr",
+                 "BK": "constexpr", "RB": "constexpr", "BKM": "constexpr", "RECIPROCAL": "constexpr",
+                 "BF16_BITS": "constexpr"},
+                {"R": 128, "BR": 16, "BK": 128, "RB": 32, "BKM": activations._FUSED_MAX_STEP, "RECIPROCAL": 1,
+                 "BF16_BITS": 1}, activations._FUSED_WARPS, 3))
     out.append(("noised", noise._noised_kernel,
                 {"x_ptr": "*i8", "u_ptr": "*i8", "first_ptr": "*i32", "second_ptr": "*i32", "out_ptr": "*i8",
                  "rows_per_instance": "i32", "factor_stride": "i32", "K": "i32", "R": "constexpr",
@@ -112,16 +119,18 @@ def _variants() -> list[tuple[str, object, dict, dict, int, int]]:
                      "LANES": "constexpr"},
                     {"R": 128, "BR": rows, "BC": a_side._BLOCK_BYTES // rows, "BK": 128,
                      "LANES": a_side._LANES}, a_side._APPLY_WARPS, a_side._APPLY_STAGES))
+    side_chain = {"q_words_ptr": "*i32", "q_ptr": "*i8", "key_ptr": "*i32", "sb_ptr": "*i32",
+                  "salt_ptr": "*i32", "nodes_ptr": "*i32", "sa_ptr": "*i32", "label_ptr": "*i32",
+                  "u_ptr": "*i8", "first_ptr": "*i32", "second_ptr": "*i32", "out_ptr": "*i8", "copy_ptr": "*i8",
+                  "valid_ptr": "*i32", "valid_rows": "i32", "words_per_instance": "i32", "chunks": "i32",
+                  "nodes_per_instance": "i32", "K": "i32", "u_blocks": "i32", "SALTED": "constexpr",
+                  "R": "constexpr", "BR": "constexpr", "BC": "constexpr", "LANES": "constexpr",
+                  "COPY": "constexpr", "MARK": "constexpr"}
     for rows in a_side.FUSED_ROWS:  # the lagged pass's side chain: one kernel, a program per instance
-        out.append((f"a_side_side_chain_m{rows}", a_side._side_chain_kernel,
-                    {"q_words_ptr": "*i32", "q_ptr": "*i8", "key_ptr": "*i32", "sb_ptr": "*i32",
-                     "salt_ptr": "*i32", "nodes_ptr": "*i32", "sa_ptr": "*i32", "label_ptr": "*i32",
-                     "u_ptr": "*i8", "first_ptr": "*i32", "second_ptr": "*i32", "out_ptr": "*i8",
-                     "words_per_instance": "i32", "chunks": "i32", "nodes_per_instance": "i32", "K": "i32",
-                     "u_blocks": "i32", "SALTED": "constexpr", "R": "constexpr", "BR": "constexpr",
-                     "BC": "constexpr", "LANES": "constexpr"},
-                    {"SALTED": 1, "R": 128, "BR": rows, "BC": a_side._BLOCK_BYTES // rows,
-                     "LANES": a_side._SIDE_LANES}, a_side._SIDE_WARPS, 1))
+        for warps in a_side.SIDE_WARPS_CHOICES:  # as the lagged pass launches it (q copy, row count)
+            out.append((f"a_side_side_chain_m{rows}_w{warps}", a_side._side_chain_kernel, side_chain,
+                        {"SALTED": 1, "R": 128, "BR": rows, "BC": a_side.side_columns(rows, warps),
+                         "LANES": 32 * warps, "COPY": 1, "MARK": 1}, warps, 1))
     out.append(("retain", winner._retain_kernel,
                 {"record_ptr": "*i32", "src_ptr": "*i32", "dst_ptr": "*i32", "per_instance": "i32",
                  "USE_INDEX": "constexpr", "BLOCK": "constexpr"}, {"USE_INDEX": 1, "BLOCK": 1024}, 4, 1))

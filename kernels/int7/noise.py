@@ -172,17 +172,23 @@ def dense_sparse_factor(first: torch.Tensor, second: torch.Tensor, rank: int) ->
 
 
 @jit
-def noised_rows(x_ptr, u_ptr, first_ptr, second_ptr, out_ptr, rows, ks, live, K, R: tl.constexpr):
+def noised_rows(x_ptr, u_ptr, first_ptr, second_ptr, out_ptr, rows, ks, live, K, R: tl.constexpr,
+                copy_ptr=None, COPY: tl.constexpr = 0):
     """out[i][l] = x[i][l] + U[i][first[l]] − U[i][second[l]] for rows i (int64 vector, one
     instance whose index vectors start at first_ptr/second_ptr; u_ptr at U's row 0 of the rows'
-    numbering) and columns ks (masked by live). Shared by the noised kernel and the fused A side."""
+    numbering) and columns ks (masked by live). Shared by the noised kernel and the fused A side.
+    COPY: x is also stored at copy_ptr (same offsets), so a caller that keeps the clean rows
+    needs no copy launch of its own (the lagged side chain)."""
     first = tl.load(first_ptr + ks, mask=live, other=0)
     second = tl.load(second_ptr + ks, mask=live, other=0)
     row_u = u_ptr + rows[:, None] * R
     plus = tl.load(row_u + first[None, :]).to(tl.int16)
     minus = tl.load(row_u + second[None, :]).to(tl.int16)
     at = rows[:, None] * K + ks[None, :]
-    value = tl.load(x_ptr + at, mask=live[None, :], other=0).to(tl.int16) + plus - minus
+    x = tl.load(x_ptr + at, mask=live[None, :], other=0)
+    if COPY:
+        tl.store(copy_ptr + at, x, mask=live[None, :])
+    value = x.to(tl.int16) + plus - minus
     tl.store(out_ptr + at, value.to(tl.int8), mask=live[None, :])
 
 

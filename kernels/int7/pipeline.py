@@ -36,7 +36,7 @@ from proof.int7.plain_proof import LEAF_SIZE
 from proof.int7.routing import end_offsets, expert_start, flatten, open_entries
 from proof.int7.seeds import job_key, salted_for
 
-from .a_side import fused_a_side, fused_applies, noised_a_side
+from .a_side import SIDE_WARPS, SIDE_WARPS_CHOICES, fused_a_side, fused_applies, noised_a_side
 from .activations import int7_codes, prepare_rows
 from .blake3 import KeyedTrees, bytes_from_words, keyed_trees, words_from_bytes
 from .mined_gemm import TILE_WIDTHS, Tiling, mined_gemm
@@ -191,11 +191,13 @@ class MinedPass:
     path); the first launch mines nothing. A winner record then names an instance of launch t−1
     and the retained A (the proof's opening) is A_{t−1}. The pending rows never cross jobs: the
     job key, s_B and the bound live in the job, and a new job takes a new MinedPass.
+    side_warps (lagged, fused A side): warps of each side-chain program (`a_side.SIDE_WARPS_CHOICES`);
+    fewer leave the GEMM's programs their SM slots, more shorten the chain (docs/kernels-int7.md).
     """
 
     def __init__(self, job: MiningJob, rows: int, *, tokens: int | None = None,
                  tiling: Tiling | None = None, write_i32: bool = False,
-                 fused_a: bool | None = None, lagged: bool = False) -> None:
+                 fused_a: bool | None = None, lagged: bool = False, side_warps: int = SIDE_WARPS) -> None:
         if job.ready is not None:  # the job's B side ran on a side stream: order it before us
             torch.cuda.current_stream(job.bt.device).wait_event(job.ready)
         self.job = job
@@ -230,12 +232,16 @@ class MinedPass:
                                 f"{'MoE' if job.moe else 'dense'} M={rows}, K={k}")
         self.fused_a = applies if fused_a is None else fused_a
         self.lagged = lagged
+        if side_warps not in SIDE_WARPS_CHOICES:
+            raise PipelineError(f"side_warps must be one of {SIDE_WARPS_CHOICES}, got {side_warps}")
+        self.side_warps = side_warps
         if lagged:
             self._ready = _LagState.zeros(experts, rows, k, device)
             self._pending = _LagState.zeros(experts, rows, k, device)
             cuda = device.type == "cuda"
             # high priority: the side chain's blocks are placed as soon as a GEMM program retires
             self._side = torch.cuda.Stream(device, priority=-1) if cuda else None
+            self._start = torch.cuda.Event() if cuda else None
             self._copied = torch.cuda.Event() if cuda else None
 
     def run(self, x: torch.Tensor, routing: torch.Tensor | None = None) -> torch.Tensor:
@@ -300,18 +306,22 @@ class MinedPass:
         self-contained (one CUDA graph; every replay rotates the state once)."""
         ready, pending, side = self._ready, self._pending, self._side
         main = torch.cuda.current_stream(x.device) if side is not None else None
-        with _on_side(side, main):  # after the previous launch's GEMM and retain read `ready`
+        if side is not None:
+            self._start.record(main)  # after the previous launch's GEMM and retain read `ready`
+        q, scale, apb = prepare_rows(x, self.job.p_b, rows_per_instance=self.rows, scale=scale)
+        # Rotate PENDING → READY beside the quantiser, enqueued after it: the first node a graph
+        # replay starts is then the quantiser, not the 6 MB copy (which delayed it ~5 µs on the H200).
+        if side is not None:
+            side.wait_event(self._start)
+        with torch.cuda.stream(side) if side is not None else _nullcontext():
             ready.flat.copy_(pending.flat)
             if side is not None:
                 self._copied.record(side)
-        q, scale, apb = prepare_rows(x, self.job.p_b, rows_per_instance=self.rows, scale=scale)
         # Fork once q_t exists (after A·P_B too: prepare_rows keeps its fused zeroing). The side
-        # chain is enqueued before the GEMM and reads q_t itself (the copy into PENDING follows
-        # it), so its programs are dispatched before the GEMM's grid takes the remaining slots.
+        # chain is enqueued before the GEMM; it reads q_t and writes PENDING's A', s_A, A and row
+        # count itself (no copy launches behind it on the side stream).
         with _on_side(side, main):
             self._noise_into(q.contiguous(), pending)
-            pending.q.copy_(q)
-            pending.valid.copy_(self.rows_valid)  # last: the rows are in
         if side is not None:
             main.wait_event(self._copied)
         self._gemm(ready.a_noised, q, apb, ready.s_a, scale, ready.valid)
@@ -322,15 +332,20 @@ class MinedPass:
         return self.out
 
     def _noise_into(self, q: torch.Tensor, state: _LagState) -> None:
-        """s_A and A' of the int7 rows q into state (the one-kernel side chain, or staged)."""
+        """s_A, A', the rows q and (last) the mineable row count into state: the one-kernel side
+        chain writes all four; staged, the kernels' outputs are copied in."""
         job = self.job
+        valid = self.rows - self.rows % job.config.h
         if self.fused_a:
             noised_a_side(q, job.s_b, job.key_words, rank=job.config.rank, salted=job.salted,
-                          a_noised=state.a_noised, s_a=state.s_a)
+                          a_noised=state.a_noised, s_a=state.s_a, q_copy=state.q, valid=state.valid,
+                          valid_rows=valid, warps=self.side_warps)
         else:
             a_noised, s_a = self._staged_noise(q)
             state.a_noised.copy_(a_noised)
             state.s_a.copy_(s_a)
+            state.q.copy_(q)
+            state.valid.fill_(valid)
 
     def _staged_noise(self, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(A', s_A) of dense int7 rows q (E, M, K) through the staged kernels."""
