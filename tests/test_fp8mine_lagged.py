@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from kernels.fp8mine.gpu_check import synthetic_chain
-from kernels.fp8mine.lagged import LagError, LagSlot, build_operand
+from kernels.fp8mine.lagged import LagError, LagSlot, build_operand, clean_rows
 from kernels.fp8mine.lottery import LotteryLatch
 from kernels.fp8mine.peel import peel_and_unscale
 from kernels.fp8mine.pipeline import MinedGemm
@@ -58,13 +58,14 @@ def _clean_row(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return codes.view(torch.uint8), alpha
 
 
-@pytest.mark.parametrize("experts,top_k,ready_counts", [
-    (4, 2, [3, 0, 9, 4]),  # an expert with no READY rows
-    (4, 2, [0, 0, 0, 0]),  # nothing READY (first launch, or after set_job)
-    (1, 1, [8]),  # dense: one group
+@pytest.mark.parametrize("experts,top_k,ready_counts,k", [
+    (4, 2, [3, 0, 9, 4], 256),  # an expert with no READY rows
+    (4, 2, [0, 0, 0, 0], 256),  # nothing READY (first launch, or after set_job)
+    (1, 1, [8], 256),  # dense: one group
+    (5, 3, [4, 1, 0, 7, 2], 1056),  # k not a power of two: masked quantization and copy blocks
 ])
-def test_combined_operand_matches_literal_reference(experts, top_k, ready_counts):
-    m, k = 8, 256
+def test_combined_operand_matches_literal_reference(experts, top_k, ready_counts, k):
+    m = 8
     rng = np.random.default_rng(experts + sum(ready_counts))
     x = torch.from_numpy(rng.standard_normal((m, k)).astype(np.float32) * np.exp2(rng.integers(-20, 20, (m, 1))))
     x[1] = 0  # an all-zero token
@@ -76,7 +77,9 @@ def test_combined_operand_matches_literal_reference(experts, top_k, ready_counts
     table = _table(ids, experts)
     rows = m * top_k
     ready = _slot(m, rows, k, [0, *np.cumsum(ready_counts).tolist()], seed=1)
-    got = build_operand(x, table, ready)
+    clean = clean_rows(x, ids if experts > 1 else None, experts)
+    assert torch.equal(clean.table.rflat, table.rflat) and torch.equal(clean.table.bounds, table.bounds)
+    got = build_operand(clean, ready)
     rb, ct = ready.bounds.tolist(), table.bounds.tolist()
     want_rows, want_alpha, want_codes = [], {}, {}
     for w in range(experts):
@@ -95,9 +98,11 @@ def test_combined_operand_matches_literal_reference(experts, top_k, ready_counts
 
 
 def test_combined_operand_rejects_mismatched_slots():
-    table = _table(torch.zeros((4, 1), dtype=torch.int64), 2)
+    clean = clean_rows(torch.zeros((4, 64), dtype=torch.bfloat16), torch.zeros((4, 1), dtype=torch.int64), 2)
     with pytest.raises(LagError, match="READY must hold"):
-        build_operand(torch.zeros((4, 64), dtype=torch.bfloat16), table, _slot(4, 8, 64, [0, 0, 0], seed=0))
+        build_operand(clean, _slot(4, 8, 64, [0, 0, 0], seed=0))
+    with pytest.raises(LagError, match="bf16"):
+        clean_rows(torch.zeros((4, 48), dtype=torch.bfloat16), None, 1)
 
 
 def _peel_inputs(rows_per_expert: list[int], n: int, seed: int):
@@ -126,6 +131,21 @@ def test_shifted_peel_reads_the_clean_rows_of_the_combined_accumulator():
             combined[i + ready[w + 1]] = compact[i]
     want = peel_and_unscale(compact, a_peel, alpha_a, b_peel, alpha_b, table)
     got = peel_and_unscale(combined, a_peel, alpha_a, b_peel, alpha_b, table, row_shift=shift)
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+
+
+@pytest.mark.parametrize("rows_per_expert", [[5, 0, 19, 8], [40, 17, 33, 30]])  # 16- and 32-row tiles
+def test_peel_of_clean_rows_reads_only_the_right_halves(rows_per_expert):
+    """a_left_zero: with A_peel[:, :32] = 0 the pass reads only the right halves of both peels
+    (B_peel's left half may hold anything); the same output as the full pass."""
+    from kernels.fp8mine import peel
+    table, a_peel, alpha_a, b_peel, alpha_b = _peel_inputs(rows_per_expert, n=192, seed=5)
+    assert peel._peel_rows(sum(rows_per_expert), 4) == (16 if rows_per_expert[0] == 5 else 32)
+    a_peel[:, :32] = 0
+    acc = torch.randn((sum(rows_per_expert), 192)) * 1000
+    want = peel_and_unscale(acc, a_peel, alpha_a, b_peel, alpha_b, table)
+    b_peel[:, :, :32] = float("nan")  # never read
+    got = peel_and_unscale(acc, a_peel, alpha_a, b_peel, alpha_b, table, a_left_zero=True)
     assert torch.equal(got.view(torch.int16), want.view(torch.int16))
 
 
@@ -169,6 +189,23 @@ def test_slot_views_are_disjoint_and_one_copy_moves_a_launch():
     assert b.bounds.tolist() == [0, 0, 0, 0] and a.bounds.tolist() != [0, 0, 0, 0]
 
 
+def test_fill_gathers_the_rows_and_copies_the_planes_in_one_kernel():
+    m, top_k, experts, k = 6, 2, 3, 96
+    g = torch.Generator().manual_seed(2)
+    ids = torch.stack([torch.randperm(experts, generator=g)[:top_k] for _ in range(m)])
+    table = _table(ids, experts)
+    a_codes = torch.randint(0, 256, (m, k), generator=g, dtype=torch.uint8).view(torch.float8_e4m3fn)
+    codes = torch.randint(-127, 128, (m, k), generator=g, dtype=torch.int8)
+    scales = torch.randn((m, k // 8), generator=g).to(torch.bfloat16)
+    key = torch.randint(-2 ** 31, 2 ** 31 - 1, (1, 8), generator=g, dtype=torch.int32)
+    slot = LagSlot.allocate(m, m * top_k, k, experts, torch.device("cpu"))
+    slot.fill(a_codes, codes, scales, key, table)
+    assert torch.equal(slot.a_rows, a_codes.view(torch.uint8)[table.rflat.long()])
+    assert torch.equal(slot.codes, codes) and torch.equal(slot.scales.view(torch.int16), scales.view(torch.int16))
+    assert torch.equal(slot.rflat, table.rflat) and torch.equal(slot.bounds, table.bounds)
+    assert torch.equal(slot.pow_key, key)
+
+
 COMPILE = textwrap.dedent("""
     import os
     os.environ["PEARL_INT7_INTERPRET"] = "0"
@@ -178,12 +215,22 @@ COMPILE = textwrap.dedent("""
     from kernels.fp8mine import lagged, lottery
     target = GPUTarget("cuda", 90, 128)
     triton.compile(ASTSource(fn=lagged._operand_kernel, signature={
-        "x_ptr": "*i16", "rflat_ptr": "*i32", "clean_bounds_ptr": "*i32", "ready_ptr": "*i32",
-        "ready_bounds_ptr": "*i32", "out_ptr": "*u8", "out_words_ptr": "*i32", "codes_ptr": "*u8",
-        "alpha_ptr": "*i16", "bounds_ptr": "*i32", "experts": "i32", "k": "i32", "capacity": "i32",
-        "SEARCH": "constexpr",
-        "BK": "constexpr", "BW": "constexpr"}, constexprs={"SEARCH": 6, "BK": 1024, "BW": 1024}),
-        target=target, options={"enable_fp_fusion": False})
+        "codes_ptr": "*i32", "rflat_ptr": "*i32", "clean_bounds_ptr": "*i32", "ready_ptr": "*i32",
+        "ready_bounds_ptr": "*i32", "out_ptr": "*i32", "bounds_ptr": "*i32", "experts": "i32", "words": "i32",
+        "capacity": "i32", "EB": "constexpr", "BW": "constexpr"}, constexprs={"EB": 64, "BW": 2048}), target=target)
+    triton.compile(ASTSource(fn=lagged._fill_kernel, signature={
+        **{name: "*i32" for name in ("a_ptr", "rflat_ptr", "codes_ptr", "scales_ptr", "bounds_ptr", "key_ptr",
+                                     "slot_a_ptr", "slot_codes_ptr", "slot_scales_ptr", "slot_rflat_ptr",
+                                     "slot_bounds_ptr", "slot_key_ptr")},
+        "rows": "i32", "words": "i32", "scale_words": "i32", "edges": "i32", "BW": "constexpr"},
+        constexprs={"BW": 2048}), target=target)
+    for ids, route, eb, chunk in (("*i64", 1, 32, 512), ("*i32", 1, 256, 64), ("*u8", 0, 2, 1)):
+        triton.compile(ASTSource(fn=lagged._clean_kernel, signature={
+            "ids_ptr": ids, "total": "i32", "experts": "i32", "top_k": "i32", "rflat_ptr": "*i32",
+            "bounds_ptr": "*i32", "x_ptr": "*i16", "k": "i32", "codes_ptr": "*u8", "alpha_ptr": "*i16",
+            "ROUTE": "constexpr", "EB": "constexpr", "CHUNK": "constexpr", "BK": "constexpr"},
+            constexprs={"ROUTE": route, "EB": eb, "CHUNK": chunk, "BK": 8192}), target=target,
+            options={"enable_fp_fusion": False, "num_warps": 16 if route else 8})
     mined = triton.compile(ASTSource(fn=lottery._shifted_lottery_kernel, signature={
         "acc_ptr": "*i64", "n": "i32", "tile_row_ptr": "*i32", "tile_expert_ptr": "*i32", "tile_local_ptr": "*i32",
         "num_tiles": "i32", "shift_ptr": "*i32", "key_ptr": "*i32", "thr_ptr": "*i32", "seed_b_ptr": "*i32",

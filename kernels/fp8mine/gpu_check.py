@@ -44,7 +44,7 @@ from .matmul import IMPLS, WINDOW_K, gemm_impl, grouped_matmul, matmul
 from .pipeline import MinedGemm
 from .proofs import take_winner
 from .routing import RoutingTable, routing_table, row_tiles
-from .lagged import build_operand, clean_peel
+from .lagged import build_operand, clean_peel, clean_rows
 
 DEVICE = "cuda"  # `--device cpu` dry-runs the check logic on the CPU backend (slow, no timings)
 FINITE_CODES = np.array([c for c in range(256) if c & 0x7F != 0x7F], dtype=np.uint8)
@@ -444,22 +444,25 @@ def _lagged_parts(gemm: MinedGemm, x: torch.Tensor, topk, result) -> dict:
     from .peel import peel_and_unscale
     from .pipeline import prepare_a
     state, table, ready = gemm.state, result.table, gemm.ready
-    operand = build_operand(x, table, ready)
+    clean = clean_rows(x, topk if gemm.moe else None, gemm.b.experts)
+    operand = build_operand(clean, ready)
     a_peel_clean = clean_peel(operand, state.f_b)
     b_peel = state.peel.view(gemm.b.experts, gemm.b.n_e, -1)
     alpha_b = state.side.alpha.view(gemm.b.experts, gemm.b.n_e)
 
     def side_a():
         a = prepare_a(x, gemm.seed_message, gemm.p_a_len, state, table if gemm.moe else None)
-        gemm.pending.fill(a.side.codes, a.codes, a.scales, a.pow_key, table, gemm.moe)
+        gemm.pending.fill(a.side.codes, a.codes, a.scales, a.pow_key, table)
 
     stages = {
-        **({"routing table": lambda: routing_table(topk, gemm.b.experts)} if gemm.moe else {}),
+        "routing + clean quantization (one launch)": lambda: clean_rows(x, topk if gemm.moe else None,
+                                                                        gemm.b.experts),
         "READY <- PENDING copy": lambda: ready.flat.copy_(gemm.pending.flat),
-        "combined operand (READY rows + clean quantization)": lambda: build_operand(x, table, ready),
+        "combined operand (READY + clean row copies)": lambda: build_operand(clean, ready),
         "GEMM (combined rows)": lambda: grouped_matmul(operand.rows, gemm.b_codes(), operand.table),
         "peel + unscale (clean rows)": lambda: peel_and_unscale(result.acc, a_peel_clean, operand.clean_alpha,
-                                                                b_peel, alpha_b, table, row_shift=ready.bounds[1:]),
+                                                                b_peel, alpha_b, table, row_shift=ready.bounds[1:],
+                                                                a_left_zero=True),
         "side: clean A peel": lambda: clean_peel(operand, state.f_b),
         "side: A side + PENDING fill": side_a,
         "side: lottery (READY rows) + payload + publish": lambda: (

@@ -23,6 +23,7 @@ import functools
 from dataclasses import dataclass
 
 import torch
+import triton
 import triton.language as tl
 
 from kernels.int7._jit import jit
@@ -30,11 +31,13 @@ from kernels.int7._jit import jit
 from .noisy_kernel import _bf16_of_bits, _e4m3_code, _rne_bf16
 from .peel import a_peel
 from .quant import NoisySide
-from .routing import RoutingTable, dense_table
+from .routing import (RANK_WARPS, RoutingTable, dense_table, one_program_shape, rank_entries, routing_args,
+                      routing_table)
 
 _ALIGN = 16  # bytes: every view of a slot starts on a 16-byte boundary
-_QUANT_BLOCK = 1024  # elements per step of the clean quantization
-_COPY_BLOCK = 1024  # 4-byte words per step of a READY row copy
+_QUANT_BLOCK = 8192  # most elements per step of the clean quantization (k ≤ 8192: one load)
+_QUANT_WARPS = 8
+_COPY_WORDS = 2048  # most 4-byte words per step of a row copy (k ≤ 8192: one step)
 _NORM_FLOOR = tl.constexpr(2.0 ** -32)  # an all-zero row gets a finite scale
 
 
@@ -79,17 +82,16 @@ class LagSlot:
         self.bounds.zero_()
 
     def fill(self, a_codes: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, pow_key: torch.Tensor,
-             table: RoutingTable, moe: bool) -> None:
-        """Store one launch's A′ rows (gathered into expert order), planes, routing and key."""
-        if moe:
-            torch.index_select(a_codes.view(torch.uint8), 0, table.rflat, out=self.a_rows)
-        else:
-            self.a_rows.copy_(a_codes.view(torch.uint8))
-        self.codes.copy_(codes)
-        self.scales.copy_(scales)
-        self.rflat.copy_(table.rflat)
-        self.bounds.copy_(table.bounds)
-        self.pow_key.copy_(pow_key)
+             table: RoutingTable) -> None:
+        """Store one launch's A′ rows (gathered into expert order through Rflat; dense: the
+        identity), planes, routing and key: one kernel, a program per row (was six copies at
+        the side stream's tail)."""
+        (m, k), rows = codes.shape, self.a_rows.shape[0]
+        _fill_kernel[(rows + m,)](
+            a_codes.view(torch.int32), table.rflat, codes.view(torch.int32), scales.view(torch.int32),
+            table.bounds, pow_key, self.a_rows.view(torch.int32), self.codes.view(torch.int32),
+            self.scales.view(torch.int32), self.rflat, self.bounds, self.pow_key, rows, k // 4, k // 16,
+            self.bounds.shape[0], BW=min(triton.next_power_of_2(k // 4), _COPY_WORDS))
 
     def table(self) -> RoutingTable:
         return RoutingTable(self.rflat, self.bounds)
@@ -100,8 +102,8 @@ class LagSlot:
 
 
 @jit
-def _copy_row(src_ptr, dst_ptr, words, BW: tl.constexpr):
-    """`words` int32 words from src to dst."""
+def _copy_words(src_ptr, dst_ptr, words, BW: tl.constexpr):
+    """`words` int32 words from src to dst, BW at a time."""
     for w0 in range(0, words, BW):
         offs = w0 + tl.arange(0, BW)
         live = offs < words
@@ -109,9 +111,30 @@ def _copy_row(src_ptr, dst_ptr, words, BW: tl.constexpr):
 
 
 @jit
-def _quantize_row(x_ptr, k, out_ptr, codes_ptr, alpha_ptr, BK: tl.constexpr):
-    """One bf16 row (x_ptr: its int16 bits) → e4m3 codes at out_ptr and codes_ptr with the
-    per-token scale α = bf16(448 / max(|x|, 2^-32)), stored (bf16 bits) at alpha_ptr."""
+def _fill_kernel(a_ptr, rflat_ptr, codes_ptr, scales_ptr, bounds_ptr, key_ptr, slot_a_ptr, slot_codes_ptr,
+                 slot_scales_ptr, slot_rflat_ptr, slot_bounds_ptr, slot_key_ptr, rows, words, scale_words,
+                 edges, BW: tl.constexpr):
+    """Program r < rows: slot A′ row r ← A′ row Rflat[r]; program rows + t: token t's code and
+    scale rows, and (t = 0) Rflat, the bounds and the key. int32 words throughout."""
+    p = tl.program_id(0)
+    if p < rows:
+        source = tl.load(rflat_ptr + p).to(tl.int64)
+        _copy_words(a_ptr + source * words, slot_a_ptr + p.to(tl.int64) * words, words, BW)
+    else:
+        t = (p - rows).to(tl.int64)
+        _copy_words(codes_ptr + t * words, slot_codes_ptr + t * words, words, BW)
+        _copy_words(scales_ptr + t * scale_words, slot_scales_ptr + t * scale_words, scale_words, BW)
+        if t == 0:
+            _copy_words(rflat_ptr, slot_rflat_ptr, rows, BW)
+            _copy_words(bounds_ptr, slot_bounds_ptr, edges, BW)
+            _copy_words(key_ptr, slot_key_ptr, 8, BW)
+
+
+@jit
+def _quantize_row(x_ptr, k, codes_ptr, alpha_ptr, BK: tl.constexpr):
+    """One bf16 row (x_ptr: its int16 bits) → e4m3 codes at codes_ptr with the per-token scale
+    α = bf16(448 / max(|x|, 2^-32)), stored (bf16 bits) at alpha_ptr. k ≤ BK: one load (the
+    second pass re-reads it from L1)."""
     peak = tl.full((BK,), 0.0, tl.float32)
     for k0 in range(0, k, BK):
         offs = k0 + tl.arange(0, BK)
@@ -127,44 +150,88 @@ def _quantize_row(x_ptr, k, out_ptr, codes_ptr, alpha_ptr, BK: tl.constexpr):
         live = offs < k
         value = _bf16_of_bits(x_ptr, offs, live) * scale
         value = tl.where(value > 448.0, 448.0, tl.where(value < -448.0, -448.0, value))
-        code = _e4m3_code(value.to(tl.int32, bitcast=True)).to(tl.uint8)
-        tl.store(out_ptr + offs, code, mask=live)
-        tl.store(codes_ptr + offs, code, mask=live)
+        tl.store(codes_ptr + offs, _e4m3_code(value.to(tl.int32, bitcast=True)).to(tl.uint8), mask=live)
 
 
 @jit
-def _operand_kernel(x_ptr, rflat_ptr, clean_bounds_ptr, ready_ptr, ready_bounds_ptr, out_ptr, out_words_ptr,
-                    codes_ptr, alpha_ptr, bounds_ptr, experts, k, capacity,
-                    SEARCH: tl.constexpr, BK: tl.constexpr, BW: tl.constexpr):
-    """Combined row program_id(0): a READY row copied, or a clean row quantized from its token.
-    Programs 0..e also write the combined bounds cb = rb + ct, except cb[e] = capacity: the last
-    expert's group runs to the operand's end (rows past the used ones are never read back), so
-    the GEMM's offsets[e] = total rows holds even when nothing is READY."""
+def _clean_kernel(ids_ptr, total, experts, top_k, rflat_ptr, bounds_ptr, x_ptr, k, codes_ptr, alpha_ptr,
+                  ROUTE: tl.constexpr, EB: tl.constexpr, CHUNK: tl.constexpr, BK: tl.constexpr):
+    """ROUTE = 1: program 0 builds the routing table (`rank_entries`) while programs 1..m quantize
+    one token each; ROUTE = 0: every program quantizes one token (the table is made apart)."""
+    token = tl.program_id(0) - ROUTE
+    if ROUTE:
+        if token < 0:
+            rank_entries(ids_ptr, total, experts, top_k, rflat_ptr, bounds_ptr, EB, CHUNK)
+    if token >= 0:
+        _quantize_row(x_ptr + token.to(tl.int64) * k, k, codes_ptr + token.to(tl.int64) * k, alpha_ptr + token, BK)
+
+
+@dataclass
+class CleanRows:
+    """x_t quantized for inference only (token order) and its routing table."""
+
+    table: RoutingTable
+    codes: torch.Tensor  # (m, k) e4m3
+    alpha: torch.Tensor  # (m,) bf16 per-token scale
+
+
+def clean_rows(x: torch.Tensor, topk_ids: torch.Tensor | None, experts: int) -> CleanRows:
+    """The clean codes and α of every token, and the routing table (dense: one group when
+    topk_ids is None). At decode one launch: the table's one program runs beside the m token
+    programs, so the operand that follows only copies rows (a token is quantized once, not
+    once per routed row)."""
+    m, k = x.shape
+    if x.dtype != torch.bfloat16 or k % 32:
+        raise LagError(f"x must be bf16 (m, k) with k % 32 == 0, got {x.dtype} {tuple(x.shape)}")
+    device = x.device
+    codes = torch.empty((m, k), dtype=torch.uint8, device=device)
+    alpha = torch.empty(m, dtype=torch.int16, device=device)
+    shape = None
+    if topk_ids is None:
+        table = dense_table(m, device)
+    else:
+        routing_args(topk_ids, experts)
+        shape = one_program_shape(topk_ids.numel(), experts)
+        table = routing_table(topk_ids, experts) if shape is None else RoutingTable(
+            torch.empty(topk_ids.numel(), dtype=torch.int32, device=device),
+            torch.empty(experts + 1, dtype=torch.int32, device=device))
+    ids = topk_ids.contiguous() if shape is not None else codes
+    eb, chunk = shape if shape is not None else (2, 1)
+    route = int(shape is not None)
+    _clean_kernel[(m + route,)](ids, table.rflat.shape[0], experts, 1 if topk_ids is None else topk_ids.shape[1],
+                                table.rflat, table.bounds, x.contiguous().view(torch.int16), k, codes, alpha,
+                                ROUTE=route, EB=eb, CHUNK=chunk, BK=min(triton.next_power_of_2(k), _QUANT_BLOCK),
+                                num_warps=RANK_WARPS if route else _QUANT_WARPS, enable_fp_fusion=False)
+    return CleanRows(table, codes.view(torch.float8_e4m3fn), alpha.view(torch.bfloat16))
+
+
+@jit
+def _operand_kernel(codes_ptr, rflat_ptr, clean_bounds_ptr, ready_ptr, ready_bounds_ptr, out_ptr, bounds_ptr,
+                    experts, words, capacity, EB: tl.constexpr, BW: tl.constexpr):
+    """Combined row program_id(0): a READY row or a clean token's codes, copied (int32 words).
+    Its expert comes from one vector load of both bounds (the number of experts w ≥ 1 with
+    cb[w] ≤ row, no dependent search). Program 0 also writes the combined bounds cb = rb + ct,
+    except cb[e] = capacity: the last expert's group runs to the operand's end (rows past the
+    used ones are never read back), so the GEMM's offsets[e] = total rows holds even when
+    nothing is READY."""
     i = tl.program_id(0)
-    if i <= experts:
-        both = tl.load(ready_bounds_ptr + i) + tl.load(clean_bounds_ptr + i)
-        tl.store(bounds_ptr + i, tl.where(i == experts, capacity, both))
-    total = tl.load(ready_bounds_ptr + experts) + tl.load(clean_bounds_ptr + experts)
-    if i < total:
-        lo = experts * 0  # the expert: the last w with cb[w] <= i (binary search over [lo, hi))
-        hi = experts
-        for _ in tl.static_range(SEARCH):
-            mid = (lo + hi) // 2
-            below = tl.load(ready_bounds_ptr + mid) + tl.load(clean_bounds_ptr + mid) <= i
-            lo = tl.where(below, mid, lo)
-            hi = tl.where(below, hi, mid)
-        ready_start = tl.load(ready_bounds_ptr + lo)
-        ready_count = tl.load(ready_bounds_ptr + lo + 1) - ready_start
-        clean_start = tl.load(clean_bounds_ptr + lo)
+    w = tl.arange(0, EB)
+    edge = w <= experts
+    rb = tl.load(ready_bounds_ptr + w, mask=edge, other=0)
+    ct = tl.load(clean_bounds_ptr + w, mask=edge, other=0)
+    cb = rb + ct
+    tl.store(bounds_ptr + w, tl.where(w == experts, capacity, cb), mask=edge & (w * 0 + i == 0))
+    if i < tl.reduce(tl.where(w == experts, cb, 0), 0, tl.standard._sum_combine):
+        expert = tl.reduce(((w >= 1) & (w < experts) & (cb <= i)).to(tl.int32), 0, tl.standard._sum_combine)
+        ready_start = tl.reduce(tl.where(w == expert, rb, 0), 0, tl.standard._sum_combine)
+        ready_count = tl.reduce(tl.where(w == expert + 1, rb, 0), 0, tl.standard._sum_combine) - ready_start
+        clean_start = tl.reduce(tl.where(w == expert, ct, 0), 0, tl.standard._sum_combine)
         j = i - ready_start - clean_start
-        words = k // 4
         if j < ready_count:
-            _copy_row(ready_ptr + (ready_start + j).to(tl.int64) * words,
-                      out_words_ptr + i.to(tl.int64) * words, words, BW)
+            source = ready_ptr + (ready_start + j).to(tl.int64) * words
         else:
-            token = tl.load(rflat_ptr + clean_start + j - ready_count).to(tl.int64)
-            _quantize_row(x_ptr + token * k, k, out_ptr + i.to(tl.int64) * k, codes_ptr + token * k,
-                          alpha_ptr + token, BK)
+            source = codes_ptr + tl.load(rflat_ptr + clean_start + j - ready_count).to(tl.int64) * words
+        _copy_words(source, out_ptr + i.to(tl.int64) * words, words, BW)
 
 
 @dataclass
@@ -177,29 +244,23 @@ class Operand:
     clean_alpha: torch.Tensor  # (m,) bf16, token order
 
 
-def build_operand(x: torch.Tensor, table: RoutingTable, ready: LagSlot) -> Operand:
-    """One launch: READY rows copied and x's clean rows quantized into the combined operand, the
-    combined bounds, and the clean codes/scales in token order (their peel is computed from
-    those). A token routed to top_k experts is quantized by each of its rows' programs, which
-    store the same bytes into its token-order row."""
-    m, k = x.shape
-    rows = table.rflat.shape[0]
-    experts = table.experts
-    if x.dtype != torch.bfloat16 or k % 32 or ready.a_rows.shape != (rows, k) or ready.bounds.shape != table.bounds.shape:
-        raise LagError(f"x must be bf16 (m, k) with k % 32 == 0 and READY must hold ({rows}, {k}) rows for "
-                       f"{experts} experts; got x {x.dtype} {tuple(x.shape)}, READY {tuple(ready.a_rows.shape)}")
-    device = x.device
+def build_operand(clean: CleanRows, ready: LagSlot) -> Operand:
+    """One launch: READY rows and the clean rows (each token's codes, through Rflat) copied
+    into the combined operand, and the combined bounds; one program a combined row."""
+    table = clean.table
+    (m, k), rows, experts = clean.codes.shape, table.rflat.shape[0], table.experts
+    if ready.a_rows.shape != (rows, k) or ready.bounds.shape != table.bounds.shape:
+        raise LagError(f"READY must hold ({rows}, {k}) rows for {experts} experts; "
+                       f"got READY {tuple(ready.a_rows.shape)}, bounds {tuple(ready.bounds.shape)}")
+    device = clean.codes.device
     operand = torch.empty((2 * rows, k), dtype=torch.uint8, device=device)
-    codes = torch.empty((m, k), dtype=torch.uint8, device=device)
-    alpha = torch.empty(m, dtype=torch.int16, device=device)
     bounds = torch.empty(experts + 1, dtype=torch.int32, device=device)
-    _operand_kernel[(max(2 * rows, experts + 1),)](
-        x.contiguous().view(torch.int16), table.rflat, table.bounds, ready.a_rows.view(torch.int32),
-        ready.bounds, operand, operand.view(torch.int32), codes, alpha, bounds, experts, k, 2 * rows,
-        SEARCH=max(1, (experts - 1).bit_length()) + 1, BK=_QUANT_BLOCK, BW=_COPY_BLOCK,
-        enable_fp_fusion=False)
+    _operand_kernel[(2 * rows,)](
+        clean.codes.view(torch.int32), table.rflat, table.bounds, ready.a_rows.view(torch.int32), ready.bounds,
+        operand.view(torch.int32), bounds, experts, k // 4, 2 * rows,
+        EB=triton.next_power_of_2(experts + 1), BW=min(triton.next_power_of_2(k // 4), _COPY_WORDS))
     return Operand(operand.view(torch.float8_e4m3fn), RoutingTable(_rows(2 * rows, device), bounds),
-                   codes.view(torch.float8_e4m3fn), alpha.view(torch.bfloat16))
+                   clean.codes, clean.alpha)
 
 
 def _rows(count: int, device: torch.device) -> torch.Tensor:

@@ -166,9 +166,12 @@ def b_peel(side: NoisySide, noise: torch.Tensor, f_a: torch.Tensor) -> torch.Ten
 
 
 def _peel_rows(rows: int, experts: int) -> int:
-    """Row-tile height of the peel pass: 16 for decode-like launches, 64 once experts average
-    64 rows or more."""
-    return 64 if rows >= 64 * experts else 16
+    """Row-tile height of the peel pass: 64 once experts average 64 rows or more (prefill); 32
+    once they average 16 or more (GLM-5 decode: one tile an expert, so each expert's B peel is
+    read once, not once per 16-row tile); else 16."""
+    if rows >= 64 * experts:
+        return 64
+    return 32 if rows >= 16 * experts else 16
 
 
 class PeelShape(NamedTuple):
@@ -182,7 +185,7 @@ class PeelShape(NamedTuple):
 
 
 def peel_shape(block_rows: int, row_tiles_: int, n: int) -> PeelShape:
-    """Decode (16-row tiles): one 128-column step a program and no pipeline (the old kernel), so
+    """Decode (16- or 32-row tiles): one 128-column step a program and no pipeline (the old kernel), so
     the column tiles spread over the SMs. Prefill (64-row tiles): a program walks its row tile
     across up to _PEEL_SPAN columns in 64-column steps, so the row-side chain of dependent loads
     (tile map → Rflat → gathered A peel rows and α_A) is paid once per span, and the step loop
@@ -202,12 +205,15 @@ def peel_shape(block_rows: int, row_tiles_: int, n: int) -> PeelShape:
 def _peel_unscale_kernel(acc_ptr, shift_ptr, rflat_ptr, a_peel_ptr, alpha_a_ptr, b_peel_ptr, alpha_b_ptr,
                          tile_row_ptr, tile_expert_ptr, bounds_ptr, out_ptr, n, acc_rows,
                          BR: tl.constexpr, BN: tl.constexpr, STEPS: tl.constexpr, STAGES: tl.constexpr,
-                         SHIFTED: tl.constexpr):
+                         SHIFTED: tl.constexpr, RIGHT_ONLY: tl.constexpr):
     """out = (acc + A_peel[token] · B_peel[w]ᵀ) · (1/α_A[token]) · (1/α_B[w, col]) → bf16 for one
     row tile of expert w (rows in expert order, token = Rflat[row]) and STEPS × BN columns, BN at a
-    time (STEPS = 1: no loop; STAGES: the loop's cp.async pipeline depth). Accumulator loads are masked by the accumulator's row count, not the
-    expert's end (a dependent load), so without SHIFTED they need only the tile's first row;
-    stores use the end. SHIFTED: output row i of expert w reads accumulator row i + shift[w]."""
+    time (STEPS = 1: no loop; STAGES: the loop's cp.async pipeline depth). SHIFTED: output row i of
+    expert w reads accumulator row i + shift[w]. RIGHT_ONLY: the A peel's left half is zero (clean
+    rows), so only the right halves of the A and B peels are read (half the B-peel bytes).
+    Accumulator loads are masked by the expert's end when SHIFTED or STEPS = 1 (decode: the end
+    loads beside the shift, and short experts leave most of a tile unused); the prefill loop masks
+    them by the accumulator's row count only (no dependent load before the pipeline starts)."""
     row0 = tl.load(tile_row_ptr + tl.program_id(0))
     if row0 >= 0:
         rows = row0 + tl.arange(0, BR)
@@ -216,11 +222,16 @@ def _peel_unscale_kernel(acc_ptr, shift_ptr, rflat_ptr, a_peel_ptr, alpha_a_ptr,
             source = rows.to(tl.int64) + tl.load(shift_ptr + expert)
         else:
             source = rows.to(tl.int64)
-        in_acc = source < acc_rows
         row_end = tl.load(bounds_ptr + expert + 1)
         live_r = rows < row_end
+        in_acc = source < acc_rows
+        if SHIFTED or STEPS == 1:
+            in_acc = in_acc & live_r
         token = tl.load(rflat_ptr + rows, mask=live_r, other=0).to(tl.int64)
-        j = tl.arange(0, 64)[None, :]
+        if RIGHT_ONLY:
+            j = 32 + tl.arange(0, 32)[None, :]
+        else:
+            j = tl.arange(0, 64)[None, :]
         a = _bf16_of_bits(a_peel_ptr, token[:, None] * 64 + j, live_r[:, None])
         inv_a = 1.0 / tl.where(live_r, _bf16_of_bits(alpha_a_ptr, token, live_r), 1.0)
         source_cells = source[:, None] * n
@@ -247,7 +258,7 @@ def peel_tiles(table: RoutingTable) -> RowTiles:
 def peel_and_unscale(acc: torch.Tensor, a_peel_: torch.Tensor, alpha_a: torch.Tensor,
                      b_peel_: torch.Tensor, alpha_b: torch.Tensor, table: RoutingTable,
                      row_shift: torch.Tensor | None = None,
-                     tiles: RowTiles | None = None) -> torch.Tensor:
+                     tiles: RowTiles | None = None, a_left_zero: bool = False) -> torch.Tensor:
     """out[i, j] = (acc[i, j] + A_peel[t] · B_peel[w, j]) / (α_A[t] α_B[w, j]) as BF16, t = Rflat[i].
 
     acc (rows, n_e) fp32 in expert order; a_peel_ (m, 64) and alpha_a (m,) in token order;
@@ -255,6 +266,8 @@ def peel_and_unscale(acc: torch.Tensor, a_peel_: torch.Tensor, alpha_a: torch.Te
     reads acc row i + row_shift[w] (acc may then hold other rows too: a combined launch).
     One Triton pass plus the row-tile map, no host sync (approximate arithmetic: the output is
     not consensus). tiles: `peel_tiles(table)` built ahead, or None to build it here.
+    a_left_zero: the caller promises A_peel[:, :32] = 0 (the lagged pass's clean rows), so the
+    kernel reads only the right halves of both peels.
     """
     rows, n = table.rflat.shape[0], acc.shape[1]
     experts = table.experts
@@ -275,5 +288,5 @@ def peel_and_unscale(acc: torch.Tensor, a_peel_: torch.Tensor, alpha_a: torch.Te
                                b_peel_.contiguous().view(torch.int16), alpha_b.contiguous().view(torch.int16),
                                tiles.row_start, tiles.expert, table.bounds, out, n, acc.shape[0],
                                BR=block_rows, BN=shape.cols, STEPS=shape.steps, STAGES=shape.stages,
-                               SHIFTED=row_shift is not None, num_warps=shape.warps)
+                               SHIFTED=row_shift is not None, RIGHT_ONLY=a_left_zero, num_warps=shape.warps)
     return out.view(torch.bfloat16)

@@ -25,7 +25,7 @@ from proof.fp8.params import STATE_WINDOW_DEPTH, JobParams, make_job
 
 from . import noise, prequant, quant, transcript
 from .hashing import constant_bytes
-from .lagged import LagSlot, build_operand, clean_peel
+from .lagged import LagSlot, build_operand, clean_peel, clean_rows
 from .lottery import LotteryLatch, threshold_words
 from .matmul import grouped_matmul
 from .peel import a_peel, b_peel, peel_and_unscale, peel_tiles
@@ -275,8 +275,8 @@ class MinedGemm:
     def _forward_lagged(self, x: torch.Tensor, topk_ids: torch.Tensor | None) -> LaunchResult:
         """Launch t: serve x_t, mine launch t−1's rows (READY), prepare x_t's (PENDING).
 
-        main: routing → combined operand (READY rows + x_t's clean rows) → GEMM → peel of the
-        clean rows. side: PENDING → READY; the clean rows' A peel and x_t's A side into PENDING
+        main: routing + x_t's clean quantization (one launch) → combined operand (READY rows +
+        clean rows, copies) → GEMM → peel of the clean rows. side: PENDING → READY; the clean rows' A peel and x_t's A side into PENDING
         (while the GEMM runs); after the GEMM the lottery over the READY rows, the payload and
         publish. The side stream forks from and joins the serving stream, so one launch is one
         self-contained (graph-capturable) piece of stream work.
@@ -287,9 +287,10 @@ class MinedGemm:
         self._fork(main)
         with self._on_side():
             ready.flat.copy_(pending.flat)
-        table = self._table(topk_ids, x.device)
+        clean = clean_rows(x, topk_ids if self.moe else None, self.b.experts)
+        table = clean.table
         self._join(main)
-        operand = build_operand(x, table, ready)
+        operand = build_operand(clean, ready)
         self._fork(main)
         with self._on_side():
             mined_tiles = row_tiles(ready.table())  # tile maps before the GEMM: off the launch's tail
@@ -299,7 +300,7 @@ class MinedGemm:
             if peel_ready is not None:
                 peel_ready.record(self.side)
             a = prepare_a(x, self.seed_message, self.p_a_len, state, table if self.moe else None)
-            pending.fill(a.side.codes, a.codes, a.scales, a.pow_key, table, self.moe)
+            pending.fill(a.side.codes, a.codes, a.scales, a.pow_key, table)
         acc = grouped_matmul(operand.rows, self.b_codes(), operand.table, max_sms=self.gemm_sms)
         self._fork(main)
         with self._on_side():
@@ -309,7 +310,8 @@ class MinedGemm:
         if peel_ready is not None:
             main.wait_event(peel_ready)
         out = peel_and_unscale(acc, a_peel_clean, operand.clean_alpha, state.peel.view(self.b.experts, self.b.n_e, -1),
-                               state.side.alpha.view(self.b.experts, self.b.n_e), table, row_shift=ready.bounds[1:], tiles=clean_tiles)
+                               state.side.alpha.view(self.b.experts, self.b.n_e), table, row_shift=ready.bounds[1:],
+                               tiles=clean_tiles, a_left_zero=True)
         self._join(main)
         return LaunchResult(out, acc, table, a, operand.table.bounds)
 

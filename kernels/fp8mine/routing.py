@@ -5,7 +5,7 @@ so each list ascends); O[w] is the cumulative end offset of expert w. Both are u
 The lottery lattice is expert-local: an expert with c rows has c // 4 row tiles, rows 4t..4t+3 of
 its list; a trailing partial tile is never mined. Everything is computed with static shapes, so
 nothing syncs: the tile map (one small Triton kernel) has a fixed upper bound of entries and marks
-unused ones with −1.
+unused ones with −1 (each slot finds its expert from a scan of the tile counts: no serial loop).
 """
 from __future__ import annotations
 
@@ -19,9 +19,11 @@ import triton.language as tl
 from kernels.int7._jit import jit
 
 _MAP_BLOCK = 256
-SMALL_ROUTING = 4096  # routing entries (m · top_k) ranked by one kernel; more by the chunked sort
-_RANK_BLOCK = 64
-_RANK_CHUNK = 128
+_MAP_CELLS = 4096  # (slot, expert) cells a tile-map program compares
+SMALL_ROUTING = 4096  # most routing entries (m · top_k) ranked by one program; more by the chunked sort
+_ONE_HOT_CELLS = 16384  # (entries × experts) one-hot cells per step of the one-program table
+_ONE_PROGRAM_STEPS = 8  # most steps per pass of the one-program table (else the chunked sort)
+RANK_WARPS = 16  # 32 one-hot cells a thread
 _COUNT_CHUNK = 128  # entries per program of the chunked counting sort
 _COUNT_EXPERTS = 32  # experts per step of the chunk counts and per program of the prefixes
 _SCAN_CELLS = 4096  # (chunk, expert) counts per step of a prefix program
@@ -56,19 +58,25 @@ class RoutingTable:
 def routing_table(topk_ids: torch.Tensor, experts: int) -> RoutingTable:
     """From router top-k ids (m, top_k) — clamped to [0, e) — to (Rflat, O), without host syncs.
 
-    Up to SMALL_ROUTING entries (decode) one Triton kernel ranks every entry directly (its
-    position is #{entries with a smaller id} + #{earlier entries with its id}: a stable counting
-    sort in one launch); larger launches (prefill) run a counting sort over 128-entry chunks in
-    four launches (no sort, no int64 copies).
+    Decode-sized launches (`one_program_shape`) build the table in one program (`rank_entries`:
+    a histogram, its scan and a stable one-hot rank, no pairwise compare); larger launches
+    (prefill, or many experts) run a counting sort over 128-entry chunks in four launches (no
+    sort, no int64 copies).
     """
+    routing_args(topk_ids, experts)
+    shape = one_program_shape(topk_ids.numel(), experts)
+    if shape is not None:
+        return _ranked_table(topk_ids.contiguous(), experts, shape)
+    return _chunked_table(topk_ids.contiguous(), experts)
+
+
+def routing_args(topk_ids: torch.Tensor, experts: int) -> None:
+    """Raise RoutingError unless topk_ids is an integer (m, top_k) tensor and 1 ≤ e ≤ 1024."""
     if topk_ids.dim() != 2 or topk_ids.dtype not in (torch.int32, torch.int64):
         raise RoutingError(f"topk_ids must be an integer (m, top_k) tensor, "
                            f"got {topk_ids.dtype} {tuple(topk_ids.shape)}")
     if not 1 <= experts <= 1024:
         raise RoutingError(f"experts must be in 1..1024, got {experts}")
-    if topk_ids.numel() <= SMALL_ROUTING:
-        return _ranked_table(topk_ids.contiguous(), experts)
-    return _chunked_table(topk_ids.contiguous(), experts)
 
 
 @jit
@@ -153,35 +161,58 @@ def _chunked_table(topk_ids: torch.Tensor, experts: int) -> RoutingTable:
 
 
 @jit
-def _ranked_kernel(ids_ptr, total, experts, top_k, rflat_ptr, bounds_ptr,
-                   BLOCK: tl.constexpr, CHUNK: tl.constexpr):
-    """Entries i (and experts w) of this program's block: Rflat[rank(i)] = i // top_k and
-    bounds[w] = #{entries with id < w}, counting over all entries CHUNK at a time."""
-    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    live_i = i < total
-    id_i = tl.minimum(tl.maximum(tl.load(ids_ptr + i, mask=live_i, other=0), 0), experts - 1).to(tl.int32)
-    rank = tl.full((BLOCK,), 0, tl.int32)
-    below = tl.full((BLOCK,), 0, tl.int32)  # for w = i: entries with a smaller id
-    for j0 in range(0, total, CHUNK):
-        j = j0 + tl.arange(0, CHUNK)
-        live_j = j < total
-        id_j = tl.minimum(tl.maximum(tl.load(ids_ptr + j, mask=live_j, other=0), 0), experts - 1).to(tl.int32)
-        id_j = tl.where(live_j, id_j, experts)  # dead entries sort past every expert
-        earlier = (id_j[None, :] < id_i[:, None]) | ((id_j[None, :] == id_i[:, None]) & (j[None, :] < i[:, None]))
-        # tl.sum's own combine: the interpreter then sums with numpy instead of element by element
-        rank += tl.reduce(earlier.to(tl.int32), 1, tl.standard._sum_combine)
-        below += tl.reduce((id_j[None, :] < i[:, None]).to(tl.int32), 1, tl.standard._sum_combine)
-    tl.store(rflat_ptr + rank, i // top_k, mask=live_i)
-    tl.store(bounds_ptr + i, below, mask=i <= experts)
+def _one_hot(ids_ptr, i, total, experts, w):
+    """(entries i, experts w) int32: 1 where entry i (live, id clamped) routes to expert w."""
+    live = i < total
+    return ((_clamped_ids(ids_ptr, i, live, experts)[:, None] == w[None, :]) & live[:, None]).to(tl.int32)
 
 
-def _ranked_table(topk_ids: torch.Tensor, experts: int) -> RoutingTable:
+@jit
+def rank_entries(ids_ptr, total, experts, top_k, rflat_ptr, bounds_ptr, EB: tl.constexpr, CHUNK: tl.constexpr):
+    """The whole table in one program: per-expert counts (one-hot column sums over CHUNK-entry
+    steps), their exclusive scan (the bounds), then each entry's position = its expert's start +
+    entries of its expert in earlier steps + earlier entries of its expert in this step (an
+    exclusive scan of the one-hot down the step): stable, O(total · EB / CHUNK) steps of work
+    that all threads share, no pairwise compare."""
+    w = tl.arange(0, EB)
+    counts = tl.full((EB,), 0, tl.int32)
+    for c0 in range(0, total, CHUNK):
+        hot = _one_hot(ids_ptr, c0 + tl.arange(0, CHUNK), total, experts, w)
+        counts += tl.reduce(hot, 0, tl.standard._sum_combine)
+    running = tl.associative_scan(counts, 0, tl.standard._sum_combine) - counts
+    tl.store(bounds_ptr + w, running, mask=w < experts)
+    tl.store(bounds_ptr + experts, total)
+    for c0 in range(0, total, CHUNK):
+        i = c0 + tl.arange(0, CHUNK)
+        hot = _one_hot(ids_ptr, i, total, experts, w)
+        before = tl.associative_scan(hot, 0, tl.standard._sum_combine) - hot + running[None, :]
+        position = tl.reduce(hot * before, 1, tl.standard._sum_combine)
+        tl.store(rflat_ptr + position, i // top_k, mask=i < total)
+        running += tl.reduce(hot, 0, tl.standard._sum_combine)
+
+
+@jit
+def _ranked_kernel(ids_ptr, total, experts, top_k, rflat_ptr, bounds_ptr, EB: tl.constexpr, CHUNK: tl.constexpr):
+    """The one-program routing table (`rank_entries`) as its own launch."""
+    rank_entries(ids_ptr, total, experts, top_k, rflat_ptr, bounds_ptr, EB, CHUNK)
+
+
+def one_program_shape(total: int, experts: int) -> tuple[int, int] | None:
+    """(EB, CHUNK) of the one-program table, or None when the chunked sort is the better one:
+    more than SMALL_ROUTING entries, or more than _ONE_PROGRAM_STEPS one-hot steps per pass."""
+    eb = max(triton.next_power_of_2(experts), 2)
+    chunk = max(1, min(triton.next_power_of_2(max(total, 1)), _ONE_HOT_CELLS // eb))
+    if total > SMALL_ROUTING or triton.cdiv(total, chunk) > _ONE_PROGRAM_STEPS:
+        return None
+    return eb, chunk
+
+
+def _ranked_table(topk_ids: torch.Tensor, experts: int, shape: tuple[int, int]) -> RoutingTable:
     total = topk_ids.numel()
     rflat = torch.empty(total, dtype=torch.int32, device=topk_ids.device)
     bounds = torch.empty(experts + 1, dtype=torch.int32, device=topk_ids.device)
-    grid = (triton.cdiv(max(total, experts + 1), _RANK_BLOCK),)
-    _ranked_kernel[grid](topk_ids, total, experts, topk_ids.shape[1], rflat, bounds,
-                         BLOCK=_RANK_BLOCK, CHUNK=_RANK_CHUNK)
+    _ranked_kernel[(1,)](topk_ids, total, experts, topk_ids.shape[1], rflat, bounds, EB=shape[0], CHUNK=shape[1],
+                         num_warps=RANK_WARPS)
     return RoutingTable(rflat, bounds)
 
 
@@ -208,28 +239,32 @@ class RowTiles:
 
 @jit
 def _tile_map_kernel(ends_ptr, experts, tile_rows, partial, row_start_ptr, expert_ptr, local_ptr,
-                     slots, BLOCK: tl.constexpr):
-    """Slot s → (first row, expert, expert-local index) of the s-th row tile; −1 past the end."""
+                     slots, BLOCK: tl.constexpr, EB: tl.constexpr):
+    """Slot s → (first row, expert, expert-local index) of the s-th row tile; −1 past the end.
+    Every expert's tile count and first tile come from one vector load of the ends and a scan;
+    a slot's expert is the number of experts whose tiles end at or before it (no serial walk)."""
     slot = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    row_start = tl.full((BLOCK,), -1, tl.int32)
-    expert = tl.full((BLOCK,), 0, tl.int32)
-    local = tl.full((BLOCK,), 0, tl.int32)
-    start = 0
-    first_tile = 0
-    for w in range(experts):
-        end = tl.load(ends_ptr + w)
-        rows = end - start
-        tiles = tl.where(partial != 0, (rows + tile_rows - 1) // tile_rows, rows // tile_rows)
-        mine = (slot >= first_tile) & (slot < first_tile + tiles)
-        row_start = tl.where(mine, start + tile_rows * (slot - first_tile), row_start)
-        expert = tl.where(mine, w, expert)
-        local = tl.where(mine, slot - first_tile, local)
-        first_tile += tiles
-        start = end
+    w = tl.arange(0, EB)
+    ends = tl.load(ends_ptr + w, mask=w < experts, other=0)
+    starts = tl.load(ends_ptr + w - 1, mask=(w >= 1) & (w < experts), other=0)
+    rows = tl.where(w < experts, ends - starts, 0)
+    tiles = tl.where(partial != 0, (rows + tile_rows - 1) // tile_rows, rows // tile_rows)
+    tile_end = tl.associative_scan(tiles, 0, tl.standard._sum_combine)
+    expert = tl.reduce((tile_end[None, :] <= slot[:, None]).to(tl.int32), 1, tl.standard._sum_combine)
+    mine = w[None, :] == expert[:, None]
+    local = slot - tl.reduce(tl.where(mine, tile_end - tiles, 0), 1, tl.standard._sum_combine)
+    first_row = tl.reduce(tl.where(mine, starts, 0), 1, tl.standard._sum_combine) + tile_rows * local
+    used = slot < tl.reduce(tiles, 0, tl.standard._sum_combine)
     live = slot < slots
-    tl.store(row_start_ptr + slot, row_start, mask=live)
-    tl.store(expert_ptr + slot, expert, mask=live)
-    tl.store(local_ptr + slot, local, mask=live)
+    tl.store(row_start_ptr + slot, tl.where(used, first_row, -1), mask=live)
+    tl.store(expert_ptr + slot, tl.where(used, expert, 0), mask=live)
+    tl.store(local_ptr + slot, tl.where(used, local, 0), mask=live)
+
+
+def map_block(experts: int) -> tuple[int, int]:
+    """(slots a program, EB) of the tile map: ≤ _MAP_CELLS (slot, expert) cells a program."""
+    eb = max(triton.next_power_of_2(experts), 2)
+    return max(16, min(_MAP_BLOCK, _MAP_CELLS // eb)), eb
 
 
 def row_tiles(table: RoutingTable, tile_rows: int = 4, partial: bool = False) -> RowTiles:
@@ -242,7 +277,8 @@ def row_tiles(table: RoutingTable, tile_rows: int = 4, partial: bool = False) ->
     total = table.rflat.shape[0]
     slots = total // tile_rows + (table.experts if partial else 0)
     out = torch.empty((3, max(slots, 1)), dtype=torch.int32, device=table.offsets.device)
-    _tile_map_kernel[(triton.cdiv(max(slots, 1), _MAP_BLOCK),)](
+    block, eb = map_block(table.experts)
+    _tile_map_kernel[(triton.cdiv(max(slots, 1), block),)](
         table.offsets, table.experts, tile_rows, int(partial), out[0], out[1], out[2], slots,
-        BLOCK=_MAP_BLOCK)
+        BLOCK=block, EB=eb)
     return RowTiles(out[0, :slots], out[1, :slots], out[2, :slots])
