@@ -182,6 +182,12 @@ def test_keys_and_seeds_match_reference():
         seed = ref_transcript.seed_a(hash_a, sb, ref_transcript.key_a(header76), p, routing)
         assert [digest(keys[i:i + 1]) for i in range(4)] == [
             hash_a, seed, ref_transcript.noise_line_key(seed), ref_transcript.jackpot_key(seed)]
+        lines = 70 if routing else 3  # the fused E_A: more lines than one 64-lane step, and fewer
+        fused, e_a = dev_transcript.launch_keys_and_noise(
+            message, len(p), (words(root_codes), words(root_scales)), tuple(map(words, routing)) if routing else None,
+            lines)
+        assert torch.equal(fused, keys)
+        assert np.array_equal(e_a.view(torch.uint8).numpy(), ref_noise.noise_lines(seed, "A", "E", np.arange(lines)))
     with pytest.raises(ValueError, match="seedA message"):
         dev_transcript.launch_keys(message, 13, (words(root_codes), words(root_scales)), None)
 

@@ -41,15 +41,9 @@ def _pick_word(j, w0, w1, w2, w3, w4, w5, w6, w7):
 
 
 @jit
-def _noise_kernel(key_ptr, lines_ptr, out_ptr, count, address, target, LANES: tl.constexpr,
-                  FIRST_LINES: tl.constexpr):
-    lane = tl.program_id(0) * LANES + tl.arange(0, LANES)
-    live = lane < count
-    if FIRST_LINES:  # lines 0 .. count − 1: no index tensor
-        line = lane.to(tl.int64)
-    else:
-        line = tl.load(lines_ptr + lane, mask=live, other=0)
-    k0, k1, k2, k3, k4, k5, k6, k7 = load_words8(key_ptr + lane * 0, live)
+def noise_codes(k0, k1, k2, k3, k4, k5, k6, k7, line, address, target, LANES: tl.constexpr):
+    """e4m3 codes (LANES, 32) int32 of the lines `line` (int64 lanes) under the key words (lane
+    tensors). Shared by the noise kernel and the fused launch-keys kernel (transcript.py)."""
     zero = tl.full((LANES,), 0, tl.uint32)
     m0 = (address + ((line & 0xFFFF) << 16)).to(tl.uint32)
     m1 = ((line >> 16) & 0xFFFF).to(tl.uint32)
@@ -68,15 +62,38 @@ def _noise_kernel(key_ptr, lines_ptr, out_ptr, count, address, target, LANES: tl
     root_bf16 = _rne_bf16(root.to(tl.float32).to(tl.int32, bitcast=True)).to(tl.float32, bitcast=True)
     scale = _rne_bf16(tl.math.div_rn(tl.full((LANES,), 0.0, tl.float32) + target, root_bf16).to(tl.int32, bitcast=True))
     entry = _rne_bf16((sample.to(tl.float32) * scale.to(tl.float32, bitcast=True)[:, None]).to(tl.int32, bitcast=True))
-    code = _e4m3_code(entry)
-    tl.store(out_ptr + lane.to(tl.int64)[:, None] * 32 + j, code.to(tl.uint8), mask=live[:, None])
+    return _e4m3_code(entry)
+
+
+@jit
+def _noise_kernel(key_ptr, lines_ptr, out_ptr, count, address, target, LANES: tl.constexpr,
+                  FIRST_LINES: tl.constexpr):
+    lane = tl.program_id(0) * LANES + tl.arange(0, LANES)
+    live = lane < count
+    if FIRST_LINES:  # lines 0 .. count − 1: no index tensor
+        line = lane.to(tl.int64)
+    else:
+        line = tl.load(lines_ptr + lane, mask=live, other=0)
+    k0, k1, k2, k3, k4, k5, k6, k7 = load_words8(key_ptr + lane * 0, live)
+    code = noise_codes(k0, k1, k2, k3, k4, k5, k6, k7, line, address, target, LANES)
+    tl.store(out_ptr + lane.to(tl.int64)[:, None] * 32 + tl.arange(0, 32)[None, :], code.to(tl.uint8),
+             mask=live[:, None])
+
+
+def address(side: str, factor: str) -> int:
+    """The first message word's side/factor bytes of a noise line."""
+    if side not in SIDES or factor not in FACTORS:
+        raise NoiseError(f"side must be 'A'/'B' and factor 'E'/'F', got {side!r}, {factor!r}")
+    return SIDES[side] | (FACTORS[factor] << 8)
+
+
+TARGET = float(NOISE_TARGET_NORM * 32)  # 32 · the target norm: the scale numerator
 
 
 def noise_lines(key: torch.Tensor, side: str, factor: str, lines: torch.Tensor | int) -> torch.Tensor:
     """(N, 32) e4m3 noise lines under a side's noise-line key (1, 8): for the line indices in
     `lines`, or for lines 0 .. lines − 1 when `lines` is an int (what every operand uses)."""
-    if side not in SIDES or factor not in FACTORS:
-        raise NoiseError(f"side must be 'A'/'B' and factor 'E'/'F', got {side!r}, {factor!r}")
+    where = address(side, factor)
     if key.dtype != torch.int32 or key.shape != (1, 8):
         raise NoiseError(f"the noise-line key must be (1, 8) int32 words, got {key.dtype} {tuple(key.shape)}")
     first_lines = isinstance(lines, int)
@@ -85,6 +102,6 @@ def noise_lines(key: torch.Tensor, side: str, factor: str, lines: torch.Tensor |
     out = torch.empty((count, 32), dtype=torch.uint8, device=key.device)
     if count:
         _noise_kernel[(triton.cdiv(count, _LANES),)](
-            key.contiguous(), index, out, count, SIDES[side] | (FACTORS[factor] << 8),
-            float(NOISE_TARGET_NORM * 32), LANES=_LANES, FIRST_LINES=first_lines, enable_fp_fusion=False)
+            key.contiguous(), index, out, count, where, TARGET, LANES=_LANES, FIRST_LINES=first_lines,
+            enable_fp_fusion=False)
     return out.view(torch.float8_e4m3fn)

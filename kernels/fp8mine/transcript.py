@@ -24,11 +24,14 @@ from kernels.int7.blake3 import (chunk_chaining_value, compress, compress_block,
 from proof.fp8.params import HashId
 from proof.fp8.transcript import LABEL_PREFIX, subkey
 
+from . import noise
 from .hashing import HashError, as_bytes, constant_bytes, constant_words, hash_short
+from .noise import noise_codes
 
 _DIGEST_WORDS = 8
 _MAX_P_A = 32  # pA is padded to one digest slot of the seedA message
 _LANES = 16  # the launch-keys program's width (lanes 0/1 carry the two label subkeys)
+_LINE_LANES = 64  # noise lines a step of the launch-keys program (decode: 64 rows, one step)
 
 DEVICE_LEAF = HashId.CHUNK_1024
 
@@ -107,8 +110,10 @@ def _fold_lanes(c0, c1, c2, c3, c4, c5, c6, c7, count, whole, k0, k1, k2, k3, k4
             tl.gather(c0, right, 0), tl.gather(c1, right, 0), tl.gather(c2, right, 0), tl.gather(c3, right, 0),
             tl.gather(c4, right, 0), tl.gather(c5, right, 0), tl.gather(c6, right, 0), tl.gather(c7, right, 0),
             zero, flags)
-        c0, c1, c2, c3 = tl.where(paired, p0, l0), tl.where(paired, p1, l1), tl.where(paired, p2, l2), tl.where(paired, p3, l3)
-        c4, c5, c6, c7 = tl.where(paired, p4, l4), tl.where(paired, p5, l5), tl.where(paired, p6, l6), tl.where(paired, p7, l7)
+        c0, c1, c2, c3 = (tl.where(paired, p0, l0), tl.where(paired, p1, l1), tl.where(paired, p2, l2),
+                          tl.where(paired, p3, l3))
+        c4, c5, c6, c7 = (tl.where(paired, p4, l4), tl.where(paired, p5, l5), tl.where(paired, p6, l6),
+                          tl.where(paired, p7, l7))
         n = (n + 1) // 2
     return c0, c1, c2, c3, c4, c5, c6, c7
 
@@ -149,8 +154,9 @@ def _forest_kernel(key_ptr, p0, p1, p2, p3, w0, w1, w2, w3, n0, n1, n2, n3, g1, 
         base, chunk, _pick4(tree, w0, w1, w2, w3), chunk < chunks, k0, k1, k2, k3, k4, k5, k6, k7, last_flags)
     whole = chunks <= LANES
     k0, k1, k2, k3, k4, k5, k6, k7 = load_words8(key_ptr, pid >= 0)
-    c0, c1, c2, c3, c4, c5, c6, c7 = _fold_lanes(c0, c1, c2, c3, c4, c5, c6, c7, tl.minimum(chunks - group * LANES, LANES),
-                                                 whole, k0, k1, k2, k3, k4, k5, k6, k7, LEVELS)
+    live_chunks = tl.minimum(chunks - group * LANES, LANES)
+    c0, c1, c2, c3, c4, c5, c6, c7 = _fold_lanes(c0, c1, c2, c3, c4, c5, c6, c7, live_chunks, whole,
+                                                 k0, k1, k2, k3, k4, k5, k6, k7, LEVELS)
     out = tl.where(whole, roots_ptr + tree * 8, nodes_ptr + pid.to(tl.int64) * 8) + lane * 0
     store_words8(out, c0, c1, c2, c3, c4, c5, c6, c7, lane == 0)
     tl.debug_barrier()  # every thread's stores come before the release below
@@ -269,11 +275,13 @@ def key_a_of(message: torch.Tensor) -> torch.Tensor:
 @jit
 def _launch_keys_kernel(roots_codes_ptr, roots_scales_ptr, hr_ptr, ho_ptr, msg_ptr, key_a_offset,
                         seed_key_ptr, labels_ptr, label_len0, label_len1, seed_blocks, seed_bytes,
-                        out_ptr, ROUTED: tl.constexpr, LANES: tl.constexpr):
-    """HA, seedA, Subkey("noise-line", seedA), Subkey("jackpot", seedA) into out (4, 8).
+                        out_ptr, lines_ptr, lines, address, target, ROUTED: tl.constexpr, LANES: tl.constexpr,
+                        LINE_LANES: tl.constexpr):
+    """HA, seedA, Subkey("noise-line", seedA), Subkey("jackpot", seedA) into out (4, 8), then
+    the first `lines` noise lines (e4m3, 32 bytes each) under the noise-line key into lines_ptr.
 
     All lanes compute the same HA and seedA (lane 0 stores); lanes 0 and 1 then derive the two
-    label subkeys in one compression."""
+    label subkeys in one compression; the lines take LINE_LANES at a time."""
     lane = tl.arange(0, LANES)
     every = lane >= 0
     first = lane == 0
@@ -312,6 +320,14 @@ def _launch_keys_kernel(roots_codes_ptr, roots_scales_ptr, hr_ptr, ho_ptr, msg_p
         c0, c1, c2, c3, c4, c5, c6, c7,
         m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15, 0, label_len, 27)
     store_words8(out_ptr + 16 + pick * 8, s0, s1, s2, s3, s4, s5, s6, s7, lane < 2)
+    tl.debug_barrier()  # the noise-line key is in memory before the lines read it
+    line_lane = tl.arange(0, LINE_LANES)
+    k0, k1, k2, k3, k4, k5, k6, k7 = load_words8(out_ptr + 16 + line_lane * 0, line_lane >= 0)
+    for first in range(0, lines, LINE_LANES):
+        line = (first + line_lane).to(tl.int64)
+        code = noise_codes(k0, k1, k2, k3, k4, k5, k6, k7, line, address, target, LINE_LANES)
+        tl.store(lines_ptr + line[:, None] * 32 + tl.arange(0, 32)[None, :], code.to(tl.uint8),
+                 mask=(line < lines)[:, None])
 
 
 def launch_keys(message: torch.Tensor, p_a_len: int, roots: tuple[torch.Tensor, torch.Tensor],
@@ -319,6 +335,14 @@ def launch_keys(message: torch.Tensor, p_a_len: int, roots: tuple[torch.Tensor, 
     """(4, 8) int32 rows HA, seedA, noise-line key, jackpot key from the plane roots (codes,
     scales), the routing roots (HR, HO) or None (dense), and the job's `seed_a_message` (pA of
     `p_a_len` bytes), whose head this writes. One launch, no host sync."""
+    return launch_keys_and_noise(message, p_a_len, roots, routing, 0)[0]
+
+
+def launch_keys_and_noise(message: torch.Tensor, p_a_len: int, roots: tuple[torch.Tensor, torch.Tensor],
+                          routing: tuple[torch.Tensor, torch.Tensor] | None,
+                          lines: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`launch_keys` and E_A = noise.noise_lines(keys[2:3], "A", "E", lines) in the same launch
+    (the noise-line key never leaves the program): (keys (4, 8) int32, E_A (lines, 32) e4m3)."""
     routed = routing is not None
     words = seed_a_message_words(routed)
     if message.dtype != torch.int32 or tuple(message.shape) != (1, words):
@@ -330,11 +354,13 @@ def launch_keys(message: torch.Tensor, p_a_len: int, roots: tuple[torch.Tensor, 
         raise HashError(f"pA is at most {_MAX_P_A} bytes, got {p_a_len}")
     seed_bytes = (message.shape[1] - _MAX_P_A // 4) * 4 + p_a_len
     out = torch.empty((4, _DIGEST_WORDS), dtype=torch.int32, device=device)
+    e_lines = torch.empty((lines, 32), dtype=torch.uint8, device=device)
     hr, ho = routing if routed else roots
     _launch_keys_kernel[(1,)](
         roots[0].contiguous(), roots[1].contiguous(), hr.contiguous(), ho.contiguous(), message,
         _key_a_offset(message),
         constant_words(subkey("seed-A"), device), labels,
         len(LABEL_PREFIX) + len("noise-line"), len(LABEL_PREFIX) + len("jackpot"),
-        -(-seed_bytes // 64), seed_bytes, out, ROUTED=routed, LANES=_LANES)
-    return out
+        -(-seed_bytes // 64), seed_bytes, out, e_lines, lines, noise.address("A", "E"), noise.TARGET,
+        ROUTED=routed, LANES=_LANES, LINE_LANES=_LINE_LANES, enable_fp_fusion=False)
+    return out, e_lines.view(torch.float8_e4m3fn)
