@@ -4,7 +4,7 @@ then one fp32 add per accumulator register; the noisy-quantization kernel has no
 multiply-add; the pre-quantization (+ the fused decode rows kernel), row-scales, row-norms,
 noise-line, tile-map, lottery, payload, A-peel (+ split-k combine), peel/unscale (decode, the prefill
 column loop, row-shifted), plane-forest (one launch),
-launch-keys (+ E_A), routing (decode rank; prefill counts, prefixes, bounds, scatter) and short-hash kernels compile."""
+launch-keys (+ E_A), routing (decode one-program table; prefill counts, prefixes, bounds, scatter) and short-hash kernels compile."""
 import os
 import re
 import subprocess
@@ -59,16 +59,18 @@ SCRIPT = textwrap.dedent("""
             "k": "i32", "recip_127": "fp32", "magic": "fp32", "X_BF16": "constexpr", "BR": "constexpr",
             "BB": "constexpr"}, constexprs={"X_BF16": x_bf16, "BR": prequant_kernel._ROWS, "BB": prequant_kernel._BLOCKS}),
             target=target, options={"enable_fp_fusion": False, "num_warps": prequant_kernel._WARPS})
-    for rows, shifted in ((16, False), (64, False), (16, True)):
+    for rows, shifted, right_only in ((16, False, False), (64, False, False), (16, True, False),
+                                      (32, True, True)):
         shape = peel.peel_shape(rows, 1056, 4096)  # decode, and the GLM-5 prefill's 3-stage loop
         peeled = triton.compile(ASTSource(fn=peel._peel_unscale_kernel, signature={
             "acc_ptr": "*fp32", "shift_ptr": "*i32" if shifted else "*fp32", "rflat_ptr": "*i32",
             "a_peel_ptr": "*i16", "alpha_a_ptr": "*i16", "b_peel_ptr": "*i16", "alpha_b_ptr": "*i16",
             "tile_row_ptr": "*i32", "tile_expert_ptr": "*i32", "bounds_ptr": "*i32", "out_ptr": "*i16",
             "n": "i32", "acc_rows": "i32", "BR": "constexpr", "BN": "constexpr", "STEPS": "constexpr",
-            "STAGES": "constexpr", "SHIFTED": "constexpr"},
+            "STAGES": "constexpr", "SHIFTED": "constexpr", "RIGHT_ONLY": "constexpr"},
             constexprs={"BR": rows, "BN": shape.cols, "STEPS": shape.steps, "STAGES": shape.stages,
-                        "SHIFTED": shifted}, attrs=ALIGNED(13)), target=target, options={"num_warps": shape.warps})
+                        "SHIFTED": shifted, "RIGHT_ONLY": right_only}, attrs=ALIGNED(13)),
+            target=target, options={"num_warps": shape.warps})
         if rows == 64:
             print("PEEL-BEGIN")
             print(peeled.asm["ptx"])
@@ -112,11 +114,11 @@ SCRIPT = textwrap.dedent("""
         "fresh_ptr": "*i32", **{f"{name}{i}": kind for i in range(4) for name, kind in
                                 (("src", "*i32"), ("dst", "*i32"), ("n", "i32"))},
         "BLOCK": "constexpr"}, constexprs={"BLOCK": 1024}), target=target)
-    for ids in ("*i32", "*i64"):
+    for ids, eb, chunk in (("*i32", 32, 512), ("*i64", 256, 64), ("*i64", 1024, 16)):
         triton.compile(ASTSource(fn=routing._ranked_kernel, signature={
             "ids_ptr": ids, "total": "i32", "experts": "i32", "top_k": "i32", "rflat_ptr": "*i32",
-            "bounds_ptr": "*i32", "BLOCK": "constexpr", "CHUNK": "constexpr"},
-            constexprs={"BLOCK": 64, "CHUNK": 128}), target=target)
+            "bounds_ptr": "*i32", "EB": "constexpr", "CHUNK": "constexpr"},
+            constexprs={"EB": eb, "CHUNK": chunk}), target=target, options={"num_warps": routing.RANK_WARPS})
     for ids in ("*i32", "*i64"):
         for eb in (32, 1024):
             triton.compile(ASTSource(fn=routing._chunk_counts_kernel, signature={
@@ -135,10 +137,12 @@ SCRIPT = textwrap.dedent("""
         triton.compile(ASTSource(fn=routing._bounds_kernel, signature={
             "totals_ptr": "*i32", "experts": "i32", "total": "i32", "bounds_ptr": "*i32", "EB": "constexpr"},
             constexprs={"EB": eb}), target=target)
-    triton.compile(ASTSource(fn=routing._tile_map_kernel, signature={
-        "ends_ptr": "*i32", "experts": "i32", "tile_rows": "i32", "partial": "i32", "row_start_ptr": "*i32",
-        "expert_ptr": "*i32", "local_ptr": "*i32", "slots": "i32", "BLOCK": "constexpr"},
-        constexprs={"BLOCK": 256}), target=target)
+    for experts in (32, 1024):
+        block, eb = routing.map_block(experts)
+        triton.compile(ASTSource(fn=routing._tile_map_kernel, signature={
+            "ends_ptr": "*i32", "experts": "i32", "tile_rows": "i32", "partial": "i32", "row_start_ptr": "*i32",
+            "expert_ptr": "*i32", "local_ptr": "*i32", "slots": "i32", "BLOCK": "constexpr", "EB": "constexpr"},
+            constexprs={"BLOCK": block, "EB": eb}), target=target)
     for rows, blocks in (norms_kernel.block_shape(768), (16, 64)):  # k = 6144: one step; k > 8192: passes
         triton.compile(ASTSource(fn=norms_kernel._norms_kernel, signature={
             "codes_ptr": "*i8", "scales_ptr": "*i16", "l2_ptr": "*i16", "linf_ptr": "*i16", "num_rows": "i32",
