@@ -111,9 +111,9 @@ SCRIPT = textwrap.dedent("""
     print(mined.asm["ptx"])
     print("LOTTERY-END")
     triton.compile(ASTSource(fn=lottery._payload_kernel, signature={
-        "fresh_ptr": "*i32", **{f"{name}{i}": kind for i in range(4) for name, kind in
-                                (("src", "*i32"), ("dst", "*i32"), ("n", "i32"))},
-        "BLOCK": "constexpr"}, constexprs={"BLOCK": 1024}), target=target)
+        "fresh_ptr": "*i32", "done_ptr": "*i32", **{f"{name}{i}": kind for i in range(4) for name, kind in
+                                                    (("src", "*i32"), ("dst", "*i32"), ("n", "i32"))},
+        "clear": "i32", "BLOCK": "constexpr"}, constexprs={"BLOCK": lottery._PAYLOAD_BLOCK}), target=target)
     for ids, eb, chunk in (("*i32", 32, 512), ("*i64", 256, 64), ("*i64", 1024, 16)):
         triton.compile(ASTSource(fn=routing._ranked_kernel, signature={
             "ids_ptr": ids, "total": "i32", "experts": "i32", "top_k": "i32", "rflat_ptr": "*i32",

@@ -445,6 +445,23 @@ def test_lottery_latches_the_planted_winner_and_matches_reference_tickets():
     assert latch.poll() is None
 
 
+def test_payload_copies_only_on_a_win_and_lowers_the_flag(monkeypatch):
+    """Five sources (two payload launches), programs striding over more words than one step: no
+    copy without a winner; on a win every word is copied, and the last program of the last
+    launch lowers `fresh` and resets its counter."""
+    monkeypatch.setattr(dev_lottery, "_PAYLOAD_BLOCK", 4)
+    monkeypatch.setattr(dev_lottery, "_PAYLOAD_PROGRAMS", 2)
+    sizes = {"a": 11, "b": 3, "c": 17, "d": 1, "e": 9}
+    latch = dev_lottery.LotteryLatch("cpu", {name: ((n,), torch.int32) for name, n in sizes.items()})
+    sources = {name: torch.arange(n, dtype=torch.int32) + 100 * i for i, (name, n) in enumerate(sizes.items())}
+    latch.capture(sources)
+    assert all(not latch.payload[name].any() for name in sizes)
+    latch.fresh.fill_(1)
+    latch.capture(sources)
+    assert all(torch.equal(latch.payload[name], sources[name]) for name in sizes)
+    assert int(latch.fresh) == 0 and int(latch._done) == 0
+
+
 def test_lottery_threshold_below_every_ticket_publishes_nothing():
     acc = torch.randn(8, 64)
     tiles = dev_routing.row_tiles(dev_routing.dense_table(8, "cpu"))

@@ -36,6 +36,7 @@ CODES_BYTES, SCALES_BYTES, LAYER_ID = 8, 9, 10
 TARGET, HASH_A, HASH_B, MAGIC_AT, GROUP_ID, TICKET = 12, 20, 28, 36, 38, 40
 
 _PAYLOAD_COPIES = 4  # word ranges per payload launch
+_PAYLOAD_PROGRAMS = 32  # the payload programs stride over the words (decode: 3 steps, only on a win)
 _PAYLOAD_BLOCK = 1024
 
 
@@ -192,27 +193,32 @@ def _shifted_lottery_kernel(acc_ptr, n, tile_row_ptr, tile_expert_ptr, tile_loca
 
 
 @jit
-def _copy_words(src_ptr, dst_ptr, nwords, offs):
-    live = offs < nwords
-    tl.store(dst_ptr + offs, tl.load(src_ptr + offs, mask=live), mask=live)
+def _copy_words(src_ptr, dst_ptr, nwords, first, stride, BLOCK: tl.constexpr):
+    """Words first, first + stride, … (BLOCK at a time) of src → dst."""
+    offs = tl.arange(0, BLOCK)
+    for start in range(first, nwords, stride):
+        live = start + offs < nwords
+        tl.store(dst_ptr + start + offs, tl.load(src_ptr + start + offs, mask=live), mask=live)
 
 
 @jit
-def _payload_kernel(fresh_ptr, src0, dst0, n0, src1, dst1, n1, src2, dst2, n2, src3, dst3, n3,
-                    BLOCK: tl.constexpr):
-    """Copy up to four src → dst word ranges (program_id(1) picks one) only in the launch whose
-    winner raised `fresh`: one launch for the whole payload."""
+def _payload_kernel(fresh_ptr, done_ptr, src0, dst0, n0, src1, dst1, n1, src2, dst2, n2, src3, dst3, n3,
+                    clear, BLOCK: tl.constexpr):
+    """Copy up to four src → dst word ranges (the programs stride over each) only in the launch
+    whose winner raised `fresh`; with `clear`, the last program to finish (an acq_rel counter,
+    reset by it) lowers `fresh` — no separate fill launch behind the payload."""
     if tl.load(fresh_ptr) != 0:
-        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        which = tl.program_id(1)
-        if which == 0:
-            _copy_words(src0, dst0, n0, offs)
-        elif which == 1:
-            _copy_words(src1, dst1, n1, offs)
-        elif which == 2:
-            _copy_words(src2, dst2, n2, offs)
-        else:
-            _copy_words(src3, dst3, n3, offs)
+        first = tl.program_id(0) * BLOCK
+        stride = tl.num_programs(0) * BLOCK
+        _copy_words(src0, dst0, n0, first, stride, BLOCK)
+        _copy_words(src1, dst1, n1, first, stride, BLOCK)
+        _copy_words(src2, dst2, n2, first, stride, BLOCK)
+        _copy_words(src3, dst3, n3, first, stride, BLOCK)
+    if clear != 0:
+        tl.debug_barrier()  # every thread has read `fresh` before the release below
+        if tl.atomic_add(done_ptr, 1, sem="acq_rel") == tl.num_programs(0) - 1:
+            tl.store(fresh_ptr, 0)
+            tl.store(done_ptr, 0)
 
 
 @dataclass(frozen=True)
@@ -263,6 +269,7 @@ class LotteryLatch:
         self.payload = {name: torch.zeros(shape, dtype=dtype, device=self.device)
                         for name, (shape, dtype) in payload_shapes.items()}
         self.header = torch.zeros(16, dtype=torch.int32, device=self.device)
+        self._done = torch.zeros(1, dtype=torch.int32, device=self.device)  # the payload's program count
 
     def set_header(self, m: int, n: int, k: int, layer_id: int, codes_bytes: int, scales_bytes: int) -> None:
         """The launch-shape words a winner copies into its record (words 1..10, magic)."""
@@ -308,14 +315,14 @@ class LotteryLatch:
         `fresh` (conditional kernels, no host sync), then lower the flag."""
         copies = [(src.contiguous().view(torch.int32).view(-1), self.payload[name].view(torch.int32).view(-1))
                   for name, src in sources.items()]
-        for first in range(0, len(copies), _PAYLOAD_COPIES):
+        for first in range(0, max(len(copies), 1), _PAYLOAD_COPIES):
             group = copies[first:first + _PAYLOAD_COPIES]
             args = [arg for src, dst in group for arg in (src, dst, src.numel())]
             args += [self.fresh, self.fresh, 0] * (_PAYLOAD_COPIES - len(group))
-            longest = max(src.numel() for src, _ in group)
-            _payload_kernel[(max(1, triton.cdiv(longest, _PAYLOAD_BLOCK)), len(group))](
-                self.fresh, *args, BLOCK=_PAYLOAD_BLOCK)
-        self.fresh.zero_()
+            longest = max([src.numel() for src, _ in group], default=0)
+            programs = min(max(1, triton.cdiv(longest, _PAYLOAD_BLOCK)), _PAYLOAD_PROGRAMS)
+            _payload_kernel[(programs,)](self.fresh, self._done, *args, int(first + _PAYLOAD_COPIES >= len(copies)),
+                                         BLOCK=_PAYLOAD_BLOCK)
 
     def publish(self) -> None:
         """Copy the record to the host: the body first, STATUS last (stream-ordered)."""
