@@ -96,11 +96,12 @@ def _commit_seed(q_ptr, key_ptr, sb_ptr, salt_ptr, nodes_ptr, sa_ptr, inst, word
 @jit
 def _noise_columns(q_ptr, sa_ptr, label_ptr, u_ptr, first_ptr, second_ptr, out_ptr, inst, c_begin,
                    c_end, K, u_blocks, R: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr,
-                   LANES: tl.constexpr, copy_ptr=None, COPY: tl.constexpr = 0):
+                   LANES: tl.constexpr, copy_ptr=None, COPY: tl.constexpr = 0, STAGES: tl.constexpr = 1):
     """Instance `inst`, columns [c_begin, c_end) (a multiple of 8 wide): the PRNG blocks of P_A
     there and of U_A (into this program's scratch: U_A at u_ptr, P_A in the instance's K-long
     first/second), a CTA barrier, then A' over its BR rows × those columns in BC-wide steps
-    (COPY: the clean rows also to copy_ptr, laid out like q)."""
+    (COPY: the clean rows also to copy_ptr, laid out like q; STAGES 2: the next step's index
+    vectors and x are prefetched (cp.async) while this step gathers U)."""
     lane = tl.arange(0, LANES)
     first_inst = first_ptr + inst * K
     second_inst = second_ptr + inst * K
@@ -116,7 +117,7 @@ def _noise_columns(q_ptr, sa_ptr, label_ptr, u_ptr, first_ptr, second_ptr, out_p
         store_uniform(u_ptr, block, BR * R, live & (b >= p_blocks), w0, w1, w2, w3, w4, w5, w6, w7)
     tl.debug_barrier()  # the factors this program wrote are read back by its other threads
     rows = tl.arange(0, BR).to(tl.int64)
-    for c0 in range(c_begin, c_end, BC):
+    for c0 in tl.range(c_begin, c_end, BC, num_stages=STAGES):
         ks = c0 + tl.arange(0, BC)
         noised_rows(q_ptr + inst * BR * K, u_ptr, first_inst, second_inst, out_ptr + inst * BR * K, rows,
                     ks, ks < K, K, R, copy_ptr + inst * BR * K, COPY)
@@ -175,7 +176,7 @@ def _side_chain_kernel(q_words_ptr, q_ptr, key_ptr, sb_ptr, salt_ptr, nodes_ptr,
                  chunks, nodes_per_instance, BR, SALTED, LANES)
     tl.debug_barrier()
     _noise_columns(q_ptr, sa_ptr, label_ptr, u_ptr + inst * (BR * R), first_ptr, second_ptr, out_ptr,
-                   inst, 0, K, K, u_blocks, R, BR, BC, LANES, copy_ptr, COPY)
+                   inst, 0, K, K, u_blocks, R, BR, BC, LANES, copy_ptr, COPY, 2)
     if MARK:
         tl.store(valid_ptr + inst, valid_rows)
 
