@@ -18,7 +18,7 @@ import numpy as np
 import torch
 import triton.language as tl
 
-from kernels.int7._jit import jit
+from kernels.int7._jit import INTERPRETING, jit
 from kernels.int7.blake3 import (chunk_chaining_value, compress, compress_block, keyed_trees, load_words8,
                                  store_words8)
 from proof.fp8.params import HashId
@@ -133,8 +133,17 @@ def _load_words8_l2(ptr, mask):
 
 
 @jit
+def _prefetch_l2(ptr):
+    """Start moving the 128-byte line holding each lane's address into L2 (sm_90 PTX; no result
+    is waited on). The CPU interpreter has no inline assembly: PREFETCH is off there."""
+    return tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptr],
+                                     dtype=tl.int32, is_pure=False, pack=1)
+
+
+@jit
 def _forest_kernel(key_ptr, p0, p1, p2, p3, w0, w1, w2, w3, n0, n1, n2, n3, g1, g2, g3, programs,
-                   nodes_ptr, roots_ptr, counter_ptr, LANES: tl.constexpr, LEVELS: tl.constexpr):
+                   nodes_ptr, roots_ptr, counter_ptr, LANES: tl.constexpr, LEVELS: tl.constexpr,
+                   PREFETCH: tl.constexpr):
     """Roots of up to four planes' trees in one launch. Program p hashes an aligned group of
     LANES chunks of one tree (tree t's groups are programs g_t.., g_0 = 0; w_t words, n_t chunks)
     and folds them to the group's subtree node in registers; a one-group tree's node is its root.
@@ -149,9 +158,13 @@ def _forest_kernel(key_ptr, p0, p1, p2, p3, w0, w1, w2, w3, n0, n1, n2, n3, g1, 
     k0, k1, k2, k3, k4, k5, k6, k7 = load_words8(key_ptr + lane * 0, every)
     base = _pick4(tree, p0 + lane * 0, p1 + lane * 0, p2 + lane * 0, p3 + lane * 0)
     chunk = group * LANES + lane
+    words = _pick4(tree, w0, w1, w2, w3)
+    if PREFETCH:  # all 8 lines of the lane's chunk at once: the 16-block chain then waits on L2, not HBM
+        for line in tl.static_range(8):
+            _prefetch_l2(base + tl.minimum(chunk.to(tl.int64) * 256 + 32 * line, words - 1))
     last_flags = tl.where(chunks == 1, 8, 0)  # ROOT on a one-chunk tree's only chunk
     c0, c1, c2, c3, c4, c5, c6, c7 = chunk_chaining_value(
-        base, chunk, _pick4(tree, w0, w1, w2, w3), chunk < chunks, k0, k1, k2, k3, k4, k5, k6, k7, last_flags)
+        base, chunk, words, chunk < chunks, k0, k1, k2, k3, k4, k5, k6, k7, last_flags)
     whole = chunks <= LANES
     k0, k1, k2, k3, k4, k5, k6, k7 = load_words8(key_ptr, pid >= 0)
     live_chunks = tl.minimum(chunks - group * LANES, LANES)
@@ -199,7 +212,7 @@ def _forest_roots(key: torch.Tensor, planes: list[torch.Tensor]) -> torch.Tensor
     roots = torch.empty((_FOREST_TREES, 8), dtype=torch.int32, device=device)
     _forest_kernel[(programs,)](
         key, *words, *counts, *chunks, *starts[1:4], programs, nodes, roots, _counter(device, _stream_id(device)),
-        LANES=_FOREST_LANES, LEVELS=_FOREST_LEVELS, num_warps=_FOREST_LANES // 32)
+        LANES=_FOREST_LANES, LEVELS=_FOREST_LEVELS, PREFETCH=not INTERPRETING, num_warps=_FOREST_LANES // 32)
     return roots[:len(planes)]
 
 
