@@ -60,6 +60,7 @@ _APPLY_STAGES = 3  # the A·P_B k loop's pipelining depth
 SIDE_WARPS = 4
 SIDE_WARPS_CHOICES = (2, 4, 8)
 _SIDE_STEP_BYTES_PER_THREAD = 32
+_SIDE_REGISTER_BUDGET = 16384  # what three decode GEMM programs (2 warps × 256) leave of 64 K
 
 
 class ASideError(ValueError):
@@ -297,4 +298,12 @@ def noised_a_side(q: torch.Tensor, s_b: torch.Tensor, key_words: torch.Tensor, *
         second, a_noised, a_noised if q_copy is None else q_copy, s_a if valid is None else valid, valid_rows,
         sizes["words_per_instance"], sizes["chunks"], sizes["nodes_per_instance"], k, rows * rank // 32,
         SALTED=int(salted), R=rank, BR=rows, BC=side_columns(rows, warps), LANES=32 * warps,
-        COPY=int(q_copy is not None), MARK=int(valid is not None), num_warps=warps, num_stages=1)
+        COPY=int(q_copy is not None), MARK=int(valid is not None), num_warps=warps, num_stages=1,
+        maxnreg=_side_registers(warps))
+
+
+def _side_registers(warps: int) -> int | None:
+    """A register cap that keeps a side program within _SIDE_REGISTER_BUDGET (Triton 3.6 gives the
+    4-warp chain exactly 128, 3.9 gives 96); None at 8 warps, which cannot fit without spilling."""
+    cap = _SIDE_REGISTER_BUDGET // (32 * warps)
+    return min(cap, 255) if cap >= 128 else None
