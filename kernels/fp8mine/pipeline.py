@@ -163,15 +163,14 @@ def prepare_a(x: torch.Tensor, seed_message: torch.Tensor, p_a_len: int, state: 
 
     seed_message: the job's `transcript.seed_a_message` (keyA inside; its head is written here).
     """
-    codes, scales, values = prequant.prequantize_and_open(x)
-    l2, linf = prequant.row_norms(codes, scales)
+    rows = quant.prepare_rows(x)
     key_a = transcript.key_a_of(seed_message)
-    roots = transcript.plane_roots(key_a, [codes, scales] + ([table.rflat, table.offsets] if table is not None else []))
+    planes = [rows.codes, rows.scales] + ([table.rflat, table.offsets] if table is not None else [])
+    roots = transcript.plane_roots(key_a, planes)
     routing = (roots[2], roots[3]) if table is not None else None
-    keys = transcript.launch_keys(seed_message, p_a_len, (roots[0], roots[1]), routing)
-    e_a = noise.noise_lines(keys[2:3], "A", "E", x.shape[0])
-    side, _ = quant.noisy_quantize(values, l2, linf, e_a, state.f_a)
-    return ASide(codes, scales, keys, side, a_peel(side, state.f_b))
+    keys, e_a = transcript.launch_keys_and_noise(seed_message, p_a_len, (roots[0], roots[1]), routing, x.shape[0])
+    side, _ = quant.noisy_side(rows.values, rows.alpha, rows.beta, e_a, state.f_a)
+    return ASide(rows.codes, rows.scales, keys, side, a_peel(side, state.f_b))
 
 
 @dataclass
