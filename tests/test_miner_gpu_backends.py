@@ -120,10 +120,12 @@ def test_int7_moe_backend_mines_same_launch_and_its_winner_verifies():
 
 
 @pytest.mark.slow
-def test_int7_dense_decode_mines_lagged_within_one_job_and_its_winner_verifies():
+def test_int7_dense_decode_mines_lagged_within_one_job_and_its_winner_verifies(monkeypatch):
     """Every tile wins at LOOSE: a launch that hashed rows would latch a winner. The first launch
     of a job's pass mines nothing; rows served under the old job are not mined under the new one;
-    the next launch mines (and credits) the previous launch's rows, and that winner verifies."""
+    the next launch mines (and credits) the previous launch's rows, and that winner verifies.
+    (The layer is tiny, so the weight-bytes floor for lagging is lifted.)"""
+    monkeypatch.setattr("miner.gpu.int7.LAGGED_MIN_WEIGHT_BYTES", 0)
     n = 32
     x, ids, w13 = _inputs(n, 6, seed=5)
     x2, ids2, _ = _inputs(n, 6, seed=7)
@@ -139,7 +141,9 @@ def test_int7_dense_decode_mines_lagged_within_one_job_and_its_winner_verifies()
     changed = _launch(backend, x2, ids2)  # the old job's pending rows are gone with its passes
     _check_int7_output(changed, x2, ids2, w13)
     assert (changed.credited_work, changed.tickets, changed.winners) == (0, 0, [])
-    result = _mine(backend, x, ids)  # mines x2's rows
+    hashed = _launch(backend, x2, ids2)  # its GEMM hashes x2's rows; their tickets are drawn next
+    assert (hashed.credited_work, hashed.tickets, hashed.winners) == (0, 0, [])
+    result = _mine(backend, x, ids)  # draws the tickets of x2's rows
     _check_int7_output(result, x, ids, w13)
     assert result.credited_work == sum(c - c % 2 for c in _counts(ids2)) * n * K
     assert result.tickets == EXPERTS * (16 // 2) * (n // 32)  # dense: tiles as wide as N = 32
@@ -161,9 +165,10 @@ def _check_fp8_output(result, x, ids, w13) -> None:
 @pytest.mark.slow
 def test_fp8_decode_mines_lagged_within_one_job_and_its_winner_verifies():
     """16 tokens · top 2 over 4 experts: 8 rows per expert, a lagged decode launch. Every tile wins:
-    a launch that hashed rows would latch a winner. The first launch mines nothing; rows served
-    under the old job are not mined under the new one (set_job empties the lag buffers); the next
-    launch mines and credits the previous launch's rows, and that winner verifies."""
+    a launch that drew tickets would latch a winner. The first launch mines nothing; rows served
+    under the old job are not mined under the new one (set_job empties the lag buffers); a
+    launch's GEMM hashes the previous launch's rows and the launch after draws their tickets, so
+    the third launch of the job credits the first one's rows, and that winner verifies."""
     n = 64
     x, ids, w13 = _inputs(n, 16, seed=6)
     x2, ids2, _ = _inputs(n, 16, seed=8)
@@ -181,7 +186,9 @@ def test_fp8_decode_mines_lagged_within_one_job_and_its_winner_verifies():
     changed = _launch(backend, x2, ids2)
     _check_fp8_output(changed, x2, ids2, w13)
     assert (changed.credited_work, changed.tickets, changed.winners) == (0, 0, [])
-    result = _mine(backend, x, ids)  # mines x2's rows
+    hashed = _launch(backend, x2, ids2)  # its GEMM hashes x2's rows; their tickets are drawn next
+    assert (hashed.credited_work, hashed.tickets, hashed.winners) == (0, 0, [])
+    result = _mine(backend, x, ids)  # draws the tickets of x2's rows
     _check_fp8_output(result, x, ids, w13)
     counts = _counts(ids2)
     assert result.credited_work == sum(c - c % 4 for c in counts) * n * K

@@ -87,12 +87,17 @@ def test_lagged_decode_knob_reaches_the_backends():
     assert worker_factory("cpu")(Mode.INT7_MOE, 0, _Layer().cfg).lagged_decode
 
 
-@pytest.mark.parametrize("moe,rows,k,lagged", [(False, 16, 2048, True), (False, 64, 2048, True),
-                                               (False, 128, 2048, False),  # prefill: same-launch
-                                               (False, 48, 2048, False),  # no fused A side at M 48
-                                               (True, 16, 2048, False)])  # MoE: the pipeline refuses lagged
-def test_int7_lags_dense_decode_shapes_only(moe, rows, k, lagged):
-    assert int7_lagged_applies(moe, rows, k) == lagged
+_GLM5_FC1 = (32, 4096, 6144)  # 805 MB of int8 weights a launch: the GEMM hides the side chain
+_QWEN3_FC1 = (16, 3072, 4096)  # 201 MB: the side chain outlasts the GEMM
+
+
+@pytest.mark.parametrize("moe,rows,shape,lagged", [(False, 16, _GLM5_FC1, True), (False, 64, _GLM5_FC1, True),
+                                                   (False, 128, _GLM5_FC1, False),  # prefill: same-launch
+                                                   (False, 48, _GLM5_FC1, False),  # no fused A side at M 48
+                                                   (False, 16, _QWEN3_FC1, False),  # too few weight bytes
+                                                   (True, 16, _GLM5_FC1, False)])  # MoE: the pipeline refuses lagged
+def test_int7_lags_dense_decode_shapes_only(moe, rows, shape, lagged):
+    assert int7_lagged_applies(moe, rows, shape) == lagged
 
 
 @pytest.mark.parametrize("tokens,top_k,experts,lagged", [(16, 8, 256, True), (1024, 8, 256, True),

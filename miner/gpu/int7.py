@@ -50,10 +50,17 @@ MAX_PASSES = 8  # launch shapes kept per job (each holds static buffers)
 INT7_LIMIT = 64  # operands in [-64, 64] so that A + E_A fits int8
 
 
-def lagged_applies(moe: bool, rows: int, k: int) -> bool:
-    """Whether a launch of ``rows`` per expert mines lagged: dense decode shapes only (the fused
-    A side's row counts, where the serial A-side chain dominates; the pipeline refuses lagged MoE)."""
-    return not moe and fused_applies(rows, k, RANK)
+LAGGED_MIN_WEIGHT_BYTES = 512 << 20  # the GEMM must outlast the side chain it hides (~130 µs)
+
+
+def lagged_applies(moe: bool, rows: int, weights_shape: tuple[int, int, int]) -> bool:
+    """Whether a launch of ``rows`` per expert over (E, N, K) int8 weights mines lagged: dense
+    decode shapes only (the fused A side's row counts; the pipeline refuses lagged MoE), and only
+    where the GEMM streams enough weight bytes to hide the side stream's serial hash chain. On the
+    H200 the chain alone takes ~130 µs; GLM-5 FC1 (805 MB, GEMM 205 µs) gains (280 vs 305 µs),
+    Qwen3-235B FC1 (201 MB, GEMM 62 µs) loses (158 vs 122 µs) (docs/perf/int7-h200.md)."""
+    experts, n, k = weights_shape
+    return not moe and fused_applies(rows, k, RANK) and experts * n * k >= LAGGED_MIN_WEIGHT_BYTES
 
 
 def quantize_weights(weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -174,7 +181,7 @@ class GpuInt7Backend:
                 evicted = next(iter(self._passes))
                 self._passes.pop(evicted)
                 self._lag_credit.pop(evicted, None)
-            lagged = self.lagged_decode and lagged_applies(self.moe, plan.rows, device_job.bt.shape[2])
+            lagged = self.lagged_decode and lagged_applies(self.moe, plan.rows, tuple(device_job.bt.shape))
             mined = MinedPass(device_job, plan.rows, tokens=shape[1] if self.moe else None, lagged=lagged)
             self._passes[shape] = mined
         return shape, mined
