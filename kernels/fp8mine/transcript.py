@@ -18,8 +18,8 @@ import numpy as np
 import torch
 import triton.language as tl
 
-from kernels.int7._jit import INTERPRETING, jit
-from kernels.int7.blake3 import (chunk_chaining_value, compress, compress_block, keyed_trees, load_words8,
+from kernels.int7._jit import jit
+from kernels.int7.blake3 import (compress, compress_block, keyed_trees, load_words8,
                                  store_words8)
 from proof.fp8.params import HashId
 from proof.fp8.transcript import LABEL_PREFIX, subkey
@@ -87,29 +87,47 @@ def _pick4(index, v0, v1, v2, v3):
 
 
 @jit
+def _stack8(c0, c1, c2, c3, c4, c5, c6, c7):
+    """Eight lane tensors as one (lanes, 2, 2, 2) tile (one gather moves a whole node)."""
+    return tl.join(tl.join(tl.join(c0, c1), tl.join(c2, c3)), tl.join(tl.join(c4, c5), tl.join(c6, c7)))
+
+
+@jit
+def _unstack8(t):
+    """The eight lane tensors of `_stack8`."""
+    lo, hi = tl.split(t)
+    a, b = tl.split(lo)
+    c, d = tl.split(hi)
+    c0, c1 = tl.split(a)
+    c2, c3 = tl.split(b)
+    c4, c5 = tl.split(c)
+    c6, c7 = tl.split(d)
+    return c0, c1, c2, c3, c4, c5, c6, c7
+
+
+@jit
 def _fold_lanes(c0, c1, c2, c3, c4, c5, c6, c7, count, whole, k0, k1, k2, k3, k4, k5, k6, k7,
                 LEVELS: tl.constexpr):
-    """The subtree over the first `count` of 2^LEVELS lane nodes (an aligned group of one tree's
-    level): each level, lane i pairs nodes 2i and 2i+1 gathered in registers (an odd last node is
-    promoted), no memory round trip or barrier; ROOT on the last compression when the group is
-    the whole tree. The lanes keep their width (the upper ones compute copies: same latency).
-    Returns the node in lane 0 of each word."""
+    """The subtree over the first `count` (≤ 2^LEVELS) lane nodes (an aligned group of one tree's
+    level): each level, lane i pairs nodes 2i and 2i+1 (two gathers of whole nodes in registers;
+    an odd last node is promoted), no memory round trip or barrier; only the ceil(log2(count))
+    levels there are; ROOT on the last compression when the group is the whole tree. The lanes
+    keep their width (the upper ones compute copies: same latency). Returns the node in lane 0."""
     lane = tl.arange(0, 1 << LEVELS)
-    left = tl.minimum(2 * lane, (1 << LEVELS) - 1)
-    right = tl.minimum(2 * lane + 1, (1 << LEVELS) - 1)
+    tile_index = tl.full((1 << LEVELS, 2, 2, 2), 0, tl.int32)
+    left = tile_index + tl.minimum(2 * lane, (1 << LEVELS) - 1)[:, None, None, None]
+    right = tile_index + tl.minimum(2 * lane + 1, (1 << LEVELS) - 1)[:, None, None, None]
     zero = tl.full(lane.shape, 0, tl.uint32)
     n = count
-    for _ in range(LEVELS):
+    while n > 1:
         paired = 2 * lane + 1 < n
         flags = zero + tl.where(whole & (n == 2), 16 | 4 | 8, 16 | 4)  # KEYED_HASH | PARENT (| ROOT)
-        l0, l1, l2, l3 = tl.gather(c0, left, 0), tl.gather(c1, left, 0), tl.gather(c2, left, 0), tl.gather(c3, left, 0)
-        l4, l5, l6, l7 = tl.gather(c4, left, 0), tl.gather(c5, left, 0), tl.gather(c6, left, 0), tl.gather(c7, left, 0)
+        nodes = _stack8(c0, c1, c2, c3, c4, c5, c6, c7)
+        l0, l1, l2, l3, l4, l5, l6, l7 = _unstack8(tl.gather(nodes, left, 0))
+        r0, r1, r2, r3, r4, r5, r6, r7 = _unstack8(tl.gather(nodes, right, 0))
         p0, p1, p2, p3, p4, p5, p6, p7 = compress(
             zero + k0, zero + k1, zero + k2, zero + k3, zero + k4, zero + k5, zero + k6, zero + k7,
-            l0, l1, l2, l3, l4, l5, l6, l7,
-            tl.gather(c0, right, 0), tl.gather(c1, right, 0), tl.gather(c2, right, 0), tl.gather(c3, right, 0),
-            tl.gather(c4, right, 0), tl.gather(c5, right, 0), tl.gather(c6, right, 0), tl.gather(c7, right, 0),
-            zero, flags)
+            l0, l1, l2, l3, l4, l5, l6, l7, r0, r1, r2, r3, r4, r5, r6, r7, zero, flags)
         c0, c1, c2, c3 = (tl.where(paired, p0, l0), tl.where(paired, p1, l1), tl.where(paired, p2, l2),
                           tl.where(paired, p3, l3))
         c4, c5, c6, c7 = (tl.where(paired, p4, l4), tl.where(paired, p5, l5), tl.where(paired, p6, l6),
@@ -133,17 +151,65 @@ def _load_words8_l2(ptr, mask):
 
 
 @jit
-def _prefetch_l2(ptr):
-    """Start moving the 128-byte line holding each lane's address into L2 (sm_90 PTX; no result
-    is waited on). The CPU interpreter has no inline assembly: PREFETCH is off there."""
-    return tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptr],
-                                     dtype=tl.int32, is_pure=False, pack=1)
+def _halves(t, LANES: tl.constexpr, N: tl.constexpr):
+    """The even and odd columns of a (LANES, N) tile."""
+    return tl.split(tl.reshape(t, (LANES, N // 2, 2)))
+
+
+@jit
+def _block_tile(base, chunk, w, words, live, LANES: tl.constexpr):
+    """Words w..w+15 of every lane's chunk (base: a lane's plane pointer) as one (LANES, 16) tile:
+    a warp's load covers whole 64-byte runs of several chunks (a few cache lines a request, not
+    one line per lane and word); words at or past `words` read as zero."""
+    index = chunk.to(tl.int64)[:, None] * 256 + w + tl.arange(0, 16)[None, :]
+    return tl.load(base[:, None] + index, mask=live[:, None] & (index < words), other=0).to(tl.uint32, bitcast=True)
+
+
+@jit
+def _tile_words(tile, LANES: tl.constexpr):
+    """The 16 columns of a (LANES, 16) tile as lane tensors m0..m15 (the layout change goes
+    through shared memory once per block; each lane then holds its whole block in registers)."""
+    e, o = _halves(tile, LANES, 16)  # words 2j, 2j+1
+    e0, e1 = _halves(e, LANES, 8)  # 4j, 4j+2
+    o0, o1 = _halves(o, LANES, 8)  # 4j+1, 4j+3
+    a0, a1 = _halves(e0, LANES, 4)  # 8j, 8j+4
+    b0, b1 = _halves(e1, LANES, 4)  # 8j+2, 8j+6
+    c0, c1 = _halves(o0, LANES, 4)  # 8j+1, 8j+5
+    d0, d1 = _halves(o1, LANES, 4)  # 8j+3, 8j+7
+    m0, m8 = tl.split(a0)
+    m4, m12 = tl.split(a1)
+    m2, m10 = tl.split(b0)
+    m6, m14 = tl.split(b1)
+    m1, m9 = tl.split(c0)
+    m5, m13 = tl.split(c1)
+    m3, m11 = tl.split(d0)
+    m7, m15 = tl.split(d1)
+    return m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15
+
+
+@jit
+def _chunk_chain(base, chunk, words, live, k0, k1, k2, k3, k4, k5, k6, k7, last_flags, LANES: tl.constexpr):
+    """Keyed chaining value of each lane's 1024-byte chunk: 16 dependent compressions, each
+    block loaded as a coalesced tile one step ahead so its latency overlaps the compression."""
+    c0, c1, c2, c3, c4, c5, c6, c7 = k0, k1, k2, k3, k4, k5, k6, k7
+    counter = chunk.to(tl.uint32)
+    ahead = _block_tile(base, chunk, 0, words, live, LANES)
+    for block in range(16):
+        tile = ahead
+        ahead = _block_tile(base, chunk, 16 * block + 16, words, live & (block < 15), LANES)
+        m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15 = _tile_words(tile, LANES)
+        start = tl.where(block == 0, 1, 0)  # CHUNK_START
+        end = tl.where(block == 15, 2 | last_flags, 0)  # CHUNK_END (| ROOT for a one-chunk tree)
+        flags = tl.full(counter.shape, 16, tl.uint32) | (start | end)
+        c0, c1, c2, c3, c4, c5, c6, c7 = compress(
+            c0, c1, c2, c3, c4, c5, c6, c7,
+            m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15, counter, flags)
+    return c0, c1, c2, c3, c4, c5, c6, c7
 
 
 @jit
 def _forest_kernel(key_ptr, p0, p1, p2, p3, w0, w1, w2, w3, n0, n1, n2, n3, g1, g2, g3, programs,
-                   nodes_ptr, roots_ptr, counter_ptr, LANES: tl.constexpr, LEVELS: tl.constexpr,
-                   PREFETCH: tl.constexpr):
+                   nodes_ptr, roots_ptr, counter_ptr, LANES: tl.constexpr, LEVELS: tl.constexpr):
     """Roots of up to four planes' trees in one launch. Program p hashes an aligned group of
     LANES chunks of one tree (tree t's groups are programs g_t.., g_0 = 0; w_t words, n_t chunks)
     and folds them to the group's subtree node in registers; a one-group tree's node is its root.
@@ -159,12 +225,9 @@ def _forest_kernel(key_ptr, p0, p1, p2, p3, w0, w1, w2, w3, n0, n1, n2, n3, g1, 
     base = _pick4(tree, p0 + lane * 0, p1 + lane * 0, p2 + lane * 0, p3 + lane * 0)
     chunk = group * LANES + lane
     words = _pick4(tree, w0, w1, w2, w3)
-    if PREFETCH:  # all 8 lines of the lane's chunk at once: the 16-block chain then waits on L2, not HBM
-        for line in tl.static_range(8):
-            _prefetch_l2(base + tl.minimum(chunk.to(tl.int64) * 256 + 32 * line, words - 1))
     last_flags = tl.where(chunks == 1, 8, 0)  # ROOT on a one-chunk tree's only chunk
-    c0, c1, c2, c3, c4, c5, c6, c7 = chunk_chaining_value(
-        base, chunk, words, chunk < chunks, k0, k1, k2, k3, k4, k5, k6, k7, last_flags)
+    c0, c1, c2, c3, c4, c5, c6, c7 = _chunk_chain(
+        base, chunk, words, chunk < chunks, k0, k1, k2, k3, k4, k5, k6, k7, last_flags, LANES)
     whole = chunks <= LANES
     k0, k1, k2, k3, k4, k5, k6, k7 = load_words8(key_ptr, pid >= 0)
     live_chunks = tl.minimum(chunks - group * LANES, LANES)
@@ -212,7 +275,7 @@ def _forest_roots(key: torch.Tensor, planes: list[torch.Tensor]) -> torch.Tensor
     roots = torch.empty((_FOREST_TREES, 8), dtype=torch.int32, device=device)
     _forest_kernel[(programs,)](
         key, *words, *counts, *chunks, *starts[1:4], programs, nodes, roots, _counter(device, _stream_id(device)),
-        LANES=_FOREST_LANES, LEVELS=_FOREST_LEVELS, PREFETCH=not INTERPRETING, num_warps=_FOREST_LANES // 32)
+        LANES=_FOREST_LANES, LEVELS=_FOREST_LEVELS, num_warps=_FOREST_LANES // 32)
     return roots[:len(planes)]
 
 
