@@ -1,7 +1,8 @@
 """CPU compile check (no GPU needed: Triton's ptxas): the windowed FP8 GEMM compiles for sm_90 into
 the Hopper model's structure — four K = 32 e4m3 WGMMAs per 128-k window, the first zero-initialised,
 then one fp32 add per accumulator register; the noisy-quantization kernel has no contracted
-multiply-add; the pre-quantization (+ the fused decode rows kernel), row-scales, row-norms,
+multiply-add (and forms the A side's noise dot as one fresh K = 32 WGMMA); the pre-quantization
+(+ the fused decode rows kernel), row-scales, row-norms,
 noise-line, tile-map, lottery, payload, A-peel (+ split-k combine), peel/unscale (decode, the prefill
 column loop, row-shifted), plane-forest (one launch),
 launch-keys (+ E_A), routing (decode one-program table; prefill counts, prefixes, bounds, scatter) and short-hash kernels compile."""
@@ -35,14 +36,16 @@ SCRIPT = textwrap.dedent("""
         "a_ptr": "*u8", "b_ptr": "*u8", "out_ptr": "*fp32", "tile_row_ptr": "*i32", "tile_expert_ptr": "*i32",
         "ends_ptr": "*i32", "n": "i32", "k": "i32", "BM": "constexpr", "BN": "constexpr"},
         constexprs={"BM": 128, "BN": 128}), target=target, options={"num_warps": 8})  # the prefill tile
-    noisy = triton.compile(ASTSource(fn=noisy_kernel._noisy_kernel, signature={
-        "x_ptr": "*i16", "noise_ptr": "*fp32", "alpha_ptr": "*i16", "beta_ptr": "*i16", "out_ptr": "*u8",
-        "rows": "i32", "k": "i32", "BR": "constexpr", "BC": "constexpr"},
-        constexprs={"BR": noisy_kernel._NOISY_ROWS, "BC": noisy_kernel._NOISY_COLS},
-        attrs=ALIGNED(7)), target=target, options={"enable_fp_fusion": False})
-    print("NOISY-BEGIN")
-    print(noisy.asm["ptx"])
-    print("NOISY-END")
+    for dot, rows, cols in ((False, noisy_kernel._NOISY_ROWS, noisy_kernel._NOISY_COLS),
+                            (True, noisy_kernel._DOT_ROWS, noisy_kernel._DOT_COLS)):
+        noisy = triton.compile(ASTSource(fn=noisy_kernel._noisy_kernel, signature={
+            "x_ptr": "*i16", "noise_ptr": "*fp32", "e_ptr": "*u8", "f_ptr": "*u8", "alpha_ptr": "*i16",
+            "beta_ptr": "*i16", "out_ptr": "*u8", "rows": "i32", "k": "i32", "BR": "constexpr", "BC": "constexpr",
+            "DOT": "constexpr"}, constexprs={"BR": rows, "BC": cols, "DOT": dot},
+            attrs=ALIGNED(9)), target=target, options={"enable_fp_fusion": False})
+        print("NOISYDOT-BEGIN" if dot else "NOISY-BEGIN")
+        print(noisy.asm["ptx"])
+        print("NOISYDOT-END" if dot else "NOISY-END")
     triton.compile(ASTSource(fn=noisy_kernel._row_scales_kernel, signature={
         "l2_ptr": "*i16", "linf_ptr": "*i16", "alpha_ptr": "*i16", "beta_ptr": "*i16", "rows": "i32",
         "delta_r": "fp32", "delta_over_std": "fp32", "BLOCK": "constexpr"}, constexprs={"BLOCK": 1024}),
@@ -202,6 +205,17 @@ def test_noisy_kernel_has_no_contracted_multiply_add(compiled):
     loads = re.findall(r"ld\.global[\w.]*", ptx)
     assert not [op for op in loads if op.endswith(".b32") and ".v" not in op]  # noise and X: vectors
     assert re.findall(r"st\.global[\w.]*", ptx) == ["st.global.v4.b32"]
+
+
+def test_noisy_kernel_forms_the_noise_dot_as_one_fresh_k32_wgmma(compiled):
+    """The A side's codes launch: one m64n64k32 e4m3 WGMMA from +0 (scale-d 0, the model's one
+    group) then one RNE add to +0 per accumulator register, and no contracted multiply-add."""
+    ptx = compiled.split("NOISYDOT-BEGIN")[1].split("NOISYDOT-END")[0]
+    wgmma = [line for line in ptx.splitlines() if "wgmma.mma_async" in line]
+    assert len(wgmma) == 1 and "m64n64k32.f32.e4m3.e4m3" in wgmma[0]
+    assert wgmma[0].rsplit(",", 3)[-3].strip() == "0"
+    assert len(re.findall(r"^\s*add\.rn\.f32\s+%r\d+, %r\d+, 0f00000000;", ptx, flags=re.M)) == 64 * 64 // 128
+    assert not re.search(r"\bfma\.rn\.f(32|64)", ptx)
 
 
 def test_prefill_peel_prefetches_accumulator_tiles(compiled):

@@ -318,6 +318,32 @@ def test_noisy_quantize_matches_reference():
                                  torch.from_numpy(f).view(torch.float8_e4m3fn))
 
 
+
+def test_noisy_codes_forming_the_noise_dot_in_the_launch():
+    """The A side's codes launch forms N = E·Fᵀ itself (one K = 32 e4m3 dot per tile; 64 × 128
+    tiles, ragged rows and columns). The interpreter's dot is exact where the model's 14-bit
+    window is (small-integer lines: |Σ| < 2^11), so this checks the tile's data flow; the
+    device's rounding of larger sums is the GEMM's, checked on the H200. noisy_side (the CPU
+    path through the model's N) gives the same codes as noisy_quantize."""
+    from kernels.fp8mine import noisy_kernel
+    rng = np.random.default_rng(9)
+    rows, k = 70, 160
+    x = (rng.standard_normal((rows, k)) * np.exp2(rng.integers(-8, 8, (rows, 1)))).astype(np.float32)
+    codes, scales = ref_prequant.prequantize(x)
+    values = ref_prequant.open_values(codes, scales)
+    l2, linf = ref_prequant.row_norms(codes, scales)
+    small = np.array([0x00, 0x38, 0x40, 0x44, 0xB8, 0xC0, 0xC4, 0x48], dtype=np.uint8)  # 0, ±1, ±2, ±3, 4
+    e, f = rng.choice(small, (rows, 32)), rng.choice(small, (k, 32))
+    want = ref_quant.noisy_quantize("hopper", values, l2, linf, e, f)
+    side, none = dev_quant.noisy_side(bf16_tensor(values), bf16_tensor(want.alpha), bf16_tensor(want.beta),
+                                      torch.from_numpy(e).view(torch.float8_e4m3fn),
+                                      torch.from_numpy(f).view(torch.float8_e4m3fn))
+    assert none is None and np.array_equal(side.codes.view(torch.uint8).numpy(), want.codes)
+    got = noisy_kernel.noisy_codes_of_lines(bf16_tensor(want.alpha), bf16_tensor(want.beta), bf16_tensor(values),
+                                            torch.from_numpy(e).view(torch.float8_e4m3fn),
+                                            torch.from_numpy(f).view(torch.float8_e4m3fn))
+    assert np.array_equal(got.view(torch.uint8).numpy(), want.codes)
+
 # ---------------------------------------------------------------------------------- routing, matmul
 
 def test_routing_table_matches_reference_and_tiles():
@@ -507,21 +533,24 @@ def test_peel_recovers_the_denoised_product():
     assert float((out.float() - want).norm() / want.norm()) < 2e-2
 
 
-@pytest.mark.parametrize("split_k, wide", [(True, False), (False, False), (False, True)])
-def test_a_peel_and_routed_peel_match_the_formula(split_k, wide, monkeypatch):
-    """The A peel kernel (split over k plus the combine pass, or one pass with 16- or 64-row
-    blocks) and the peel pass with
-    rows in expert order (tiles never straddle an expert; A peel rows and α_A gathered through
-    Rflat) against the formula in torch."""
+@pytest.mark.parametrize("split_k, rows, wide", [(True, 64, False), (True, 16, False), (False, 64, False),
+                                                  (False, 64, True)])
+def test_a_peel_and_routed_peel_match_the_formula(split_k, rows, wide, monkeypatch):
+    """The A peel kernel (split over k, the last program of each row block adding the partials
+    — run twice, so the counters are back at zero — or one pass; 16- or 64-row blocks, F_B codes
+    or values) and the peel pass with rows in expert order (tiles never straddle an expert; A
+    peel rows and α_A gathered through Rflat) against the formula in torch."""
     from kernels.fp8mine import peel
     from kernels.fp8mine.peel import a_peel, peel_and_unscale
     from kernels.fp8mine.quant import NoisySide
     if not split_k:
-        monkeypatch.setattr(peel, "_A_PEEL_PROGRAMS", 1)
+        monkeypatch.setattr(peel, "_A_PEEL_DECODE_PROGRAMS", 1)
+    if rows == 16:  # the middle sizes' row blocks
+        monkeypatch.setattr(peel, "_A_PEEL_DECODE_ROWS", 4)
     if wide:
         monkeypatch.setattr(peel, "_A_PEEL_WIDE_FROM", 1)
     assert (peel.a_peel_splits(12, 256, 128)[0] > 1) == split_k
-    assert peel.a_peel_rows(12) == (64 if wide else 16)
+    assert peel.a_peel_rows(12) == rows
     g = torch.Generator().manual_seed(4)
     tokens, top_k, experts, n_e, k = 12, 2, 3, 64, 256
     codes = (torch.randn(tokens, k, generator=g) * 40).to(torch.float8_e4m3fn)
@@ -530,6 +559,7 @@ def test_a_peel_and_routed_peel_match_the_formula(split_k, wide, monkeypatch):
     alpha = (torch.rand(tokens, generator=g) + 0.5).to(torch.bfloat16)
     f_b = (torch.randn(k, 32, generator=g) * 40).to(torch.float8_e4m3fn)
     peel_rows = a_peel(NoisySide(codes, alpha, beta, e_a), f_b)
+    assert torch.equal(a_peel(NoisySide(codes, alpha, beta, e_a), f_b), peel_rows)
     assert torch.equal(peel_rows[:, :32], (beta.float()[:, None] * e_a.float()).to(torch.bfloat16))
     right = (codes.float() @ f_b.float()).to(torch.bfloat16)
     assert torch.equal(peel_rows[:, 32:], right)  # exact products, fp32 sums of ≤ 2^24-scale terms

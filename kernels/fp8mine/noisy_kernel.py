@@ -21,6 +21,8 @@ from kernels.int7._jit import jit
 _BLOCK = 1024  # rows per row-scales program
 _NOISY_ROWS = 4  # noisy-codes tile: α, β once per row, 16-byte vector loads along k
 _NOISY_COLS = 512
+_DOT_ROWS = 64  # the tile when the kernel forms N itself: one m64nNk32 e4m3 WGMMA per tile
+_DOT_COLS = 64
 
 
 @jit
@@ -135,9 +137,24 @@ def _row_scales_kernel(l2_ptr, linf_ptr, alpha_ptr, beta_ptr, rows, delta_r, del
 
 
 @jit
-def _noisy_kernel(x_ptr, noise_ptr, alpha_ptr, beta_ptr, out_ptr, rows, k, BR: tl.constexpr, BC: tl.constexpr):
-    """BR rows × BC columns: α, β loaded once per row; the FMA in f32 (_fma_bf16_f32) unless a
-    product α·X of this tile is not exact in f32, then the whole tile takes the f64 path."""
+def _noise_dot(e_ptr, f_ptr, r, cols, live_r, live_c):
+    """N = E·Fᵀ of the tile (E (rows, 32), F (k, 32) e4m3 codes) as one K = 32 e4m3 MMA from +0,
+    then the fp32 promotion into a +0 total (the Hopper model's single-group window; a −0 window
+    becomes +0) — the same instructions the windowed GEMM's first window runs."""
+    kk = tl.arange(0, 32)
+    e = tl.load(e_ptr + r.to(tl.int64)[:, None] * 32 + kk[None, :], mask=live_r[:, None], other=0)
+    f = tl.load(f_ptr + cols.to(tl.int64)[:, None] * 32 + kk[None, :], mask=live_c[:, None], other=0)
+    window = tl.dot(e.to(tl.float8e4nv, bitcast=True), tl.trans(f.to(tl.float8e4nv, bitcast=True)))
+    return tl.fma(window, 1.0, tl.full(window.shape, 0.0, tl.float32))  # the RNE promotion, kept apart from the dot
+
+
+@jit
+def _noisy_kernel(x_ptr, noise_ptr, e_ptr, f_ptr, alpha_ptr, beta_ptr, out_ptr, rows, k, BR: tl.constexpr,
+                  BC: tl.constexpr, DOT: tl.constexpr):
+    """BR rows × BC columns: α, β loaded once per row; N read from noise_ptr, or with DOT formed
+    here from the E and F lines (no N in memory, no GEMM launch before this one); the FMA in f32
+    (_fma_bf16_f32) unless a product α·X of this tile is not exact in f32, then the whole tile
+    takes the f64 path."""
     r = tl.program_id(0) * BR + tl.arange(0, BR)
     cols = tl.program_id(1) * BC + tl.arange(0, BC)
     live_r = r < rows
@@ -146,7 +163,11 @@ def _noisy_kernel(x_ptr, noise_ptr, alpha_ptr, beta_ptr, out_ptr, rows, k, BR: t
     x = _bf16_of_bits(x_ptr, offs, live)
     alpha = _bf16_of_bits(alpha_ptr, r, live_r)[:, None]
     beta = _bf16_of_bits(beta_ptr, r, live_r)[:, None]
-    noise = _rne_bf16(tl.load(noise_ptr + offs, mask=live, other=0.0).to(tl.int32, bitcast=True))
+    if DOT:
+        dot = _noise_dot(e_ptr, f_ptr, r, cols, live_r, cols < k)
+    else:
+        dot = tl.load(noise_ptr + offs, mask=live, other=0.0)
+    noise = _rne_bf16(dot.to(tl.int32, bitcast=True))
     scaled = _rne_bf16((beta * noise.to(tl.float32, bitcast=True)).to(tl.int32, bitcast=True)).to(tl.float32, bitcast=True)
     leaves = tl.reduce(tl.reduce(_product_leaves_f32(alpha, x).to(tl.int32), 1, tl.standard._elementwise_max),
                        0, tl.standard._elementwise_max)
@@ -162,9 +183,25 @@ def noisy_codes(alpha: torch.Tensor, beta: torch.Tensor, x: torch.Tensor, noise:
     rows, k = x.shape
     out = torch.empty((rows, k), dtype=torch.uint8, device=x.device)
     grid = (triton.cdiv(rows, _NOISY_ROWS), triton.cdiv(k, _NOISY_COLS))
-    _noisy_kernel[grid](x.contiguous().view(torch.int16), noise.contiguous(), alpha.contiguous().view(torch.int16),
+    x16 = x.contiguous().view(torch.int16)
+    _noisy_kernel[grid](x16, noise.contiguous(), x16, x16, alpha.contiguous().view(torch.int16),
                         beta.contiguous().view(torch.int16), out, rows, k, BR=_NOISY_ROWS, BC=_NOISY_COLS,
-                        enable_fp_fusion=False)
+                        DOT=False, enable_fp_fusion=False)
+    return out.view(torch.float8_e4m3fn)
+
+
+def noisy_codes_of_lines(alpha: torch.Tensor, beta: torch.Tensor, x: torch.Tensor, e_lines: torch.Tensor,
+                         f_lines: torch.Tensor) -> torch.Tensor:
+    """`noisy_codes` with N = E·Fᵀ formed inside the launch from the e4m3 lines E (rows, 32) and
+    F (k, 32) — the A side, whose N nothing else reads. The tensor-core dot is the device's own
+    FP8 atom, so this is CUDA-only: the caller passes the model's N to `noisy_codes` elsewhere."""
+    rows, k = x.shape
+    out = torch.empty((rows, k), dtype=torch.uint8, device=x.device)
+    grid = (triton.cdiv(rows, _DOT_ROWS), triton.cdiv(k, _DOT_COLS))
+    x16 = x.contiguous().view(torch.int16)
+    _noisy_kernel[grid](x16, x16, e_lines.contiguous().view(torch.uint8), f_lines.contiguous().view(torch.uint8),
+                        alpha.contiguous().view(torch.int16), beta.contiguous().view(torch.int16), out, rows, k,
+                        BR=_DOT_ROWS, BC=_DOT_COLS, DOT=True, enable_fp_fusion=False, num_warps=4)
     return out.view(torch.float8_e4m3fn)
 
 

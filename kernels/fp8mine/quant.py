@@ -18,7 +18,7 @@ from proof.fp8.quantization import scale_constants
 
 from . import noisy_kernel, prequant, prequant_kernel
 from .matmul import matmul
-from .noisy_kernel import noisy_codes
+from .noisy_kernel import noisy_codes, noisy_codes_of_lines
 
 DELTA_R, DELTA_OVER_STD = scale_constants("hopper")
 
@@ -79,11 +79,16 @@ def noisy_quantize(x: torch.Tensor, l2: torch.Tensor, linf: torch.Tensor, e_line
     if x.dtype != torch.bfloat16 or e_lines.shape != (rows, 32) or f_lines.shape != (k, 32):
         raise QuantError(f"need x bf16 (rows, k), e_lines (rows, 32), f_lines (k, 32); got "
                          f"{x.dtype} {tuple(x.shape)}, {tuple(e_lines.shape)}, {tuple(f_lines.shape)}")
-    return noisy_side(x, *row_scales(l2, linf), e_lines, f_lines)
+    alpha, beta = row_scales(l2, linf)
+    noise = matmul(e_lines, f_lines)
+    return NoisySide(noisy_codes(alpha, beta, x, noise), alpha, beta, e_lines), noise
 
 
 def noisy_side(x: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor, e_lines: torch.Tensor,
-               f_lines: torch.Tensor) -> tuple[NoisySide, torch.Tensor]:
-    """`noisy_quantize` with (α, β) already in hand (`prepare_rows`): the noise dot and the codes."""
-    noise = matmul(e_lines, f_lines)
-    return NoisySide(noisy_codes(alpha, beta, x, noise), alpha, beta, e_lines), noise
+               f_lines: torch.Tensor) -> tuple[NoisySide, None]:
+    """`noisy_quantize` with (α, β) already in hand (`prepare_rows`), for a side whose N nothing
+    else reads (A): on CUDA the codes launch forms N itself (no GEMM launch, N never stored); on
+    the CPU the model's N feeds the same element op. The second item is always None."""
+    if x.is_cuda:
+        return NoisySide(noisy_codes_of_lines(alpha, beta, x, e_lines, f_lines), alpha, beta, e_lines), None
+    return NoisySide(noisy_codes(alpha, beta, x, matmul(e_lines, f_lines)), alpha, beta, e_lines), None
