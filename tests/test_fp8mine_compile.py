@@ -98,11 +98,11 @@ SCRIPT = textwrap.dedent("""
         triton.compile(ASTSource(fn=transcript._launch_keys_kernel, signature={
             "roots_codes_ptr": "*i32", "roots_scales_ptr": "*i32", "hr_ptr": "*i32", "ho_ptr": "*i32",
             "msg_ptr": "*i32", "key_a_offset": "i32", "seed_key_ptr": "*i32", "labels_ptr": "*i32",
-            "label_len0": "i32", "label_len1": "i32", "seed_blocks": "i32", "seed_bytes": "i32",
+            "label_len0": "i32", "label_len1": "i32", "seed_bytes": "i32",
             "out_ptr": "*i32", "lines_ptr": "*u8", "lines": "i32", "address": "i32", "target": "fp32",
-            "ROUTED": "constexpr", "LANES": "constexpr", "LINE_LANES": "constexpr"},
-            constexprs={"ROUTED": routed, "LANES": transcript._LANES, "LINE_LANES": transcript._LINE_LANES}),
-            target=target, options={"enable_fp_fusion": False})
+            "ROUTED": "constexpr", "LANES": "constexpr"},
+            constexprs={"ROUTED": routed, "LANES": transcript._LINE_LANES}),
+            target=target, options={"enable_fp_fusion": False, "num_warps": transcript._LINE_LANES // 32})
     for store, tiles in ((False, 32), (True, 32), (False, 128)):
         mined = triton.compile(ASTSource(fn=lottery._lottery_kernel, signature={
             "acc_ptr": "*i64", "n": "i32", "tile_row_ptr": "*i32", "tile_expert_ptr": "*i32",

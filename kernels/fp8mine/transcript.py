@@ -30,8 +30,7 @@ from .noise import noise_codes
 
 _DIGEST_WORDS = 8
 _MAX_P_A = 32  # pA is padded to one digest slot of the seedA message
-_LANES = 16  # the launch-keys program's width (lanes 0/1 carry the two label subkeys)
-_LINE_LANES = 64  # noise lines a step of the launch-keys program (decode: 64 rows, one step)
+_LINE_LANES = 64  # the launch-keys program's width: noise lines a step (decode: 64 rows, one step)
 
 DEVICE_LEAF = HashId.CHUNK_1024
 
@@ -349,59 +348,74 @@ def key_a_of(message: torch.Tensor) -> torch.Tensor:
 
 
 @jit
+def _load_words16(ptr, mask):
+    """Sixteen consecutive words (one message block) as uint32 lane tensors."""
+    m0, m1, m2, m3, m4, m5, m6, m7 = load_words8(ptr, mask)
+    m8, m9, m10, m11, m12, m13, m14, m15 = load_words8(ptr + 8, mask)
+    return m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15
+
+
+@jit
 def _launch_keys_kernel(roots_codes_ptr, roots_scales_ptr, hr_ptr, ho_ptr, msg_ptr, key_a_offset,
-                        seed_key_ptr, labels_ptr, label_len0, label_len1, seed_blocks, seed_bytes,
-                        out_ptr, lines_ptr, lines, address, target, ROUTED: tl.constexpr, LANES: tl.constexpr,
-                        LINE_LANES: tl.constexpr):
+                        seed_key_ptr, labels_ptr, label_len0, label_len1, seed_bytes,
+                        out_ptr, lines_ptr, lines, address, target, ROUTED: tl.constexpr, LANES: tl.constexpr):
     """HA, seedA, Subkey("noise-line", seedA), Subkey("jackpot", seedA) into out (4, 8), then
     the first `lines` noise lines (e4m3, 32 bytes each) under the noise-line key into lines_ptr.
 
-    All lanes compute the same HA and seedA (lane 0 stores); lanes 0 and 1 then derive the two
-    label subkeys in one compression; the lines take LINE_LANES at a time."""
+    Every input word is loaded up front (one round of independent loads); all lanes compute the
+    same chain in registers — HA, the seedA blocks (HA from registers, the job's tail from the
+    message: 3 blocks routed, 2 dense), both label subkeys (independent, interleaved) — so no
+    value goes through memory and back; lane 0 stores; the lines use the key in registers."""
     lane = tl.arange(0, LANES)
     every = lane >= 0
     first = lane == 0
-    k0, k1, k2, k3, k4, k5, k6, k7 = load_words8(msg_ptr + key_a_offset + lane * 0, every)
-    m0, m1, m2, m3, m4, m5, m6, m7 = load_words8(roots_codes_ptr + lane * 0, every)
-    m8, m9, m10, m11, m12, m13, m14, m15 = load_words8(roots_scales_ptr + lane * 0, every)
+    at = lane * 0
+    k0, k1, k2, k3, k4, k5, k6, k7 = load_words8(msg_ptr + key_a_offset + at, every)
+    m0, m1, m2, m3, m4, m5, m6, m7 = load_words8(roots_codes_ptr + at, every)
+    m8, m9, m10, m11, m12, m13, m14, m15 = load_words8(roots_scales_ptr + at, every)
+    s0, s1, s2, s3, s4, s5, s6, s7 = load_words8(seed_key_ptr + at, every)
+    tail = msg_ptr + (24 if ROUTED else 8) + at  # seedB ‖ keyA ‖ pA
+    t0, t1, t2, t3, t4, t5, t6, t7, t8, t9, t10, t11, t12, t13, t14, t15 = _load_words16(tail, every)
+    u0, u1, u2, u3, u4, u5, u6, u7 = load_words8(tail + 16, every)  # pA, the message's last words
+    a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15 = _load_words16(labels_ptr + at, every)
+    b0, b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15 = _load_words16(labels_ptr + 16 + at, every)
+    if ROUTED:
+        r0, r1, r2, r3, r4, r5, r6, r7 = load_words8(hr_ptr + at, every)
+        o0, o1, o2, o3, o4, o5, o6, o7 = load_words8(ho_ptr + at, every)
     h0, h1, h2, h3, h4, h5, h6, h7 = compress_block(
         k0, k1, k2, k3, k4, k5, k6, k7,
         m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15, 0, 64, 27)
-    store_words8(msg_ptr + lane * 0, h0, h1, h2, h3, h4, h5, h6, h7, first)
-    store_words8(out_ptr + lane * 0, h0, h1, h2, h3, h4, h5, h6, h7, first)
-    if ROUTED:
-        r0, r1, r2, r3, r4, r5, r6, r7 = load_words8(hr_ptr + lane * 0, every)
-        store_words8(msg_ptr + 8 + lane * 0, r0, r1, r2, r3, r4, r5, r6, r7, first)
-        o0, o1, o2, o3, o4, o5, o6, o7 = load_words8(ho_ptr + lane * 0, every)
-        store_words8(msg_ptr + 16 + lane * 0, o0, o1, o2, o3, o4, o5, o6, o7, first)
-    tl.debug_barrier()  # the head is in memory before any lane reads the message
-    c0, c1, c2, c3, c4, c5, c6, c7 = load_words8(seed_key_ptr + lane * 0, every)
-    for block in range(seed_blocks):
-        w = msg_ptr + block * 16 + lane * 0
-        m0, m1, m2, m3, m4, m5, m6, m7 = load_words8(w, every)
-        m8, m9, m10, m11, m12, m13, m14, m15 = load_words8(w + 8, every)
-        last = block == seed_blocks - 1
-        flags = (tl.where(block == 0, 17, 16) | tl.where(last, 10, 0)).to(tl.uint32)
-        block_len = tl.where(last, seed_bytes - 64 * (seed_blocks - 1), 64).to(tl.uint32)
-        c0, c1, c2, c3, c4, c5, c6, c7 = compress_block(
-            c0, c1, c2, c3, c4, c5, c6, c7,
-            m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15, 0, block_len, flags)
-    store_words8(out_ptr + 8 + lane * 0, c0, c1, c2, c3, c4, c5, c6, c7, first)
-    pick = tl.where(lane == 1, 1, 0)  # lane 0: noise-line label, lane 1: jackpot label
-    w = labels_ptr + pick * 16
-    m0, m1, m2, m3, m4, m5, m6, m7 = load_words8(w, every)
-    m8, m9, m10, m11, m12, m13, m14, m15 = load_words8(w + 8, every)
-    label_len = tl.where(lane == 1, label_len1, label_len0).to(tl.uint32)
-    s0, s1, s2, s3, s4, s5, s6, s7 = compress_block(
-        c0, c1, c2, c3, c4, c5, c6, c7,
-        m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15, 0, label_len, 27)
-    store_words8(out_ptr + 16 + pick * 8, s0, s1, s2, s3, s4, s5, s6, s7, lane < 2)
-    tl.debug_barrier()  # the noise-line key is in memory before the lines read it
-    line_lane = tl.arange(0, LINE_LANES)
-    k0, k1, k2, k3, k4, k5, k6, k7 = load_words8(out_ptr + 16 + line_lane * 0, line_lane >= 0)
-    for first in range(0, lines, LINE_LANES):
-        line = (first + line_lane).to(tl.int64)
-        code = noise_codes(k0, k1, k2, k3, k4, k5, k6, k7, line, address, target, LINE_LANES)
+    store_words8(msg_ptr + at, h0, h1, h2, h3, h4, h5, h6, h7, first)
+    store_words8(out_ptr + at, h0, h1, h2, h3, h4, h5, h6, h7, first)
+    last_len = seed_bytes - (128 if ROUTED else 64)
+    if ROUTED:  # HA ‖ HR | HO ‖ seedB | keyA ‖ pA
+        store_words8(msg_ptr + 8 + at, r0, r1, r2, r3, r4, r5, r6, r7, first)
+        store_words8(msg_ptr + 16 + at, o0, o1, o2, o3, o4, o5, o6, o7, first)
+        s0, s1, s2, s3, s4, s5, s6, s7 = compress_block(
+            s0, s1, s2, s3, s4, s5, s6, s7,
+            h0, h1, h2, h3, h4, h5, h6, h7, r0, r1, r2, r3, r4, r5, r6, r7, 0, 64, 17)
+        s0, s1, s2, s3, s4, s5, s6, s7 = compress_block(
+            s0, s1, s2, s3, s4, s5, s6, s7,
+            o0, o1, o2, o3, o4, o5, o6, o7, t0, t1, t2, t3, t4, t5, t6, t7, 0, 64, 16)
+    else:  # HA ‖ seedB | keyA ‖ pA
+        s0, s1, s2, s3, s4, s5, s6, s7 = compress_block(
+            s0, s1, s2, s3, s4, s5, s6, s7,
+            h0, h1, h2, h3, h4, h5, h6, h7, t0, t1, t2, t3, t4, t5, t6, t7, 0, 64, 17)
+    s0, s1, s2, s3, s4, s5, s6, s7 = compress_block(  # keyA ‖ pA, the last block
+        s0, s1, s2, s3, s4, s5, s6, s7,
+        t8, t9, t10, t11, t12, t13, t14, t15, u0, u1, u2, u3, u4, u5, u6, u7, 0, last_len, 16 | 10)
+    store_words8(out_ptr + 8 + at, s0, s1, s2, s3, s4, s5, s6, s7, first)
+    n0, n1, n2, n3, n4, n5, n6, n7 = compress_block(  # the noise-line label
+        s0, s1, s2, s3, s4, s5, s6, s7,
+        a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, 0, label_len0, 27)
+    j0, j1, j2, j3, j4, j5, j6, j7 = compress_block(  # the jackpot label
+        s0, s1, s2, s3, s4, s5, s6, s7,
+        b0, b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15, 0, label_len1, 27)
+    store_words8(out_ptr + 16 + at, n0, n1, n2, n3, n4, n5, n6, n7, first)
+    store_words8(out_ptr + 24 + at, j0, j1, j2, j3, j4, j5, j6, j7, first)
+    for start in range(0, lines, LANES):
+        line = (start + lane).to(tl.int64)
+        code = noise_codes(n0, n1, n2, n3, n4, n5, n6, n7, line, address, target, LANES)
         tl.store(lines_ptr + line[:, None] * 32 + tl.arange(0, 32)[None, :], code.to(tl.uint8),
                  mask=(line < lines)[:, None])
 
@@ -437,6 +451,6 @@ def launch_keys_and_noise(message: torch.Tensor, p_a_len: int, roots: tuple[torc
         _key_a_offset(message),
         constant_words(subkey("seed-A"), device), labels,
         len(LABEL_PREFIX) + len("noise-line"), len(LABEL_PREFIX) + len("jackpot"),
-        -(-seed_bytes // 64), seed_bytes, out, e_lines, lines, noise.address("A", "E"), noise.TARGET,
-        ROUTED=routed, LANES=_LANES, LINE_LANES=_LINE_LANES, enable_fp_fusion=False)
+        seed_bytes, out, e_lines, lines, noise.address("A", "E"), noise.TARGET,
+        ROUTED=routed, LANES=_LINE_LANES, num_warps=_LINE_LANES // 32, enable_fp_fusion=False)
     return out, e_lines.view(torch.float8_e4m3fn)
