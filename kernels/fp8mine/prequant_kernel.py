@@ -60,19 +60,31 @@ def _quantize_blocks(x, recip_127, magic):
 
 
 @jit
+def _row_bits(x_ptr, at, num_rows, k, offs, live):
+    """Row `at` of bf16 x (a (1,) tensor) as f32 bit patterns (1, BB, 8); zero past num_rows."""
+    base = at.to(tl.int64)[:, None, None] * k
+    return tl.load(x_ptr + base + offs, mask=live[:, :, None] & (at < num_rows)[:, None, None], other=0).to(tl.int32) << 16
+
+
+@jit
 def _rows_kernel(x_ptr, codes_ptr, scales_ptr, values_ptr, l2_ptr, linf_ptr, alpha_ptr, beta_ptr,
                  num_rows, k, wl2, recip_127, magic, delta_r, delta_over_std, BB: tl.constexpr):
     """Whole bf16 rows (k ≤ 8·BB) → planes, opened values, norms and (α, β), one row per step of
-    a program; the norms and scales read the planes from registers, not memory."""
+    a program; the norms and scales read the planes from registers, not memory. The next row's
+    x is loaded before this row's work, so its latency overlaps it (one wait a program, not one
+    a row)."""
     blocks = tl.arange(0, BB)
     nblocks = k // 8
     live = (blocks < nblocks)[None, :]
     offs = blocks[None, :, None] * 8 + tl.arange(0, 8)[None, None, :]
     first = tl.full((1,), 0, tl.int32)
-    for row in range(tl.program_id(0), num_rows, tl.num_programs(0)):
+    step = tl.num_programs(0)
+    ahead = _row_bits(x_ptr, first + tl.program_id(0), num_rows, k, offs, live)
+    for row in range(tl.program_id(0), num_rows, step):
         at = first + row
         base = at.to(tl.int64)[:, None, None] * k
-        bits = tl.load(x_ptr + base + offs, mask=live[:, :, None], other=0).to(tl.int32) << 16
+        bits = ahead
+        ahead = _row_bits(x_ptr, at + step, num_rows, k, offs, live)
         q, scale_bits, value = _quantize_blocks(bits.to(tl.float32, bitcast=True), recip_127, magic)
         tl.store(codes_ptr + base + offs, q.to(tl.int8), mask=live[:, :, None])
         tl.store(values_ptr + base + offs, value.to(tl.int16), mask=live[:, :, None])
