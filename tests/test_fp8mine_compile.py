@@ -78,16 +78,13 @@ SCRIPT = textwrap.dedent("""
             print("PEEL-BEGIN")
             print(peeled.asm["ptx"])
             print("PEEL-END")
-    for split, rows, f_values in ((False, 16, False), (True, 16, False), (False, 64, True)):
+    for rows, f_values in ((64, False), (16, False), (64, True)):
         triton.compile(ASTSource(fn=peel._a_peel_kernel, signature={
             "codes_ptr": "*u8", "beta_ptr": "*i16", "e_ptr": "*u8", "f_b_ptr": "*fp32" if f_values else "*u8",
-            "out_ptr": "*i16", "partial_ptr": "*fp32" if split else "*i16", "rows": "i32", "k": "i32",
-            "k_per_split": "i32", "BR": "constexpr", "BK": "constexpr", "SPLIT": "constexpr", "F_VALUES": "constexpr"},
-            constexprs={"BR": rows, "BK": 128, "SPLIT": split, "F_VALUES": f_values}), target=target,
+            "out_ptr": "*i16", "partial_ptr": "*fp32", "counter_ptr": "*i32", "rows": "i32", "k": "i32",
+            "k_per_split": "i32", "splits": "i32", "BR": "constexpr", "BK": "constexpr", "F_VALUES": "constexpr"},
+            constexprs={"BR": rows, "BK": 128, "F_VALUES": f_values}), target=target,
             options={"num_warps": 8 if f_values else 4, "num_stages": 4 if f_values else 3})
-    triton.compile(ASTSource(fn=peel._a_peel_combine_kernel, signature={
-        "partial_ptr": "*fp32", "beta_ptr": "*i16", "e_ptr": "*u8", "out_ptr": "*i16", "rows": "i32",
-        "splits": "i32", "BR": "constexpr"}, constexprs={"BR": 16}), target=target)
     triton.compile(ASTSource(fn=transcript._forest_kernel, signature={
         "key_ptr": "*i32", **{f"p{i}": "*i32" for i in range(4)}, **{f"w{i}": "i32" for i in range(4)},
         **{f"n{i}": "i32" for i in range(4)}, "g1": "i32", "g2": "i32", "g3": "i32", "programs": "i32",

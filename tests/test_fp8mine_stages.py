@@ -532,21 +532,24 @@ def test_peel_recovers_the_denoised_product():
     assert float((out.float() - want).norm() / want.norm()) < 2e-2
 
 
-@pytest.mark.parametrize("split_k, wide", [(True, False), (False, False), (False, True)])
-def test_a_peel_and_routed_peel_match_the_formula(split_k, wide, monkeypatch):
-    """The A peel kernel (split over k plus the combine pass, or one pass with 16- or 64-row
-    blocks) and the peel pass with
-    rows in expert order (tiles never straddle an expert; A peel rows and α_A gathered through
-    Rflat) against the formula in torch."""
+@pytest.mark.parametrize("split_k, rows, wide", [(True, 64, False), (True, 16, False), (False, 64, False),
+                                                  (False, 64, True)])
+def test_a_peel_and_routed_peel_match_the_formula(split_k, rows, wide, monkeypatch):
+    """The A peel kernel (split over k, the last program of each row block adding the partials
+    — run twice, so the counters are back at zero — or one pass; 16- or 64-row blocks, F_B codes
+    or values) and the peel pass with rows in expert order (tiles never straddle an expert; A
+    peel rows and α_A gathered through Rflat) against the formula in torch."""
     from kernels.fp8mine import peel
     from kernels.fp8mine.peel import a_peel, peel_and_unscale
     from kernels.fp8mine.quant import NoisySide
     if not split_k:
-        monkeypatch.setattr(peel, "_A_PEEL_PROGRAMS", 1)
+        monkeypatch.setattr(peel, "_A_PEEL_DECODE_PROGRAMS", 1)
+    if rows == 16:  # the middle sizes' row blocks
+        monkeypatch.setattr(peel, "_A_PEEL_DECODE_ROWS", 4)
     if wide:
         monkeypatch.setattr(peel, "_A_PEEL_WIDE_FROM", 1)
     assert (peel.a_peel_splits(12, 256, 128)[0] > 1) == split_k
-    assert peel.a_peel_rows(12) == (64 if wide else 16)
+    assert peel.a_peel_rows(12) == rows
     g = torch.Generator().manual_seed(4)
     tokens, top_k, experts, n_e, k = 12, 2, 3, 64, 256
     codes = (torch.randn(tokens, k, generator=g) * 40).to(torch.float8_e4m3fn)
@@ -555,6 +558,7 @@ def test_a_peel_and_routed_peel_match_the_formula(split_k, wide, monkeypatch):
     alpha = (torch.rand(tokens, generator=g) + 0.5).to(torch.bfloat16)
     f_b = (torch.randn(k, 32, generator=g) * 40).to(torch.float8_e4m3fn)
     peel_rows = a_peel(NoisySide(codes, alpha, beta, e_a), f_b)
+    assert torch.equal(a_peel(NoisySide(codes, alpha, beta, e_a), f_b), peel_rows)
     assert torch.equal(peel_rows[:, :32], (beta.float()[:, None] * e_a.float()).to(torch.bfloat16))
     right = (codes.float() @ f_b.float()).to(torch.bfloat16)
     assert torch.equal(peel_rows[:, 32:], right)  # exact products, fp32 sums of ≤ 2^24-scale terms

@@ -5,9 +5,9 @@ A peel (rows, 2r) = [β_A ⊙ E_A | A′ · F_Bᵀ]; B peel (n, 2r) = [(β_B ⊙
 (the first block one bf16 FMA per element, as the reference); C″ = acc + A_peel · B_peelᵀ =
 (A′ − β_A N_A)(B′ − β_B N_B)ᵀ; out = C″ / (α_A α_B) in BF16.
 
-Per launch this is two Triton kernels: the A peel (one pass over A′; split over k, plus a
-combine pass, when there are too few rows to fill the GPU; at prefill F_B's values decoded once
-by torch), and the rank-64 correction, add and unscale fused in one pass over the accumulator
+Per launch this is two Triton kernels: the A peel (one pass over A′; split over k when there
+are too few rows to fill the SMs, the last program of a row block adding the partials; at
+prefill F_B's values decoded once by torch), and the rank-64 correction, add and unscale fused in one pass over the accumulator
 (row tiles never straddle an expert, so a tile's correction is one small dot against its
 expert's B peel; A peel rows and α_A are gathered through Rflat in the kernel; at prefill a
 program walks its row tile over 1024 columns with the accumulator tiles prefetched, see
@@ -17,6 +17,7 @@ job (torch ops).
 """
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
@@ -32,13 +33,17 @@ from .routing import RoutingTable, RowTiles, row_tiles
 
 ROW_CHUNK = 2048  # rows per pass of the torch FMA emulation (bounds its f64 temporaries)
 _A_PEEL_ROWS = 16
-_A_PEEL_WIDE_ROWS = 64  # row block once rows alone fill the GPU (prefill)
+_A_PEEL_WIDE_ROWS = 64  # row block at decode (few rows) and once rows alone fill the GPU (prefill)
 _A_PEEL_WIDE_FROM = 64 * 128  # rows from which the wide block is used
 _A_PEEL_PROGRAMS = 128  # split k until row blocks × splits reaches this (H200: 132 SMs)
+_A_PEEL_DECODE_ROWS = 256  # rows up to which the A peel is a decode one (64-row blocks, few programs)
+_A_PEEL_DECODE_PROGRAMS = 16  # decode: the SMs beside the lagged pass's GEMM (pipeline.LAGGED_SIDE_SMS)
 _PEEL_COLS = 128  # decode: one 128-column tile a program
 _PEEL_WIDE_COLS = 64  # prefill: 64-column steps, 3-stage cp.async prefetch (82 KB smem, 112 regs: 2 an SM)
 _PEEL_SPAN = 1024  # most columns one prefill program walks
 _PEEL_MIN_PROGRAMS = 4 * 132  # keep ≥ 4 programs per H200 SM when widening spans
+_PEEL_DECODE_STEPS = 4  # most 128-column steps a decode program walks
+_PEEL_DECODE_MIN_PROGRAMS = 256  # ~2 programs an H200 SM (3 fit), one wave
 
 
 def _decoded(codes: torch.Tensor) -> torch.Tensor:
@@ -71,11 +76,13 @@ def _store_a_peel(out_ptr, beta_ptr, e_ptr, r, right_sum, rows, BR: tl.constexpr
 
 
 @jit
-def _a_peel_kernel(codes_ptr, beta_ptr, e_ptr, f_b_ptr, out_ptr, partial_ptr, rows, k, k_per_split,
-                   BR: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr, F_VALUES: tl.constexpr):
-    """Σ_k A′[r, k] · F_B[k, :] over split program_id(1)'s k range for BR rows: the A peel rows
-    themselves when SPLIT is False, else fp32 partial sums into partial[split, r, :]. F_B is
-    e4m3 codes, or (F_VALUES) its f32 values decoded once per launch (prefill)."""
+def _a_peel_kernel(codes_ptr, beta_ptr, e_ptr, f_b_ptr, out_ptr, partial_ptr, counter_ptr, rows, k, k_per_split,
+                   splits, BR: tl.constexpr, BK: tl.constexpr, F_VALUES: tl.constexpr):
+    """Σ_k A′[r, k] · F_B[k, :] over split program_id(1)'s k range for BR rows. One split: the
+    A peel rows directly. Several: fp32 partial sums into partial[split, r, :]; the row block's
+    last program to finish (an acq_rel counter per row block, reset by it) adds them in split
+    order (deterministic) and stores the A peel rows, so there is no combine launch. F_B is e4m3
+    codes, or (F_VALUES) its f32 values decoded once per launch (prefill)."""
     r = tl.program_id(0) * BR + tl.arange(0, BR)
     live = (r < rows)[:, None]
     r64 = r.to(tl.int64)[:, None]
@@ -92,64 +99,79 @@ def _a_peel_kernel(codes_ptr, beta_ptr, e_ptr, f_b_ptr, out_ptr, partial_ptr, ro
         else:
             f = _e4m3_value(tl.load(f_cells).to(tl.int32))
         total = tl.dot(a, f, total)  # e4m3 values are exact in tf32
-    if SPLIT:
-        tl.store(partial_ptr + (tl.program_id(1) * rows + r64) * 32 + j, total, mask=live)
-    else:
+    if splits == 1:
         _store_a_peel(out_ptr, beta_ptr, e_ptr, r, total, rows, BR)
-
-
-@jit
-def _a_peel_combine_kernel(partial_ptr, beta_ptr, e_ptr, out_ptr, rows, splits, BR: tl.constexpr):
-    """The A peel rows from the split partial sums, added in split order (deterministic)."""
-    r = tl.program_id(0) * BR + tl.arange(0, BR)
-    live = (r < rows)[:, None]
-    cell = r.to(tl.int64)[:, None] * 32 + tl.arange(0, 32)[None, :]
-    total = tl.full((BR, 32), 0.0, tl.float32)
-    for split in range(splits):
-        total += tl.load(partial_ptr + split * rows * 32 + cell, mask=live, other=0.0)
-    _store_a_peel(out_ptr, beta_ptr, e_ptr, r, total, rows, BR)
+    else:
+        cell = r64 * 32 + j
+        tl.store(partial_ptr + tl.program_id(1) * rows * 32 + cell, total, mask=live)
+        tl.debug_barrier()  # every thread's stores come before the release below
+        counter = counter_ptr + tl.program_id(0)
+        if tl.atomic_add(counter, 1, sem="acq_rel") == splits - 1:
+            total = tl.full((BR, 32), 0.0, tl.float32)
+            for split in range(splits):
+                total += tl.load(partial_ptr + split * rows * 32 + cell, mask=live, other=0.0, cache_modifier=".cg")
+            _store_a_peel(out_ptr, beta_ptr, e_ptr, r, total, rows, BR)
+            tl.store(counter, 0)  # ready for the next launch (graph replays reuse the counters)
 
 
 def a_peel_rows(rows: int) -> int:
-    """Row block of the A peel: 16 (decode: more programs), 64 once 64-row blocks alone give
-    128+ programs (prefill): each k step reads a BK × 32 F_B block for the whole row block (and
-    at prefill no longer decodes it: F_B's values are decoded once per launch)."""
-    return _A_PEEL_WIDE_ROWS if rows >= _A_PEEL_WIDE_FROM else _A_PEEL_ROWS
+    """Row block of the A peel: 64 at decode (≤ _A_PEEL_DECODE_ROWS rows: a few blocks, k split
+    across the side stream's SMs, so each program walks only a few k steps with one F_B block
+    per step for all its rows) and at prefill (64-row blocks alone give 128+ programs; F_B's
+    values decoded once per launch); 16 between (more row blocks)."""
+    return _A_PEEL_ROWS if _A_PEEL_DECODE_ROWS < rows < _A_PEEL_WIDE_FROM else _A_PEEL_WIDE_ROWS
 
 
 def a_peel_splits(rows: int, k: int, block_k: int) -> tuple[int, int]:
-    """(k splits, k per split): enough (row block, k split) programs to fill ~128 SMs, each k
-    range a whole number of BK steps. Decode (64 rows = 4 row blocks, k = 6144) gets 24 splits
-    of 256 instead of 4 programs walking 48 serial steps; prefill keeps one split (no partials)."""
+    """(k splits, k per split), each k range a whole number of BK steps. Decode: ~16 programs
+    (the SMs the lagged pass leaves beside its GEMM; 64 rows, k = 6144 → 16 splits of 3 steps);
+    else enough (row block, k split) programs to fill ~128 SMs; prefill keeps one split."""
     row_blocks = triton.cdiv(rows, a_peel_rows(rows))
-    wanted = max(1, min(k // block_k, _A_PEEL_PROGRAMS // row_blocks))
+    programs = _A_PEEL_DECODE_PROGRAMS if rows <= _A_PEEL_DECODE_ROWS else _A_PEEL_PROGRAMS
+    wanted = max(1, min(k // block_k, programs // row_blocks))
     per_split = triton.cdiv(triton.cdiv(k, wanted), block_k) * block_k
     return triton.cdiv(k, per_split), per_split
 
 
+@functools.lru_cache(maxsize=64)
+def _counters(device: torch.device, stream: int, row_blocks: int) -> torch.Tensor:
+    """The split A peel's completion counters (one per row block) for launches on one stream
+    (zero between launches: each block's last program resets its own), so launches on
+    different streams never share one."""
+    return torch.zeros(row_blocks, dtype=torch.int32, device=device)
+
+
+def _stream_id(device: torch.device) -> int:
+    return torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+
+
 def a_peel(side: NoisySide, f_b: torch.Tensor) -> torch.Tensor:
-    """(rows, 64) bf16: [β_A ⊙ E_A | A′ · F_Bᵀ] (k a multiple of 32). One Triton pass, or a
-    split-k pass and a combine pass when the rows alone give too few programs (decode); with
-    64-row blocks (prefill) F_B's values come from one torch decode (k × 32, exact)."""
+    """(rows, 64) bf16: [β_A ⊙ E_A | A′ · F_Bᵀ] (k a multiple of 32). One Triton launch: split
+    over k when the rows alone give too few programs (decode), the last program of each row
+    block adding the partial sums; at prefill F_B's values come from one torch decode (k × 32,
+    exact)."""
     rows, k = side.codes.shape
+    device = side.codes.device
     block_k = 128 if k % 128 == 0 else 32
     splits, per_split = a_peel_splits(rows, k, block_k)
-    out = torch.empty((rows, 64), dtype=torch.int16, device=side.codes.device)
-    partial = torch.empty((splits, rows, 32), dtype=torch.float32, device=side.codes.device) if splits > 1 else out
-    beta, e_lines = side.beta.contiguous().view(torch.int16), side.e_lines.contiguous().view(torch.uint8)
+    out = torch.empty((rows, 64), dtype=torch.int16, device=device)
     block_rows = a_peel_rows(rows)
     row_blocks = triton.cdiv(rows, block_rows)
+    if splits > 1:
+        partial = torch.empty((splits, rows, 32), dtype=torch.float32, device=device)
+        counters = _counters(device, _stream_id(device), row_blocks)
+    else:
+        partial = counters = out
+    beta, e_lines = side.beta.contiguous().view(torch.int16), side.e_lines.contiguous().view(torch.uint8)
     # prefill: F_B decoded once, not in each program's every step (its f32 blocks then stream in
     # by cp.async like the A′ codes, 4 stages: two k steps in flight); 8 warps on the one
     # program an SM holds (N split in two)
-    f_values = block_rows == _A_PEEL_WIDE_ROWS
+    f_values = rows >= _A_PEEL_WIDE_FROM
     f_b = f_b.float() if f_values else f_b.contiguous().view(torch.uint8)
     _a_peel_kernel[(row_blocks, splits)](
-        side.codes.contiguous().view(torch.uint8), beta, e_lines, f_b, out, partial, rows, k, per_split,
-        BR=block_rows, BK=block_k, SPLIT=splits > 1, F_VALUES=f_values, num_warps=8 if f_values else 4,
+        side.codes.contiguous().view(torch.uint8), beta, e_lines, f_b, out, partial, counters, rows, k, per_split,
+        splits, BR=block_rows, BK=block_k, F_VALUES=f_values, num_warps=8 if f_values else 4,
         num_stages=4 if f_values else 3)
-    if splits > 1:
-        _a_peel_combine_kernel[(row_blocks,)](partial, beta, e_lines, out, rows, splits, BR=block_rows)
     return out.view(torch.bfloat16)
 
 
@@ -185,14 +207,21 @@ class PeelShape(NamedTuple):
 
 
 def peel_shape(block_rows: int, row_tiles_: int, n: int) -> PeelShape:
-    """Decode (16- or 32-row tiles): one 128-column step a program and no pipeline (the old kernel), so
-    the column tiles spread over the SMs. Prefill (64-row tiles): a program walks its row tile
-    across up to _PEEL_SPAN columns in 64-column steps, so the row-side chain of dependent loads
-    (tile map → Rflat → gathered A peel rows and α_A) is paid once per span, and the step loop
-    keeps the next two steps' accumulator tiles in flight (3 stages) while one is computed;
+    """Decode (16- or 32-row tiles): 128-column steps, a program walking up to
+    _PEEL_DECODE_STEPS of them (2-stage cp.async pipeline) while that leaves at least
+    _PEEL_DECODE_MIN_PROGRAMS programs: the row-side chain of dependent loads (tile map → shift
+    and bounds → Rflat → A-peel rows and α_A, ~4 L2 round trips) is paid once per program in one
+    wave instead of once per 128 columns over ~3 waves (GLM-5 decode: 32 tiles × 32 column tiles
+    = 1024 one-step programs at 3 an SM → 256 programs of 4 steps). Prefill (64-row tiles): a
+    program walks its row tile across up to _PEEL_SPAN columns in 64-column steps (3 stages);
     spans halve while they would leave fewer than _PEEL_MIN_PROGRAMS programs."""
     if block_rows < 64:
-        return PeelShape(_PEEL_COLS, 1, 1, 4)
+        col_tiles = triton.cdiv(n, _PEEL_COLS)
+        steps = 1
+        while steps * 2 <= min(col_tiles, _PEEL_DECODE_STEPS) and \
+                row_tiles_ * triton.cdiv(col_tiles, steps * 2) >= _PEEL_DECODE_MIN_PROGRAMS:
+            steps *= 2
+        return PeelShape(_PEEL_COLS, steps, 2 if steps > 1 else 1, 4)
     col_tiles = triton.cdiv(n, _PEEL_WIDE_COLS)
     steps = 1
     while steps * 2 <= min(col_tiles, _PEEL_SPAN // _PEEL_WIDE_COLS) and \
@@ -211,7 +240,7 @@ def _peel_unscale_kernel(acc_ptr, shift_ptr, rflat_ptr, a_peel_ptr, alpha_a_ptr,
     time (STEPS = 1: no loop; STAGES: the loop's cp.async pipeline depth). SHIFTED: output row i of
     expert w reads accumulator row i + shift[w]. RIGHT_ONLY: the A peel's left half is zero (clean
     rows), so only the right halves of the A and B peels are read (half the B-peel bytes).
-    Accumulator loads are masked by the expert's end when SHIFTED or STEPS = 1 (decode: the end
+    Accumulator loads are masked by the expert's end when SHIFTED or at decode (BR < 64: the end
     loads beside the shift, and short experts leave most of a tile unused); the prefill loop masks
     them by the accumulator's row count only (no dependent load before the pipeline starts)."""
     row0 = tl.load(tile_row_ptr + tl.program_id(0))
@@ -225,7 +254,7 @@ def _peel_unscale_kernel(acc_ptr, shift_ptr, rflat_ptr, a_peel_ptr, alpha_a_ptr,
         row_end = tl.load(bounds_ptr + expert + 1)
         live_r = rows < row_end
         in_acc = source < acc_rows
-        if SHIFTED or STEPS == 1:
+        if SHIFTED or BR < 64:
             in_acc = in_acc & live_r
         token = tl.load(rflat_ptr + rows, mask=live_r, other=0).to(tl.int64)
         if RIGHT_ONLY:
