@@ -5,9 +5,9 @@ per-token scale), the row-shifted peel and lottery against the unshifted ones on
 compact accumulator, the slot layout, and an sm_90 compile of the new kernels. Slow (the Triton
 interpreter hashes the planes): dense and MoE launch sequences — launch 1 mines nothing even when
 every tile wins; launch 2's READY accumulator rows equal launch 1's non-lagged accumulator bit for
-bit and its output is no less accurate than the non-lagged one; a planted winner on launch t−1's
-rows is latched at launch t and its PlainProofV4 verifies (jackpot policy included); set_job
-invalidates the prepared rows.
+bit and its output is no less accurate than the non-lagged one; a planted winner on launch t's
+rows (hashed by launch t+1's GEMM) is latched by launch t+2 and its PlainProofV4 verifies (jackpot
+policy included); set_job invalidates the prepared and the mined rows.
 """
 import os
 import subprocess
@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from kernels.fp8mine.gpu_check import synthetic_chain
-from kernels.fp8mine.lagged import LagError, LagSlot, build_operand, clean_rows
+from kernels.fp8mine.lagged import LagError, LagSlot, MinedSlot, build_operand, clean_rows
 from kernels.fp8mine.lottery import LotteryLatch
 from kernels.fp8mine.peel import peel_and_unscale
 from kernels.fp8mine.pipeline import MinedGemm
@@ -174,6 +174,33 @@ def test_shifted_lottery_hashes_the_ready_rows_of_the_combined_accumulator():
     assert torch.equal(got, want) and bool(want.any())
 
 
+@pytest.mark.parametrize("ready_counts,clean_counts", [([9, 0, 12], [4, 3, 0]), ([0, 0, 0], [5, 2, 7])])
+def test_mined_slot_takes_the_ready_rows_of_the_combined_accumulator(ready_counts, clean_counts):
+    """MINED acc row j of expert w = combined row rb[w] + ct[w] + j; READY's tail (planes, Rflat,
+    bounds, key) copied; rows past the READY rows left alone; READY bounds all zero: nothing
+    to mine."""
+    m, rows, n, k, experts = 11, 22, 64, 96, 3
+    rb = [0, *np.cumsum(ready_counts).tolist()]
+    ct = [0, *np.cumsum(clean_counts).tolist()]
+    ready = _slot(m, rows, k, rb, seed=3)
+    ready.tail().copy_(torch.randint(-2 ** 31, 2 ** 31 - 1, ready.tail().shape, dtype=torch.int32))
+    ready.bounds.copy_(torch.tensor(rb, dtype=torch.int32))
+    combined = torch.randn((2 * rows, n))
+    mined = MinedSlot.allocate(m, rows, n, k, experts, torch.device("cpu"))
+    mined.acc.fill_(-1.0)
+    mined.take(combined, ready, torch.tensor(ct, dtype=torch.int32))
+    want = torch.full((rows, n), -1.0)
+    for w in range(experts):
+        for j in range(rb[w + 1] - rb[w]):
+            want[rb[w] + j] = combined[rb[w] + ct[w] + j]
+    assert torch.equal(mined.acc, want)
+    assert torch.equal(mined.slot.tail(), ready.tail()) and mined.slot.a_rows.numel() == 0
+    assert mined.slot.sources()["codes"].data_ptr() == mined.slot.flat.data_ptr()
+    assert int((row_tiles(mined.slot.table()).row_start >= 0).sum()) == sum(c // 4 for c in ready_counts)
+    mined.invalidate()
+    assert bool((row_tiles(mined.slot.table()).row_start < 0).all())
+
+
 def test_slot_views_are_disjoint_and_one_copy_moves_a_launch():
     a = LagSlot.allocate(4, 8, 64, 3, torch.device("cpu"))
     b = LagSlot.allocate(4, 8, 64, 3, torch.device("cpu"))
@@ -224,6 +251,11 @@ COMPILE = textwrap.dedent("""
                                      "slot_bounds_ptr", "slot_key_ptr")},
         "rows": "i32", "words": "i32", "scale_words": "i32", "edges": "i32", "BW": "constexpr"},
         constexprs={"BW": 2048}), target=target)
+    triton.compile(ASTSource(fn=lagged._take_kernel, signature={
+        **{name: "*i32" for name in ("acc_ptr", "ready_bounds_ptr", "clean_bounds_ptr", "mined_ptr",
+                                     "tail_src_ptr", "tail_dst_ptr")},
+        "tail_words": "i32", "rows": "i32", "n": "i32", "experts": "i32", "EB": "constexpr", "BW": "constexpr",
+        "TW": "constexpr"}, constexprs={"EB": 256, "BW": 2048, "TW": 2048}), target=target)
     for ids, route, eb, chunk in (("*i64", 1, 32, 512), ("*i32", 1, 256, 64), ("*u8", 0, 2, 1)):
         triton.compile(ASTSource(fn=lagged._clean_kernel, signature={
             "ids_ptr": ids, "total": "i32", "experts": "i32", "top_k": "i32", "rflat_ptr": "*i32",
@@ -295,7 +327,10 @@ def _launches(weights: torch.Tensor, m: int, top_k: int, routings: list[torch.Te
     first = gemm.forward(x1, t1)
     gemm.latch.publish()
     assert gemm.latch.poll() is None  # launch 1 mines nothing, although every tile would win
-    second = gemm.forward(x2, t2)
+    second = gemm.forward(x2, t2)  # hashes launch 1's rows; their lottery runs in launch 3
+    gemm.latch.publish()
+    assert gemm.latch.poll() is None
+    gemm.forward(x1, t1)
     record = gemm.latch.poll()
     assert record is not None and record.pow_key == _key(first)  # a tile of launch 1's rows
 
@@ -321,7 +356,10 @@ def _launches(weights: torch.Tensor, m: int, top_k: int, routings: list[torch.Te
     gemm.forward(x1, t1)
     gemm.latch.publish()
     assert gemm.latch.poll() is None
-    gemm.forward(x2, t2)  # mines the previous launch's rows: the planted tile
+    gemm.forward(x2, t2)  # hashes the previous launch's rows: the planted tile
+    gemm.latch.publish()
+    assert gemm.latch.poll() is None
+    gemm.forward(x2, t2)  # their lottery
     winner = take_winner(gemm)
     record = winner.record
     assert (record.group_id, record.tile_row, record.tile_column) == planted

@@ -141,9 +141,7 @@ def test_int7_dense_decode_mines_lagged_within_one_job_and_its_winner_verifies(m
     changed = _launch(backend, x2, ids2)  # the old job's pending rows are gone with its passes
     _check_int7_output(changed, x2, ids2, w13)
     assert (changed.credited_work, changed.tickets, changed.winners) == (0, 0, [])
-    hashed = _launch(backend, x2, ids2)  # its GEMM hashes x2's rows; their tickets are drawn next
-    assert (hashed.credited_work, hashed.tickets, hashed.winners) == (0, 0, [])
-    result = _mine(backend, x, ids)  # draws the tickets of x2's rows
+    result = _mine(backend, x, ids)  # mines x2's rows
     _check_int7_output(result, x, ids, w13)
     assert result.credited_work == sum(c - c % 2 for c in _counts(ids2)) * n * K
     assert result.tickets == EXPERTS * (16 // 2) * (n // 32)  # dense: tiles as wide as N = 32

@@ -10,8 +10,8 @@ Sections (each runs on its own; a failure is recorded and the next section still
   lines, α/β, A′ codes, the accumulator per expert, every tile's ticket);
 - planted: planted winners (dense, MoE) → record → PlainProofV4 → CPU verifier (policy included);
 - graph: the decode mined pass captured in a CUDA graph, replayed on new inputs, vs eager; the
-  lagged pass (MinedGemm(lagged=True)) captured, replayed twice: the second replay's planted
-  winner on the first replay's rows verifies, and the replay equals eager;
+  lagged pass (MinedGemm(lagged=True)) captured, replayed three times: the third replay's planted
+  winner on the first replay's rows (hashed by the second) verifies, and the second equals eager;
 - timing: mined pass vs unmined fp8 grouped GEMM (kernels.grouped_gemm, bf16 out; CUDA graphs,
   medians) on decode and prefill shapes, the GEMM implementation the pass used, per-stage times
   (both GEMM implementations), each stage of the A side alone ("A side stages"), and the layer
@@ -279,20 +279,20 @@ def check_graph() -> dict:
 
 
 def _ready_target(gemm: MinedGemm, x_a, topk_a, x_b, topk_b) -> tuple[tuple, bytes, int]:
-    """Eagerly: launch A then launch B; every ticket of A's rows (read inside B's combined
-    accumulator) → the lowest tile, its ticket and the target at which only it wins."""
+    """Eagerly: launch A then launch B; every ticket of A's rows (B's GEMM hashed them into
+    MINED) → the lowest tile, its ticket and the target at which only it wins."""
     first = gemm.forward(x_a, topk_a)
-    second = gemm.forward(x_b, topk_b)
-    return _lowest_ticket(gemm, first.table, second.acc, first.a.pow_key, row_shift=second.table.bounds[:-1])
+    gemm.forward(x_b, topk_b)
+    return _lowest_ticket(gemm, first.table, gemm.mined.acc, first.a.pow_key)
 
 
-def _lowest_ticket(gemm: MinedGemm, table: RoutingTable, acc: torch.Tensor, pow_key: torch.Tensor,
-                   row_shift: torch.Tensor | None = None) -> tuple[tuple, bytes, int]:
-    """Every ticket of the table's lottery tiles in acc (read at row_shift when given) → the
+def _lowest_ticket(gemm: MinedGemm, table: RoutingTable, acc: torch.Tensor,
+                   pow_key: torch.Tensor) -> tuple[tuple, bytes, int]:
+    """Every ticket of the table's lottery tiles in acc → the
     lowest tile (expert, local tile, column tile), its ticket and the target at which only it wins."""
     tiles = row_tiles(table)
     tickets = torch.zeros((tiles.row_start.shape[0], acc.shape[1] // 64, 8), dtype=torch.int32, device=DEVICE)
-    gemm.latch.run(acc, tiles, pow_key, gemm.threshold, gemm.state.seed_b, {}, tickets=tickets, row_shift=row_shift)
+    gemm.latch.run(acc, tiles, pow_key, gemm.threshold, gemm.state.seed_b, {}, tickets=tickets)
     values = {}
     slots = zip(tiles.row_start.tolist(), tiles.expert.tolist(), tiles.local.tolist())
     for slot, (row0, expert, local) in enumerate(slots):
@@ -304,8 +304,9 @@ def _lowest_ticket(gemm: MinedGemm, table: RoutingTable, acc: torch.Tensor, pow_
 
 
 def _check_graph_lagged() -> dict:
-    """The lagged decode pass in a CUDA graph: replay 1 (after set_job) mines nothing, replay 2
-    mines replay 1's rows — its planted winner verifies — and equals the eager launch."""
+    """The lagged decode pass in a CUDA graph: replays 1 and 2 (after set_job) publish nothing,
+    replay 2's GEMM hashes replay 1's rows and replay 3 runs their lottery — its planted winner
+    verifies; replay 2 equals the eager launch."""
     gemm, _, x_a, topk_a, header = _setup(32, 512, 2048, 64, 8, seed=9, lagged=True)
     x_b = torch.randn_like(x_a.float()).to(torch.bfloat16)
     topk_b = _uniform_topk(x_a.shape[0], 8, 32).roll(3, 0)
@@ -328,10 +329,13 @@ def _check_graph_lagged() -> dict:
     static_topk.copy_(topk_b)
     graph.replay()
     torch.cuda.synchronize()
+    out["replay 2 publishes nothing"] = gemm.latch.poll() is None
     replayed = (captured.acc.clone(), captured.out.clone())
+    graph.replay()
+    torch.cuda.synchronize()
     winner = take_winner(gemm)
     if winner is None:
-        out["replay 2 winner"] = None
+        out["replay 3 winner"] = None
     else:
         record = winner.record
         out.update({"planted": list(planted), "record": [record.group_id, record.tile_row, record.tile_column],
@@ -440,10 +444,11 @@ def _median_us(timing) -> float:
 def _lagged_parts(gemm: MinedGemm, x: torch.Tensor, topk, result) -> dict:
     """Where the lagged pass spends its time, each stage alone (same method as `_parts`).
     Serving stream: routing, READY ← PENDING, combined operand, GEMM, peel of the clean rows;
-    side stream: clean A peel, the A side and PENDING fill, the lottery over the READY rows."""
+    side stream: clean A peel, the lottery over MINED + payload + publish, the A side and PENDING
+    fill, MINED ← the READY rows (after the GEMM)."""
     from .peel import peel_and_unscale
     from .pipeline import prepare_a
-    state, table, ready = gemm.state, result.table, gemm.ready
+    state, table, ready, mined = gemm.state, result.table, gemm.ready, gemm.mined
     clean = clean_rows(x, topk if gemm.moe else None, gemm.b.experts)
     operand = build_operand(clean, ready)
     a_peel_clean = clean_peel(operand, state.f_b)
@@ -465,9 +470,10 @@ def _lagged_parts(gemm: MinedGemm, x: torch.Tensor, topk, result) -> dict:
                                                                 a_left_zero=True),
         "side: clean A peel": lambda: clean_peel(operand, state.f_b),
         "side: A side + PENDING fill": side_a,
-        "side: lottery (READY rows) + payload + publish": lambda: (
-            gemm.latch.run(result.acc, row_tiles(ready.table()), ready.pow_key, gemm.threshold, state.seed_b,
-                           ready.sources(), row_shift=table.bounds[:-1]), gemm.latch.publish()),
+        "side: lottery (MINED rows) + payload + publish": lambda: (
+            gemm.latch.run(mined.acc, row_tiles(mined.slot.table()), mined.slot.pow_key, gemm.threshold,
+                           state.seed_b, mined.slot.sources()), gemm.latch.publish()),
+        "side: MINED <- READY rows (after the GEMM)": lambda: mined.take(result.acc, ready, table.bounds),
     }
     return _time_each(stages)
 
@@ -506,7 +512,7 @@ def check_timing() -> dict:
                 lag = MinedGemm(weights, m=tokens, top_k=top_k, layer_id=1, lagged=True)
                 lag.set_job(header, synthetic_chain()[1], 0)
                 lag.forward(x, topk)
-                lagged_result = lag.forward(x, topk)  # mines the first launch's rows
+                lagged_result = lag.forward(x, topk)  # hashes the first launch's rows into MINED
                 entry["lagged output rel err vs bf16"] = _reference_error(lagged_result.out, x, weights,
                                                                           lagged_result.table)
                 methods["mined lagged"] = [lambda: lag.forward(x, topk)]

@@ -64,8 +64,10 @@ class LagSlot:
     pow_key: torch.Tensor
 
     @classmethod
-    def allocate(cls, m: int, rows: int, k: int, experts: int, device: torch.device) -> "LagSlot":
-        layout = {"a_rows": ((rows, k), torch.uint8), "codes": ((m, k), torch.int8),
+    def allocate(cls, m: int, rows: int, k: int, experts: int, device: torch.device,
+                 with_rows: bool = True) -> "LagSlot":
+        """with_rows = False: no A′ rows (a MINED slot keeps only what the lottery and payload read)."""
+        layout = {"a_rows": ((rows if with_rows else 0, k), torch.uint8), "codes": ((m, k), torch.int8),
                   "scales": ((m, k // 8), torch.bfloat16), "rflat": ((rows,), torch.int32),
                   "bounds": ((experts + 1,), torch.int32), "pow_key": ((1, 8), torch.int32)}
         offsets, size = {}, 0
@@ -80,6 +82,11 @@ class LagSlot:
     def invalidate(self) -> None:
         """Nothing to mine in this slot (on the current stream)."""
         self.bounds.zero_()
+
+    def tail(self) -> torch.Tensor:
+        """The slot's bytes after its A′ rows (planes, routing, key) as int32 words: the same
+        layout in every slot of one launch shape, with or without rows."""
+        return self.flat[self.codes.data_ptr() - self.flat.data_ptr():].view(torch.int32)
 
     def fill(self, a_codes: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, pow_key: torch.Tensor,
              table: RoutingTable) -> None:
@@ -128,6 +135,62 @@ def _fill_kernel(a_ptr, rflat_ptr, codes_ptr, scales_ptr, bounds_ptr, key_ptr, s
             _copy_words(rflat_ptr, slot_rflat_ptr, rows, BW)
             _copy_words(bounds_ptr, slot_bounds_ptr, edges, BW)
             _copy_words(key_ptr, slot_key_ptr, 8, BW)
+
+
+@dataclass
+class MinedSlot:
+    """A launch's READY rows after its GEMM: their accumulator rows (compact, in the mined
+    launch's expert order) and the READY slot's planes, routing and key. The next launch's side
+    stream runs the lottery, payload and publish on it beside its own GEMM, so none of them is on
+    a launch's tail; a winner is published one launch later than the GEMM that hashed its rows."""
+
+    acc: torch.Tensor  # (rows, n) fp32
+    slot: LagSlot  # no A′ rows
+
+    @classmethod
+    def allocate(cls, m: int, rows: int, n: int, k: int, experts: int, device: torch.device) -> "MinedSlot":
+        return cls(torch.zeros((rows, n), dtype=torch.float32, device=device),
+                   LagSlot.allocate(m, rows, k, experts, device, with_rows=False))
+
+    def invalidate(self) -> None:
+        """Nothing to mine (bounds all zero: no row tiles), on the current stream."""
+        self.slot.invalidate()
+
+    def take(self, acc: torch.Tensor, ready: LagSlot, clean_bounds: torch.Tensor) -> None:
+        """MINED ← the READY rows of the combined accumulator `acc` (expert w's READY row j at
+        combined row rb[w] + j + ct[w]) and READY's tail; one kernel: a program per READY row,
+        then programs striding the tail's words."""
+        rows, n = self.acc.shape
+        src, dst = ready.tail(), self.slot.tail()
+        if acc.shape[1] != n or src.shape != dst.shape or ready.bounds.shape != clean_bounds.shape:
+            raise LagError(f"MINED ({rows}, {n}) does not match acc {tuple(acc.shape)} / READY")
+        tail_programs = triton.cdiv(src.numel(), _COPY_WORDS)
+        _take_kernel[(rows + tail_programs,)](
+            acc.view(torch.int32), ready.bounds, clean_bounds, self.acc.view(torch.int32), src, dst, src.numel(),
+            rows, n, ready.bounds.shape[0] - 1, EB=triton.next_power_of_2(ready.bounds.shape[0]),
+            BW=min(triton.next_power_of_2(n), _COPY_WORDS), TW=_COPY_WORDS)
+
+
+@jit
+def _take_kernel(acc_ptr, ready_bounds_ptr, clean_bounds_ptr, mined_ptr, tail_src_ptr, tail_dst_ptr, tail_words,
+                 rows, n, experts, EB: tl.constexpr, BW: tl.constexpr, TW: tl.constexpr):
+    """Program r < rows: MINED acc row r ← combined row r + ct[w] (w: READY row r's expert, the
+    number of w ≥ 1 with rb[w] ≤ r; rows past rb[e] are not copied). Program rows + c: tail
+    words [c·TW, (c+1)·TW)."""
+    p = tl.program_id(0)
+    if p < rows:
+        w = tl.arange(0, EB)
+        edge = w <= experts
+        rb = tl.load(ready_bounds_ptr + w, mask=edge, other=0)
+        ct = tl.load(clean_bounds_ptr + w, mask=edge, other=0)
+        if p < tl.reduce(tl.where(w == experts, rb, 0), 0, tl.standard._sum_combine):
+            expert = tl.reduce(((w >= 1) & (w < experts) & (rb <= p)).to(tl.int32), 0, tl.standard._sum_combine)
+            shift = tl.reduce(tl.where(w == expert, ct, 0), 0, tl.standard._sum_combine)
+            _copy_words(acc_ptr + (p + shift).to(tl.int64) * n, mined_ptr + p.to(tl.int64) * n, n, BW)
+    else:
+        offs = (p - rows) * TW + tl.arange(0, TW)
+        live = offs < tail_words
+        tl.store(tail_dst_ptr + offs, tl.load(tail_src_ptr + offs, mask=live), mask=live)
 
 
 @jit

@@ -10,9 +10,9 @@
 - `MinedGemm.forward` runs A side → grouped FP8 GEMM (128-k promotion) → the lottery (first
   winner into the latch) → peel + unscale into the BF16 output, rows in expert order.
   Dense V4 is one group.
-- `MinedGemm(lagged=True)` (decode): launch t serves x_t with clean rows and mines launch t−1's
-  A′ rows in the same GEMM; the A side, the lottery and the payload run on a side stream
-  (lagged.py, docs/kernels-fp8mine.md).
+- `MinedGemm(lagged=True)` (decode): launch t serves x_t with clean rows and hashes launch t−1's
+  A′ rows in the same GEMM; the A side runs on a side stream beside the GEMM, and the lottery,
+  payload and publish of those rows run there one launch later (lagged.py, docs/kernels-fp8mine.md).
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from proof.fp8.params import STATE_WINDOW_DEPTH, JobParams, make_job
 
 from . import noise, prequant, quant, transcript
 from .hashing import constant_bytes
-from .lagged import LagSlot, build_operand, clean_peel, clean_rows
+from .lagged import LagSlot, MinedSlot, build_operand, clean_peel, clean_rows
 from .lottery import LotteryLatch, threshold_words
 from .matmul import grouped_matmul
 from .peel import a_peel, b_peel, peel_and_unscale, peel_tiles
@@ -195,8 +195,9 @@ class MinedGemm:
     the launch constants into fixed buffers, so a captured graph replays with new jobs). Per launch:
     `forward(x, topk_ids)`; winners appear in `latch` (poll after the launch's stream work).
 
-    lagged: launch t mines launch t−1's rows (the first launch after `set_job` mines nothing);
-    a winner's record and payload describe launch t−1's rows.
+    lagged: launch t's GEMM hashes launch t−1's rows and launch t + 1 runs their lottery, so a
+    winner on x_t's rows is published by launch t + 2 (the first two launches after `set_job`
+    publish nothing); its record and payload describe those rows.
     """
 
     def __init__(self, weights: torch.Tensor, *, m: int, top_k: int = 1, layer_id: int = 0,
@@ -221,6 +222,7 @@ class MinedGemm:
         if lagged:
             self.ready = LagSlot.allocate(m, rows, k, self.b.experts, self.b.device)
             self.pending = LagSlot.allocate(m, rows, k, self.b.experts, self.b.device)
+            self.mined = MinedSlot.allocate(m, rows, self.b.n_e, k, self.b.experts, self.b.device)
             cuda = self.b.device.type == "cuda"
             # high priority: the side work's blocks are placed first wherever an SM has room
             self.side = torch.cuda.Stream(self.b.device, priority=-1) if cuda else None
@@ -246,6 +248,7 @@ class MinedGemm:
         if self.lagged:  # their keys belong to the old header: a winner on them would be stale
             self.ready.invalidate()
             self.pending.invalidate()
+            self.mined.invalidate()
 
     def forward(self, x: torch.Tensor, topk_ids: torch.Tensor | None = None) -> LaunchResult:
         """One mined pass over x (m, k) bf16 (MoE: with topk_ids (m, top_k))."""
@@ -275,13 +278,15 @@ class MinedGemm:
         """Launch t: serve x_t, mine launch t−1's rows (READY), prepare x_t's (PENDING).
 
         main: routing + x_t's clean quantization (one launch) → combined operand (READY rows +
-        clean rows, copies) → GEMM → peel of the clean rows. side: PENDING → READY; the clean rows' A peel and x_t's A side into PENDING
-        (while the GEMM runs); after the GEMM the lottery over the READY rows, the payload and
-        publish. The side stream forks from and joins the serving stream, so one launch is one
-        self-contained (graph-capturable) piece of stream work.
+        clean rows, copies) → GEMM → peel of the clean rows. side: PENDING → READY; while the
+        GEMM runs the clean rows' A peel, then the lottery, payload and publish of MINED (the
+        rows launch t−1's GEMM hashed), then x_t's A side into PENDING; after the GEMM, MINED ←
+        the READY rows' accumulator rows and READY's planes (beside the serving peel). The side
+        stream forks from and joins the serving stream, so one launch is one self-contained
+        (graph-capturable) piece of stream work.
         """
         assert self.state is not None
-        state, ready, pending = self.state, self.ready, self.pending
+        state, ready, pending, mined = self.state, self.ready, self.pending, self.mined
         main = torch.cuda.current_stream(self.b.device) if self.side is not None else None
         self._fork(main)
         with self._on_side():
@@ -292,20 +297,20 @@ class MinedGemm:
         operand = build_operand(clean, ready)
         self._fork(main)
         with self._on_side():
-            mined_tiles = row_tiles(ready.table())  # tile maps before the GEMM: off the launch's tail
             clean_tiles = peel_tiles(table)
             a_peel_clean = clean_peel(operand, state.f_b)
             peel_ready = torch.cuda.Event() if main is not None else None
             if peel_ready is not None:
                 peel_ready.record(self.side)
+            self.latch.run(mined.acc, row_tiles(mined.slot.table()), mined.slot.pow_key, self.threshold,
+                           state.seed_b, mined.slot.sources())
+            self.latch.publish()
             a = prepare_a(x, self.seed_message, self.p_a_len, state, table if self.moe else None)
             pending.fill(a.side.codes, a.codes, a.scales, a.pow_key, table)
         acc = grouped_matmul(operand.rows, self.b_codes(), operand.table, max_sms=self.gemm_sms)
         self._fork(main)
         with self._on_side():
-            self.latch.run(acc, mined_tiles, ready.pow_key, self.threshold, state.seed_b, ready.sources(),
-                           row_shift=table.bounds[:-1])
-            self.latch.publish()
+            mined.take(acc, ready, table.bounds)
         if peel_ready is not None:
             main.wait_event(peel_ready)
         out = peel_and_unscale(acc, a_peel_clean, operand.clean_alpha, state.peel.view(self.b.experts, self.b.n_e, -1),

@@ -13,12 +13,14 @@ serving stream waits on the GPU (never the host) only when a B state is not read
 
 Lagged decode (``lagged_decode``, on by default): launch sizes of at most
 ``LAGGED_MAX_ROWS_PER_EXPERT`` rows per expert take ``MinedGemm(lagged=True)``: launch t serves x_t
-and mines launch t−1's rows (READY) beside the GEMM (docs/decisions.md, "Mining may lag inference
-by one launch"); larger launches keep the same-launch pass. ``set_job`` empties the lag buffers, so
+and hashes launch t−1's rows (READY) in its GEMM; their lottery runs beside launch t+1's GEMM
+(docs/decisions.md, "Mining may lag inference by one launch"; the ticket of x_t's rows is now drawn
+two launches later); larger launches keep the same-launch pass. ``set_job`` empties the lag buffers, so
 rows hashed under one job are never mined under the next.
 
-Accounting: a launch credits the rows it actually hashed. Same-launch: its own rows. Lagged: the
-previous launch's rows of the same gemm (the first launch after a job change credits nothing).
+Accounting: a launch credits the rows whose tickets it drew. Same-launch: its own rows. Lagged:
+the rows of the same gemm's launch two back (the first two launches after a job change credit
+nothing).
 
 Winners: the latch's pinned record is read without waiting; ``build_proof`` (completion thread)
 re-commits the A side from the latch's payload, commits B on the CPU (once per σ_d, cached), opens
@@ -70,7 +72,8 @@ class GpuFp8Backend:
         self._weights: torch.Tensor | None = None
         self._job: MiningJob | None = None
         self._gemms: dict[int, MinedGemm] = {}
-        self._lag_credit: dict[int, tuple[int, int]] = {}  # lagged gemm → its pending rows' credit
+        # lagged gemm → the credits of its last two launches' rows (oldest first), not drawn yet
+        self._lag_credit: dict[int, tuple[tuple[int, int], tuple[int, int]]] = {}
         self._reported: set[bytes] = set()
         self._b_commits: dict[bytes, CommittedOperand] = {}
 
@@ -109,8 +112,9 @@ class GpuFp8Backend:
             winners = self._winners(job)
             credit = (credited_work_moe(counts, n, activations.shape[1], TILE_ROWS),
                       sum(c // TILE_ROWS for c in counts) * (n // TILE_COLS))
-            if gemm.lagged:  # this launch hashed the previous launch's rows; its own are hashed next
-                credit, self._lag_credit[tokens] = self._lag_credit.get(tokens, (0, 0)), credit
+            if gemm.lagged:  # this launch drew the tickets of the rows of the launch two back
+                older, newer = self._lag_credit.get(tokens, ((0, 0), (0, 0)))
+                credit, self._lag_credit[tokens] = older, (newer, credit)
         return LaunchResult(output.view(*routing.shape, n).to(activations.dtype), winners, *credit)
 
     def _gemm(self, job: MiningJob, weights: torch.Tensor, tokens: int) -> MinedGemm:
