@@ -117,8 +117,9 @@ SCRIPT = textwrap.dedent("""
     for ids, eb, chunk in (("*i32", 32, 512), ("*i64", 256, 64), ("*i64", 1024, 16)):
         triton.compile(ASTSource(fn=routing._ranked_kernel, signature={
             "ids_ptr": ids, "total": "i32", "experts": "i32", "top_k": "i32", "rflat_ptr": "*i32",
-            "bounds_ptr": "*i32", "EB": "constexpr", "CHUNK": "constexpr"},
-            constexprs={"EB": eb, "CHUNK": chunk}), target=target, options={"num_warps": routing.RANK_WARPS})
+            "bounds_ptr": "*i32", "EB": "constexpr", "CHUNK": "constexpr", "SLICE": "constexpr"},
+            constexprs={"EB": eb, "CHUNK": chunk, "SLICE": routing.RANK_SLICE}), target=target,
+            options={"num_warps": routing.RANK_WARPS})
     for ids in ("*i32", "*i64"):
         for eb in (32, 1024):
             triton.compile(ASTSource(fn=routing._chunk_counts_kernel, signature={

@@ -260,8 +260,8 @@ COMPILE = textwrap.dedent("""
         triton.compile(ASTSource(fn=lagged._clean_kernel, signature={
             "ids_ptr": ids, "total": "i32", "experts": "i32", "top_k": "i32", "rflat_ptr": "*i32",
             "bounds_ptr": "*i32", "x_ptr": "*i16", "k": "i32", "codes_ptr": "*u8", "alpha_ptr": "*i16",
-            "ROUTE": "constexpr", "EB": "constexpr", "CHUNK": "constexpr", "BK": "constexpr"},
-            constexprs={"ROUTE": route, "EB": eb, "CHUNK": chunk, "BK": 8192}), target=target,
+            "parts": "i32", "EB": "constexpr", "CHUNK": "constexpr", "SLICE": "constexpr", "BK": "constexpr"},
+            constexprs={"EB": eb, "CHUNK": chunk, "SLICE": 64, "BK": 8192}), target=target,
             options={"enable_fp_fusion": False, "num_warps": 16 if route else 8})
     mined = triton.compile(ASTSource(fn=lottery._shifted_lottery_kernel, signature={
         "acc_ptr": "*i64", "n": "i32", "tile_row_ptr": "*i32", "tile_expert_ptr": "*i32", "tile_local_ptr": "*i32",

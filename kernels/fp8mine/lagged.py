@@ -31,8 +31,8 @@ from kernels.int7._jit import jit
 from .noisy_kernel import _bf16_of_bits, _e4m3_code, _rne_bf16
 from .peel import a_peel
 from .quant import NoisySide
-from .routing import (RANK_WARPS, RoutingTable, dense_table, one_program_shape, rank_entries, routing_args,
-                      routing_table)
+from .routing import (RANK_SLICE, RANK_WARPS, RoutingTable, dense_table, one_program_shape, rank_entries,
+                      rank_parts, routing_args, routing_table)
 
 _ALIGN = 16  # bytes: every view of a slot starts on a 16-byte boundary
 _QUANT_BLOCK = 8192  # most elements per step of the clean quantization (k ≤ 8192: one load)
@@ -217,16 +217,16 @@ def _quantize_row(x_ptr, k, codes_ptr, alpha_ptr, BK: tl.constexpr):
 
 
 @jit
-def _clean_kernel(ids_ptr, total, experts, top_k, rflat_ptr, bounds_ptr, x_ptr, k, codes_ptr, alpha_ptr,
-                  ROUTE: tl.constexpr, EB: tl.constexpr, CHUNK: tl.constexpr, BK: tl.constexpr):
-    """ROUTE = 1: program 0 builds the routing table (`rank_entries`) while programs 1..m quantize
-    one token each; ROUTE = 0: every program quantizes one token (the table is made apart)."""
-    token = tl.program_id(0) - ROUTE
-    if ROUTE:
-        if token < 0:
-            rank_entries(ids_ptr, total, experts, top_k, rflat_ptr, bounds_ptr, EB, CHUNK)
-    if token >= 0:
-        _quantize_row(x_ptr + token.to(tl.int64) * k, k, codes_ptr + token.to(tl.int64) * k, alpha_ptr + token, BK)
+def _clean_kernel(ids_ptr, total, experts, top_k, rflat_ptr, bounds_ptr, x_ptr, k, codes_ptr, alpha_ptr, parts,
+                  EB: tl.constexpr, CHUNK: tl.constexpr, SLICE: tl.constexpr, BK: tl.constexpr):
+    """Programs p < parts rank slice p of the routing table (`rank_entries`) while programs
+    parts.. quantize one token each; parts = 0: every program quantizes (the table is made apart)."""
+    p = tl.program_id(0)
+    if p < parts:
+        rank_entries(ids_ptr, total, experts, top_k, rflat_ptr, bounds_ptr, p, EB, CHUNK, SLICE)
+    else:
+        token = (p - parts).to(tl.int64)
+        _quantize_row(x_ptr + token * k, k, codes_ptr + token * k, alpha_ptr + token, BK)
 
 
 @dataclass
@@ -240,8 +240,8 @@ class CleanRows:
 
 def clean_rows(x: torch.Tensor, topk_ids: torch.Tensor | None, experts: int) -> CleanRows:
     """The clean codes and α of every token, and the routing table (dense: one group when
-    topk_ids is None). At decode one launch: the table's one program runs beside the m token
-    programs, so the operand that follows only copies rows (a token is quantized once, not
+    topk_ids is None). At decode one launch: the table's ranking programs (one per 64 entries)
+    run beside the m token programs, so the operand that follows only copies rows (a token is quantized once, not
     once per routed row)."""
     m, k = x.shape
     if x.dtype != torch.bfloat16 or k % 32:
@@ -260,11 +260,11 @@ def clean_rows(x: torch.Tensor, topk_ids: torch.Tensor | None, experts: int) -> 
             torch.empty(experts + 1, dtype=torch.int32, device=device))
     ids = topk_ids.contiguous() if shape is not None else codes
     eb, chunk = shape if shape is not None else (2, 1)
-    route = int(shape is not None)
-    _clean_kernel[(m + route,)](ids, table.rflat.shape[0], experts, 1 if topk_ids is None else topk_ids.shape[1],
-                                table.rflat, table.bounds, x.contiguous().view(torch.int16), k, codes, alpha,
-                                ROUTE=route, EB=eb, CHUNK=chunk, BK=min(triton.next_power_of_2(k), _QUANT_BLOCK),
-                                num_warps=RANK_WARPS if route else _QUANT_WARPS, enable_fp_fusion=False)
+    parts = rank_parts(table.rflat.shape[0]) if shape is not None else 0
+    _clean_kernel[(m + parts,)](ids, table.rflat.shape[0], experts, 1 if topk_ids is None else topk_ids.shape[1],
+                                table.rflat, table.bounds, x.contiguous().view(torch.int16), k, codes, alpha, parts,
+                                EB=eb, CHUNK=chunk, SLICE=RANK_SLICE, BK=min(triton.next_power_of_2(k), _QUANT_BLOCK),
+                                num_warps=RANK_WARPS if parts else _QUANT_WARPS, enable_fp_fusion=False)
     return CleanRows(table, codes.view(torch.float8_e4m3fn), alpha.view(torch.bfloat16))
 
 

@@ -7,8 +7,8 @@ A peel (rows, 2r) = [β_A ⊙ E_A | A′ · F_Bᵀ]; B peel (n, 2r) = [(β_B ⊙
 
 Per launch this is two Triton kernels: the A peel (one pass over A′; split over k when there
 are too few rows to fill the SMs, the last program of a row block adding the partials; at
-prefill F_B's values decoded once by torch), and the rank-64 correction, add and unscale fused in one pass over the accumulator
-(row tiles never straddle an expert, so a tile's correction is one small dot against its
+prefill F_B's values decoded once by torch), and the rank-64 correction, add and unscale
+fused in one pass over the accumulator (row tiles never straddle an expert, so a tile's correction is one small dot against its
 expert's B peel; A peel rows and α_A are gathered through Rflat in the kernel; at prefill a
 program walks its row tile over 1024 columns with the accumulator tiles prefetched, see
 `peel_shape`). The lottery is its own pass (lottery.py): fused into this one it

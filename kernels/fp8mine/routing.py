@@ -20,10 +20,11 @@ from kernels.int7._jit import jit
 
 _MAP_BLOCK = 256
 _MAP_CELLS = 4096  # (slot, expert) cells a tile-map program compares
-SMALL_ROUTING = 4096  # most routing entries (m · top_k) ranked by one program; more by the chunked sort
-_ONE_HOT_CELLS = 16384  # (entries × experts) one-hot cells per step of the one-program table
-_ONE_PROGRAM_STEPS = 8  # most steps per pass of the one-program table (else the chunked sort)
+SMALL_ROUTING = 4096  # most routing entries (m · top_k) ranked by the one-launch table; more by the chunked sort
+_ONE_HOT_CELLS = 16384  # (entries × experts) one-hot cells per step of the one-launch table
+_ONE_PROGRAM_STEPS = 8  # most steps of the one-launch table's count loop (else the chunked sort)
 RANK_WARPS = 16  # 32 one-hot cells a thread
+RANK_SLICE = 64  # entries ranked per program of the small table (GLM-5 decode: 512 entries, 8 programs)
 _COUNT_CHUNK = 128  # entries per program of the chunked counting sort
 _COUNT_EXPERTS = 32  # experts per step of the chunk counts and per program of the prefixes
 _SCAN_CELLS = 4096  # (chunk, expert) counts per step of a prefix program
@@ -58,9 +59,9 @@ class RoutingTable:
 def routing_table(topk_ids: torch.Tensor, experts: int) -> RoutingTable:
     """From router top-k ids (m, top_k) — clamped to [0, e) — to (Rflat, O), without host syncs.
 
-    Decode-sized launches (`one_program_shape`) build the table in one program (`rank_entries`:
-    a histogram, its scan and a stable one-hot rank, no pairwise compare); larger launches
-    (prefill, or many experts) run a counting sort over 128-entry chunks in four launches (no
+    Decode-sized launches (`one_program_shape`) build the table in one launch (`rank_entries`:
+    each program a histogram of all entries, its scan and a stable rank of its 64 entries);
+    larger launches (prefill, or many experts) run a counting sort over 128-entry chunks in four launches (no
     sort, no int64 copies).
     """
     routing_args(topk_ids, experts)
@@ -168,37 +169,52 @@ def _one_hot(ids_ptr, i, total, experts, w):
 
 
 @jit
-def rank_entries(ids_ptr, total, experts, top_k, rflat_ptr, bounds_ptr, EB: tl.constexpr, CHUNK: tl.constexpr):
-    """The whole table in one program: per-expert counts (one-hot column sums over CHUNK-entry
-    steps), their exclusive scan (the bounds), then each entry's position = its expert's start +
-    entries of its expert in earlier steps + earlier entries of its expert in this step (an
-    exclusive scan of the one-hot down the step): stable, O(total · EB / CHUNK) steps of work
-    that all threads share, no pairwise compare."""
+def rank_entries(ids_ptr, total, experts, top_k, rflat_ptr, bounds_ptr, part, EB: tl.constexpr,
+                 CHUNK: tl.constexpr, SLICE: tl.constexpr):
+    """Rank entries [part·SLICE, (part + 1)·SLICE) of the table; program part = 0 also writes the
+    bounds. Every part reads all ids (L2-hot, ≤ 16 KB) and takes per-expert counts over all
+    entries and over those before its slice (one-hot column sums over CHUNK-entry steps), their
+    exclusive scan (the bounds); an entry's position = its expert's start + its expert's entries
+    before the slice + earlier entries of its expert inside the slice (a SLICE × SLICE compare).
+    Stable; the parts run side by side and none scans down the entries."""
     w = tl.arange(0, EB)
+    first = part * SLICE
     counts = tl.full((EB,), 0, tl.int32)
-    for c0 in range(0, total, CHUNK):
-        hot = _one_hot(ids_ptr, c0 + tl.arange(0, CHUNK), total, experts, w)
-        counts += tl.reduce(hot, 0, tl.standard._sum_combine)
-    running = tl.associative_scan(counts, 0, tl.standard._sum_combine) - counts
-    tl.store(bounds_ptr + w, running, mask=w < experts)
-    tl.store(bounds_ptr + experts, total)
+    before = tl.full((EB,), 0, tl.int32)
     for c0 in range(0, total, CHUNK):
         i = c0 + tl.arange(0, CHUNK)
         hot = _one_hot(ids_ptr, i, total, experts, w)
-        before = tl.associative_scan(hot, 0, tl.standard._sum_combine) - hot + running[None, :]
-        position = tl.reduce(hot * before, 1, tl.standard._sum_combine)
-        tl.store(rflat_ptr + position, i // top_k, mask=i < total)
-        running += tl.reduce(hot, 0, tl.standard._sum_combine)
+        counts += tl.reduce(hot, 0, tl.standard._sum_combine)
+        before += tl.reduce(tl.where((i < first)[:, None], hot, 0), 0, tl.standard._sum_combine)
+    starts = tl.associative_scan(counts, 0, tl.standard._sum_combine) - counts
+    first_part = (w * 0 + part) == 0
+    tl.store(bounds_ptr + w, starts, mask=(w < experts) & first_part)
+    tl.store(bounds_ptr + experts + w, total + w * 0, mask=(w == 0) & first_part)
+    lane = tl.arange(0, SLICE)
+    i = first + lane
+    live = i < total
+    ids = _clamped_ids(ids_ptr, i, live, experts)
+    earlier = (ids[:, None] == ids[None, :]) & (lane[None, :] < lane[:, None])
+    within = tl.reduce(earlier.to(tl.int32), 1, tl.standard._sum_combine)
+    hot = ((ids[:, None] == w[None, :]) & live[:, None]).to(tl.int32)
+    base = tl.reduce(hot * (starts + before)[None, :], 1, tl.standard._sum_combine)
+    tl.store(rflat_ptr + base + within, i // top_k, mask=live)
 
 
 @jit
-def _ranked_kernel(ids_ptr, total, experts, top_k, rflat_ptr, bounds_ptr, EB: tl.constexpr, CHUNK: tl.constexpr):
-    """The one-program routing table (`rank_entries`) as its own launch."""
-    rank_entries(ids_ptr, total, experts, top_k, rflat_ptr, bounds_ptr, EB, CHUNK)
+def _ranked_kernel(ids_ptr, total, experts, top_k, rflat_ptr, bounds_ptr, EB: tl.constexpr, CHUNK: tl.constexpr,
+                   SLICE: tl.constexpr):
+    """The routing table (`rank_entries`) as its own launch: a program per SLICE entries."""
+    rank_entries(ids_ptr, total, experts, top_k, rflat_ptr, bounds_ptr, tl.program_id(0), EB, CHUNK, SLICE)
+
+
+def rank_parts(total: int) -> int:
+    """Programs (slices of RANK_SLICE entries) that rank a table of `total` entries."""
+    return max(1, triton.cdiv(total, RANK_SLICE))
 
 
 def one_program_shape(total: int, experts: int) -> tuple[int, int] | None:
-    """(EB, CHUNK) of the one-program table, or None when the chunked sort is the better one:
+    """(EB, CHUNK) of the one-launch table, or None when the chunked sort is the better one:
     more than SMALL_ROUTING entries, or more than _ONE_PROGRAM_STEPS one-hot steps per pass."""
     eb = max(triton.next_power_of_2(experts), 2)
     chunk = max(1, min(triton.next_power_of_2(max(total, 1)), _ONE_HOT_CELLS // eb))
@@ -211,8 +227,8 @@ def _ranked_table(topk_ids: torch.Tensor, experts: int, shape: tuple[int, int]) 
     total = topk_ids.numel()
     rflat = torch.empty(total, dtype=torch.int32, device=topk_ids.device)
     bounds = torch.empty(experts + 1, dtype=torch.int32, device=topk_ids.device)
-    _ranked_kernel[(1,)](topk_ids, total, experts, topk_ids.shape[1], rflat, bounds, EB=shape[0], CHUNK=shape[1],
-                         num_warps=RANK_WARPS)
+    _ranked_kernel[(rank_parts(total),)](topk_ids, total, experts, topk_ids.shape[1], rflat, bounds, EB=shape[0],
+                                         CHUNK=shape[1], SLICE=RANK_SLICE, num_warps=RANK_WARPS)
     return RoutingTable(rflat, bounds)
 
 
