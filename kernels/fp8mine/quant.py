@@ -4,7 +4,8 @@ Both the per-row scales and the element op are Triton kernels (noisy_kernel.py).
 l2f = max(l2, 2^-32), linf_f = max(linf, 2^-32) (NaN-propagating), nb = fma(δ√r, l2f, linf_f),
 α = bf16(448 / nb), β = bf16(bf16(α · l2f) · δ√r/256²). Per element:
 code = e4m3(clamp(fma(α, X, bf16(β · N)), ±448)), with N = bf16 of the E@F noise dot computed by
-the mined GEMM itself (k = 32: one window of one group from +0, as the device's atom).
+the mined GEMM itself (k = 32: one window of one group from +0, as the device's atom) — for B,
+whose peel needs N; the A side's codes launch forms its N in-kernel with the same atom.
 proof.fp8.quantization is the reference.
 """
 from __future__ import annotations
