@@ -33,6 +33,11 @@ from .routing import RoutingTable, dense_table, routing_table, row_tiles
 
 
 LAGGED_SIDE_SMS = 16  # SMs the lagged pass's persistent GEMM leaves to the side stream's A side
+# Where a lagged launch draws the tickets of the rows the previous launch's GEMM hashed (MINED):
+# True: at its start, beside clean rows + operand, while every SM is free (the side stream's high
+# priority may delay the clean rows); False: under the GEMM after the clean A peel, on the ~16
+# SMs the A side already fills (may outlast the GEMM). Measure both (scratch_probe/f1b_time.py).
+LAGGED_LOTTERY_FIRST = True
 
 
 class PipelineError(ValueError):
@@ -278,12 +283,13 @@ class MinedGemm:
         """Launch t: serve x_t, mine launch t−1's rows (READY), prepare x_t's (PENDING).
 
         main: routing + x_t's clean quantization (one launch) → combined operand (READY rows +
-        clean rows, copies) → GEMM → peel of the clean rows. side: PENDING → READY; while the
-        GEMM runs the clean rows' A peel, then the lottery, payload and publish of MINED (the
-        rows launch t−1's GEMM hashed), then x_t's A side into PENDING; after the GEMM, MINED ←
-        the READY rows' accumulator rows and READY's planes (beside the serving peel). The side
-        stream forks from and joins the serving stream, so one launch is one self-contained
-        (graph-capturable) piece of stream work.
+        clean rows, copies) → GEMM → peel of the clean rows. side: PENDING → READY, then the
+        lottery, payload and publish of MINED (the rows launch t−1's GEMM hashed) beside the
+        clean rows and the operand; while the GEMM runs the clean rows' A peel and x_t's A side
+        into PENDING; after the GEMM, MINED ← the READY rows' accumulator rows and READY's
+        planes (beside the serving peel). `LAGGED_LOTTERY_FIRST = False` draws MINED's tickets
+        under the GEMM instead. The side stream forks from and joins the serving stream, so one
+        launch is one self-contained (graph-capturable) piece of stream work.
         """
         assert self.state is not None
         state, ready, pending, mined = self.state, self.ready, self.pending, self.mined
@@ -291,20 +297,21 @@ class MinedGemm:
         self._fork(main)
         with self._on_side():
             ready.flat.copy_(pending.flat)
+            ready_copied = self._event()
+            if LAGGED_LOTTERY_FIRST:
+                self._mine_previous()
         clean = clean_rows(x, topk_ids if self.moe else None, self.b.experts)
         table = clean.table
-        self._join(main)
+        if ready_copied is not None:  # the operand needs READY only, not the lottery behind it
+            main.wait_event(ready_copied)
         operand = build_operand(clean, ready)
         self._fork(main)
         with self._on_side():
             clean_tiles = peel_tiles(table)
             a_peel_clean = clean_peel(operand, state.f_b)
-            peel_ready = torch.cuda.Event() if main is not None else None
-            if peel_ready is not None:
-                peel_ready.record(self.side)
-            self.latch.run(mined.acc, row_tiles(mined.slot.table()), mined.slot.pow_key, self.threshold,
-                           state.seed_b, mined.slot.sources())
-            self.latch.publish()
+            peel_ready = self._event()
+            if not LAGGED_LOTTERY_FIRST:
+                self._mine_previous()
             a = prepare_a(x, self.seed_message, self.p_a_len, state, table if self.moe else None)
             pending.fill(a.side.codes, a.codes, a.scales, a.pow_key, table)
         acc = grouped_matmul(operand.rows, self.b_codes(), operand.table, max_sms=self.gemm_sms)
@@ -318,6 +325,22 @@ class MinedGemm:
                                tiles=clean_tiles, a_left_zero=True)
         self._join(main)
         return LaunchResult(out, acc, table, a, operand.table.bounds)
+
+    def _mine_previous(self) -> None:
+        """The lottery, payload and publish of MINED (the rows the previous launch's GEMM hashed)."""
+        assert self.state is not None
+        mined = self.mined
+        self.latch.run(mined.acc, row_tiles(mined.slot.table()), mined.slot.pow_key, self.threshold,
+                       self.state.seed_b, mined.slot.sources())
+        self.latch.publish()
+
+    def _event(self) -> torch.cuda.Event | None:
+        """An event recorded on the side stream now (None on the CPU)."""
+        if self.side is None:
+            return None
+        event = torch.cuda.Event()
+        event.record(self.side)
+        return event
 
     def _fork(self, main: torch.cuda.Stream | None) -> None:
         """The side stream waits for the serving stream's work so far."""
