@@ -9,6 +9,7 @@ new routings written into the same offsets tensor.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import torch
@@ -114,17 +115,17 @@ def _max_active_clusters(cluster_size: int, device_index: int) -> int:
 
 def launch(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, out: torch.Tensor,
            config: GroupedGemmConfig, x_scale: torch.Tensor | None = None,
-           w_scale: torch.Tensor | None = None, max_sms: int | None = None) -> None:
+           w_scale: torch.Tensor | None = None, max_sms: int | None = None, shared_sm: bool = False) -> None:
     """Launch one compiled variant on the current stream; arguments are assumed checked (the
     variant follows from x's dtype and the scales, as in `grouped_gemm`). max_sms caps the
-    persistent grid (a runtime argument: no recompile)."""
+    persistent grid (a runtime argument: no recompile); shared_sm is compiled in."""
     from quack.gemm_default_epi import GemmDefaultEpiMixin
     from quack.gemm_tvm_ffi_utils import make_scheduler_args, make_varlen_args
 
     from kernels.grouped_gemm_sm90 import compile_grouped_gemm
 
     precision = precision_of(x)
-    fn = compile_grouped_gemm(precision, config, output_for(precision, x_scale is not None))
+    fn = compile_grouped_gemm(precision, config, output_for(precision, x_scale is not None), shared_sm)
     cluster_size = config.cluster_m * config.cluster_n
     clusters = _max_active_clusters(cluster_size, x.device.index or 0)
     if max_sms is not None:
@@ -140,7 +141,7 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, *,
                  x_scale: torch.Tensor | None = None, w_scale: torch.Tensor | None = None,
                  out: torch.Tensor | None = None,
                  config: GroupedGemmConfig | None = None,
-                 max_sms: int | None = None) -> torch.Tensor:
+                 max_sms: int | None = None, shared_sm: bool = False) -> torch.Tensor:
     """Grouped GEMM over experts on an sm_90a GPU.
 
     x: (total_M, K) rows sorted by expert; w: (E, N, K); offsets: (E+1,) int32 on the device,
@@ -160,6 +161,10 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, *,
     max_sms: run the persistent grid on at most this many SMs (whole clusters), leaving the rest
     to concurrent kernels on other streams (the lagged mining passes' side work at decode, where
     the GEMM is memory-bound); None uses every SM.
+    shared_sm: a variant that leaves half of each SM's shared memory and registers unused, so
+    small kernels on other streams run on the same SMs beside it (`max_sms` gives them whole
+    SMs instead); cooperative configs only, so a pingpong config is swapped for its
+    cooperative twin.
     """
     if max_sms is not None and max_sms < 1:
         raise GroupedGemmError(f"max_sms must be a positive SM count, got {max_sms}")
@@ -172,5 +177,7 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, *,
         return out
     if config is None:
         config = select_config(precision, total_m, num_experts, n, k)
-    launch(x, w, offsets, out, config, x_scale, w_scale, max_sms)
+    if shared_sm and config.pingpong:
+        config = dataclasses.replace(config, pingpong=False)
+    launch(x, w, offsets, out, config, x_scale, w_scale, max_sms, shared_sm)
     return out

@@ -19,6 +19,7 @@ it lazily.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 from typing import Callable
@@ -204,19 +205,73 @@ def compile_key(config: GroupedGemmConfig) -> GroupedGemmConfig:
 
 
 def compile_grouped_gemm(precision: Precision, config: GroupedGemmConfig,
-                         output: Output | None = None) -> Callable:
+                         output: Output | None = None, shared_sm: bool = False) -> Callable:
     """`_compile` for the config's compile-time fields (swizzle is passed at launch).
 
     output: the epilogue variant; by default the precision's primary one (`primary_output`).
+    shared_sm: leave half of each SM to other streams' kernels (`_sharing`).
     """
     output = primary_output(precision) if output is None else output
     if (precision, output) not in _KERNEL_CLASSES:
         raise ValueError(f"no {precision.value} -> {output.value} variant")
-    return _compile(precision, output, compile_key(config))
+    return _compile(precision, output, compile_key(config), shared_sm)
+
+
+# Register split of a GEMM that shares its SMs (one consumer warpgroup): launched at 128 a
+# thread (occupancy 2), the producer gives back 88 a thread and the consumer takes them.
+_SHARED_REGS_LOAD, _SHARED_REGS_MMA = 40, 216
 
 
 @functools.lru_cache(maxsize=None)
-def _compile(precision: Precision, output: Output, config: GroupedGemmConfig) -> Callable:
+def _sharing(cls: type) -> type:
+    """`cls` built to leave half of each SM to kernels of other streams: shared memory for
+    occupancy 2 (half the stages) and at most 128 registers a thread at launch (the launch
+    bound of 2 CTAs an SM), so one more CTA of up to 32K registers fits beside each persistent
+    CTA. At decode the GEMM is memory-bound and waits on its loads; latency-bound side work
+    (hashing, small quantizations) can use those SMs' idle issue slots. Cooperative configs
+    only (one consumer warpgroup: 256 threads)."""
+
+    class Sharing(cls):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            if self.pingpong or self.mma_warp_groups != 1:
+                raise ValueError("a shared-SM GEMM needs a cooperative config with one consumer warpgroup")
+            self.occupancy = 2
+            self.num_regs_load, self.num_regs_mma = _SHARED_REGS_LOAD, _SHARED_REGS_MMA
+
+    Sharing.__name__ = f"{cls.__name__}Sharing"
+    return Sharing
+
+
+# CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR of sm_90 (228 KiB)
+_SM90_SMEM_PER_SM = 233472
+
+
+@contextlib.contextmanager
+def _sm90_smem_without_a_driver():
+    """The DSL asks the driver for the shared memory per SM when a kernel has a 2-CTA launch
+    bound (`_sharing`); on a CPU-only machine (compile checks) sm_90's value answers."""
+    from cutlass.base_dsl.runtime import cuda as runtime
+
+    original = runtime.get_device_attribute
+
+    def attribute(which):
+        try:
+            return original(which)
+        except Exception:
+            if which != runtime.cuda.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR:
+                raise
+            return _SM90_SMEM_PER_SM
+
+    runtime.get_device_attribute = attribute
+    try:
+        yield
+    finally:
+        runtime.get_device_attribute = original
+
+
+@functools.lru_cache(maxsize=None)
+def _compile(precision: Precision, output: Output, config: GroupedGemmConfig, shared_sm: bool = False) -> Callable:
     """Trace, lower and assemble one variant for sm_90a; shapes stay symbolic.
 
     The returned TVM-FFI function takes (A, B, D, C, epilogue args, scheduler args, varlen args,
@@ -225,6 +280,7 @@ def _compile(precision: Precision, output: Output, config: GroupedGemmConfig) ->
     ab_dtype, d_dtype = AB_DTYPES[precision], D_DTYPES[output]
     scaled = is_scaled(precision, output)
     cls = _KERNEL_CLASSES[(precision, output)]
+    cls = _sharing(cls) if shared_sm else cls
     mA, mB, mD, mC, m, n, _k, num_experts = make_fake_gemm_tensors(
         ab_dtype, ab_dtype, d_dtype, None, "k", "k", "n", None, varlen_m=True)
     epi_args = cls.EpilogueArguments(
@@ -237,7 +293,8 @@ def _compile(precision: Precision, output: Output, config: GroupedGemmConfig) ->
         max_active_clusters=Int32(1), max_swizzle_size=Int32(8),
         raster_order=RasterOrderOption.AlongM if config.raster_along_m else RasterOrderOption.Heuristic)
     varlen_args = make_fake_varlen_args(True, False, False, None)
-    return compile_gemm_kernel(
-        cls, ab_dtype, (config.tile_m, config.tile_n, config.tile_k),
-        (config.cluster_m, config.cluster_n, 1), config.pingpong, True, False, False, SM90,
-        mA, mB, mD, mC, epi_args, scheduler_args, varlen_args)
+    with _sm90_smem_without_a_driver() if shared_sm else contextlib.nullcontext():
+        return compile_gemm_kernel(
+            cls, ab_dtype, (config.tile_m, config.tile_n, config.tile_k),
+            (config.cluster_m, config.cluster_n, 1), config.pingpong, True, False, False, SM90,
+            mA, mB, mD, mC, epi_args, scheduler_args, varlen_args)

@@ -259,11 +259,13 @@ import kernels  # sets CUTE_DSL_ARCH=sm_90a before cutlass is imported
 from kernels.grouped_gemm_config import GroupedGemmConfig, Output, Precision
 from kernels.grouped_gemm_sm90 import compile_grouped_gemm
 out_dir, cases = sys.argv[1], json.loads(sys.argv[2])
-for i, (precision, output, key) in enumerate(cases):
-    fn = compile_grouped_gemm(Precision(precision), GroupedGemmConfig.from_key(key), Output(output))
+for i, (precision, output, key, shared) in enumerate(cases):
+    fn = compile_grouped_gemm(Precision(precision), GroupedGemmConfig.from_key(key), Output(output), shared)
     with open(os.path.join(out_dir, f"{i}.sass"), "w") as f:
         f.write(fn.__sass__ or "")
 """
+# the lagged FP8 decode GEMM that shares its SMs with the side stream (kernels.grouped_gemm_sm90._sharing)
+SHARED_CASE = GroupedGemmConfig.from_key("64x128x128_c1x1_coop")
 _MMA_SASS = {Precision.INT8: r"IGMMA\.64x(\d+)x32\.S8\.S8",
              Precision.FP8: r"QGMMA\.64x(\d+)x32\.F32\.E4M3\.E4M3"}
 
@@ -277,12 +279,13 @@ def variant_sass(tmp_path_factory) -> list[str]:
     env = {**os.environ, "CUTE_DSL_ARCH": "sm_90a", "CUTE_DSL_KEEP": "sass",
            "CUTE_DSL_DUMP_DIR": str(out_dir),
            "PYTHONPATH": os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")]))}
-    cases = json.dumps([(p.value, o.value, c.key) for p, o, c in VARIANT_CASES])
+    cases = json.dumps([(p.value, o.value, c.key, False) for p, o, c in VARIANT_CASES]
+                       + [(Precision.FP8.value, Output.FP32.value, SHARED_CASE.key, True)])
     run = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT, str(out_dir), cases], env=env,
                          capture_output=True, text=True, timeout=600)
     if run.returncode:
         pytest.fail(f"compiling the output variants failed:\n{run.stderr[-4000:]}")
-    return [(out_dir / f"{i}.sass").read_text() for i in range(len(VARIANT_CASES))]
+    return [(out_dir / f"{i}.sass").read_text() for i in range(len(VARIANT_CASES) + 1)]
 
 
 @pytest.mark.parametrize("index", range(len(VARIANT_CASES)),
@@ -308,3 +311,12 @@ def test_output_variant_compiles_to_warpgroup_mma_and_its_epilogue(variant_sass,
     else:  # fp8 raw: fp32 written as is, after one +0 add per value (-0 -> +0)
         assert "F2FP" not in sass
         assert len(re.findall(r"\bFADD R\d+, (?:RZ, R\d+|R\d+, RZ)", sass)) == acc_values
+
+
+def test_shared_sm_variant_hands_registers_between_its_warpgroups(variant_sass) -> None:
+    """Launched at 128 registers a thread (2 CTAs an SM), the producer gives 88 back and the
+    consumer takes them (0x28 / 0xd8), with no spills and the decode tile's QGMMA."""
+    sass = variant_sass[len(VARIANT_CASES)]
+    assert re.findall(r"SETMAXREG\.\w+\.CTAPOOL (?:UP0, )?(0x[0-9a-f]+)", sass) == ["0x28", "0xd8"]
+    assert not re.search(r"\b(LDL|STL)\b", sass), "registers spilled to local memory"
+    assert {int(n) for n in re.findall(_MMA_SASS[Precision.FP8], sass)} == {SHARED_CASE.tile_n}
