@@ -81,7 +81,7 @@ def routing_args(topk_ids: torch.Tensor, experts: int) -> None:
 
 
 @jit
-def _clamped_ids(ids_ptr, i, live, experts):
+def clamped_ids(ids_ptr, i, live, experts):
     """Entries i's expert ids clamped to [0, e); dead entries get e (past every expert)."""
     ids = tl.minimum(tl.maximum(tl.load(ids_ptr + i, mask=live, other=0), 0), experts - 1).to(tl.int32)
     return tl.where(live, ids, experts)
@@ -92,7 +92,7 @@ def _chunk_counts_kernel(ids_ptr, total, experts, counts_ptr, EB: tl.constexpr, 
                          WB: tl.constexpr):
     """counts[c, w] = #{entries of chunk c with id w}, for w < EB (a power of two ≥ e)."""
     i = tl.program_id(0) * CHUNK + tl.arange(0, CHUNK)
-    ids = _clamped_ids(ids_ptr, i, i < total, experts)
+    ids = clamped_ids(ids_ptr, i, i < total, experts)
     for w0 in range(0, EB, WB):
         w = w0 + tl.arange(0, WB)
         hits = (ids[:, None] == w[None, :]).to(tl.int32)
@@ -132,7 +132,7 @@ def _chunk_scatter_kernel(ids_ptr, total, experts, top_k, prefix_ptr, bounds_ptr
     """Rflat[bounds[id] + prefix[c, id] + #{earlier entries of chunk c with id}] = i // top_k."""
     i = tl.program_id(0) * CHUNK + tl.arange(0, CHUNK)
     live = i < total
-    ids = _clamped_ids(ids_ptr, i, live, experts)
+    ids = clamped_ids(ids_ptr, i, live, experts)
     lane = tl.arange(0, CHUNK)
     earlier = (ids[None, :] == ids[:, None]) & (lane[None, :] < lane[:, None])
     rank = tl.reduce(earlier.to(tl.int32), 1, tl.standard._sum_combine)
@@ -165,7 +165,7 @@ def _chunked_table(topk_ids: torch.Tensor, experts: int) -> RoutingTable:
 def _one_hot(ids_ptr, i, total, experts, w):
     """(entries i, experts w) int32: 1 where entry i (live, id clamped) routes to expert w."""
     live = i < total
-    return ((_clamped_ids(ids_ptr, i, live, experts)[:, None] == w[None, :]) & live[:, None]).to(tl.int32)
+    return ((clamped_ids(ids_ptr, i, live, experts)[:, None] == w[None, :]) & live[:, None]).to(tl.int32)
 
 
 @jit
@@ -193,12 +193,27 @@ def rank_entries(ids_ptr, total, experts, top_k, rflat_ptr, bounds_ptr, part, EB
     lane = tl.arange(0, SLICE)
     i = first + lane
     live = i < total
-    ids = _clamped_ids(ids_ptr, i, live, experts)
+    ids = clamped_ids(ids_ptr, i, live, experts)
     earlier = (ids[:, None] == ids[None, :]) & (lane[None, :] < lane[:, None])
     within = tl.reduce(earlier.to(tl.int32), 1, tl.standard._sum_combine)
     hot = ((ids[:, None] == w[None, :]) & live[:, None]).to(tl.int32)
     base = tl.reduce(hot * (starts + before)[None, :], 1, tl.standard._sum_combine)
     tl.store(rflat_ptr + base + within, i // top_k, mask=live)
+
+
+@jit
+def entries_before(ids_ptr, total, experts, key_id, key_at, CHUNK: tl.constexpr):
+    """Per key (expert id, flat index): the live entries a stable sort by expert puts before it,
+    #{f : id_f < id or (id_f = id and f < at)}, in CHUNK-entry steps (keys × CHUNK compares).
+    An entry's own (id, f) gives its Rflat position; (w, 0) gives expert w's start (the bounds,
+    total at w = e). No histogram and no scan, so any program can rank any few entries alone."""
+    count = key_id * 0
+    for c0 in range(0, total, CHUNK):
+        f = c0 + tl.arange(0, CHUNK)
+        ids = clamped_ids(ids_ptr, f, f < total, experts)[None, :]  # dead entries: id e, never before
+        before = (ids < key_id[:, None]) | ((ids == key_id[:, None]) & (f[None, :] < key_at[:, None]))
+        count += tl.reduce(before.to(tl.int32), 1, tl.standard._sum_combine)
+    return count
 
 
 @jit
