@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from kernels.fp8mine.gpu_check import synthetic_chain
-from kernels.fp8mine.lagged import LagError, LagSlot, MinedSlot, build_operand, clean_rows
+from kernels.fp8mine.lagged import LagError, LagSlot, MinedSlot, build_operand, clean_rows, lagged_front
 from kernels.fp8mine.lottery import LotteryLatch
 from kernels.fp8mine.peel import peel_and_unscale
 from kernels.fp8mine.pipeline import MinedGemm
@@ -77,12 +77,19 @@ def test_combined_operand_matches_literal_reference(experts, top_k, ready_counts
     table = _table(ids, experts)
     rows = m * top_k
     ready = _slot(m, rows, k, [0, *np.cumsum(ready_counts).tolist()], seed=1)
-    clean = clean_rows(x, ids if experts > 1 else None, experts)
+    routing = ids if experts > 1 else None
+    clean = clean_rows(x, routing, experts)
     assert torch.equal(clean.table.rflat, table.rflat) and torch.equal(clean.table.bounds, table.bounds)
-    got = build_operand(clean, ready)
-    rb, ct = ready.bounds.tolist(), table.bounds.tolist()
+    for got in (build_operand(clean, ready), lagged_front(x, routing, experts, ready)):  # MoE: one launch
+        _assert_operand(got, x, table, ready)
+
+
+def _assert_operand(got, x: torch.Tensor, table: RoutingTable, ready: LagSlot) -> None:
+    """The combined operand, its bounds, the clean table, codes and α against the literal reference."""
+    assert torch.equal(got.clean_table.rflat, table.rflat) and torch.equal(got.clean_table.bounds, table.bounds)
+    rb, ct, rows = ready.bounds.tolist(), table.bounds.tolist(), table.rflat.shape[0]
     want_rows, want_alpha, want_codes = [], {}, {}
-    for w in range(experts):
+    for w in range(table.experts):
         want_rows += [ready.a_rows[j] for j in range(rb[w], rb[w + 1])]
         for i in range(ct[w], ct[w + 1]):
             token = int(table.rflat[i])
@@ -95,6 +102,35 @@ def test_combined_operand_matches_literal_reference(experts, top_k, ready_counts
         assert got.clean_alpha[token].view(torch.int16) == alpha.view(torch.int16)
         assert torch.equal(got.clean_codes[token].view(torch.uint8), want_codes[token])
     assert set(want_alpha) == set(table.rflat.tolist())
+
+
+@pytest.mark.parametrize("seed,m,experts,top_k,k", [
+    (0, 8, 4, 2, 256), (1, 12, 7, 3, 96), (2, 5, 32, 8, 128), (3, 16, 256, 4, 64), (4, 3, 3, 3, 32),
+])
+def test_front_in_one_launch_equals_the_two_launch_path(seed, m, experts, top_k, k):
+    """lagged_front's one kernel (each token ranks its own entries) against clean_rows +
+    build_operand, bit for bit: random routings with experts that get no rows (clean or READY),
+    repeated and out-of-range ids (clamped, ranked stably), nothing READY, a full READY."""
+    rng = np.random.default_rng(seed)
+    x = torch.from_numpy(rng.standard_normal((m, k)).astype(np.float32)).to(torch.bfloat16)
+    ids = torch.from_numpy(rng.integers(-1, experts + 1, (m, top_k)))  # -1 and e clamp to 0 and e - 1
+    ids[ids == experts // 2] = 0  # expert e/2 gets no clean rows
+    rows = m * top_k
+    share = np.ones(experts)
+    share[experts // 3] = 0  # expert e/3 has no READY rows
+    counts = rng.multinomial(rows, share / share.sum()) if seed % 2 else np.zeros(experts, dtype=int)  # even: none
+    ready = _slot(m, rows, k, [0, *np.cumsum(counts).tolist()], seed=seed)
+    want = build_operand(clean_rows(x, ids, experts), ready)
+    got = lagged_front(x, ids, experts, ready)
+    literal = _table(ids.clamp(0, experts - 1), experts)
+    assert torch.equal(got.clean_table.rflat, literal.rflat) and torch.equal(got.clean_table.bounds, literal.bounds)
+    used = int(ready.bounds[-1]) + rows
+    assert torch.equal(got.rows.view(torch.uint8)[:used], want.rows.view(torch.uint8)[:used])
+    assert torch.equal(got.table.bounds, want.table.bounds)
+    assert torch.equal(got.clean_table.rflat, want.clean_table.rflat)
+    assert torch.equal(got.clean_table.bounds, want.clean_table.bounds)
+    assert torch.equal(got.clean_codes.view(torch.uint8), want.clean_codes.view(torch.uint8))
+    assert torch.equal(got.clean_alpha.view(torch.int16), want.clean_alpha.view(torch.int16))
 
 
 def test_combined_operand_rejects_mismatched_slots():
@@ -256,13 +292,20 @@ COMPILE = textwrap.dedent("""
                                      "tail_src_ptr", "tail_dst_ptr")},
         "tail_words": "i32", "rows": "i32", "n": "i32", "experts": "i32", "EB": "constexpr", "BW": "constexpr",
         "TW": "constexpr"}, constexprs={"EB": 256, "BW": 2048, "TW": 2048}), target=target)
-    for ids, route, eb, chunk in (("*i64", 1, 32, 512), ("*i32", 1, 256, 64), ("*u8", 0, 2, 1)):
-        triton.compile(ASTSource(fn=lagged._clean_kernel, signature={
-            "ids_ptr": ids, "total": "i32", "experts": "i32", "top_k": "i32", "rflat_ptr": "*i32",
-            "bounds_ptr": "*i32", "x_ptr": "*i16", "k": "i32", "codes_ptr": "*u8", "alpha_ptr": "*i16",
-            "parts": "i32", "EB": "constexpr", "CHUNK": "constexpr", "SLICE": "constexpr", "BK": "constexpr"},
-            constexprs={"EB": eb, "CHUNK": chunk, "SLICE": 64, "BK": 8192}), target=target,
-            options={"enable_fp_fusion": False, "num_warps": 16 if route else 8})
+    triton.compile(ASTSource(fn=lagged._clean_kernel, signature={
+        "x_ptr": "*i16", "k": "i32", "codes_ptr": "*u8", "alpha_ptr": "*i16", "BK": "constexpr"},
+        constexprs={"BK": 8192}), target=target, options={"enable_fp_fusion": False, "num_warps": 8})
+    for ids, eb, tk, chunk in (("*i64", 32, 8, 512), ("*i32", 256, 4, 64)):
+        front = triton.compile(ASTSource(fn=lagged._front_kernel, signature={
+            "ids_ptr": ids, "total": "i32", "experts": "i32", "top_k": "i32", "x_ptr": "*i16", "k": "i32",
+            "codes_ptr": "*u8", "alpha_ptr": "*i16", "ready_ptr": "*i32", "ready_bounds_ptr": "*i32",
+            "rflat_ptr": "*i32", "bounds_ptr": "*i32", "out_ptr": "*u8", "out_words_ptr": "*i32",
+            "out_bounds_ptr": "*i32", "m": "i32", "capacity": "i32", "EB": "constexpr", "TK": "constexpr",
+            "CHUNK": "constexpr", "BK": "constexpr", "BW": "constexpr", "RP": "constexpr"},
+            constexprs={"EB": eb, "TK": tk, "CHUNK": chunk, "BK": 8192, "BW": 2048, "RP": lagged._READY_ROWS}),
+            target=target,
+            options={"enable_fp_fusion": False, "num_warps": 8})
+        print("FRONT-LOCAL", ".local" in front.asm["ptx"])  # no stack frame at the decode shapes
     mined = triton.compile(ASTSource(fn=lottery._shifted_lottery_kernel, signature={
         "acc_ptr": "*i64", "n": "i32", "tile_row_ptr": "*i32", "tile_expert_ptr": "*i32", "tile_local_ptr": "*i32",
         "num_tiles": "i32", "shift_ptr": "*i32", "key_ptr": "*i32", "thr_ptr": "*i32", "seed_b_ptr": "*i32",
@@ -281,6 +324,7 @@ def test_lagged_kernels_compile_for_sm90():
         pytest.skip("Triton's ptxas is not available")
     assert done.returncode == 0, done.stderr[-3000:]
     assert "PAIR-LOADS 128" in done.stdout  # the shifted lottery keeps the fold's 8-byte loads
+    assert "FRONT-LOCAL True" not in done.stdout
 
 
 # ------------------------------------------------------------------------------------ launches

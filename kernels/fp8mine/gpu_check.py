@@ -44,7 +44,7 @@ from .matmul import IMPLS, WINDOW_K, gemm_impl, grouped_matmul, matmul
 from .pipeline import MinedGemm
 from .proofs import take_winner
 from .routing import RoutingTable, routing_table, row_tiles
-from .lagged import build_operand, clean_peel, clean_rows
+from .lagged import clean_peel, lagged_front
 
 DEVICE = "cuda"  # `--device cpu` dry-runs the check logic on the CPU backend (slow, no timings)
 FINITE_CODES = np.array([c for c in range(256) if c & 0x7F != 0x7F], dtype=np.uint8)
@@ -443,14 +443,15 @@ def _median_us(timing) -> float:
 
 def _lagged_parts(gemm: MinedGemm, x: torch.Tensor, topk, result) -> dict:
     """Where the lagged pass spends its time, each stage alone (same method as `_parts`).
-    Serving stream: routing, READY ← PENDING, combined operand, GEMM, peel of the clean rows;
-    side stream: clean A peel, the lottery over MINED + payload + publish, the A side and PENDING
-    fill, MINED ← the READY rows (after the GEMM)."""
+    Serving stream: the front (routing, clean quantization and combined operand, one launch at
+    MoE decode), GEMM, peel of the clean rows; side stream: READY's tail ← PENDING's, clean A
+    peel, the lottery over MINED + payload + publish, the A side and PENDING fill, MINED ← the
+    READY rows (after the GEMM)."""
     from .peel import peel_and_unscale
     from .pipeline import prepare_a
     state, table, ready, mined = gemm.state, result.table, gemm.ready, gemm.mined
-    clean = clean_rows(x, topk if gemm.moe else None, gemm.b.experts)
-    operand = build_operand(clean, ready)
+    routing = topk if gemm.moe else None
+    operand = lagged_front(x, routing, gemm.b.experts, gemm.pending)
     a_peel_clean = clean_peel(operand, state.f_b)
     b_peel = state.peel.view(gemm.b.experts, gemm.b.n_e, -1)
     alpha_b = state.side.alpha.view(gemm.b.experts, gemm.b.n_e)
@@ -460,10 +461,9 @@ def _lagged_parts(gemm: MinedGemm, x: torch.Tensor, topk, result) -> dict:
         gemm.pending.fill(a.side.codes, a.codes, a.scales, a.pow_key, table)
 
     stages = {
-        "routing + clean quantization (one launch)": lambda: clean_rows(x, topk if gemm.moe else None,
-                                                                        gemm.b.experts),
-        "READY <- PENDING copy": lambda: ready.flat.copy_(gemm.pending.flat),
-        "combined operand (READY + clean row copies)": lambda: build_operand(clean, ready),
+        "front: routing + clean quantization + combined operand": lambda: lagged_front(x, routing, gemm.b.experts,
+                                                                                       gemm.pending),
+        "side: READY tail <- PENDING tail": lambda: ready.tail().copy_(gemm.pending.tail()),
         "GEMM (combined rows)": lambda: grouped_matmul(operand.rows, gemm.b_codes(), operand.table),
         "peel + unscale (clean rows)": lambda: peel_and_unscale(result.acc, a_peel_clean, operand.clean_alpha,
                                                                 b_peel, alpha_b, table, row_shift=ready.bounds[1:],

@@ -5,7 +5,9 @@ mostly empty (~16 rows an expert), so a second set of rows per expert is almost 
 operand of expert e is [READY rows of e ; clean rows of e]:
 
 - READY rows: the noisy A′ codes of launch t−1 in t−1's expert order, prepared on a side stream
-  while launch t−1's GEMM ran (`LagSlot`, filled as PENDING, copied to READY at the start of t);
+  while launch t−1's GEMM ran (`LagSlot` PENDING) and read from PENDING by launch t's front
+  (`lagged_front`) before the side stream refills it; the READY slot keeps only PENDING's tail
+  (planes, routing, key), which the take and the peel's row shift read after the refill;
 - clean rows: x_t quantized for inference only, with a per-token scale α = bf16(448 / max|x|)
   and no noise. B′ still carries the B noise β_B E_B F_B, so their peel is the B-noise term only:
   A peel = [0 | A_c′ · F_Bᵀ] (the noisy formula with E_A = 0), and
@@ -31,13 +33,14 @@ from kernels.int7._jit import jit
 from .noisy_kernel import _bf16_of_bits, _e4m3_code, _rne_bf16
 from .peel import a_peel
 from .quant import NoisySide
-from .routing import (RANK_SLICE, RANK_WARPS, RoutingTable, dense_table, one_program_shape, rank_entries,
-                      rank_parts, routing_args, routing_table)
+from .routing import (RoutingTable, clamped_ids, dense_table, entries_before, one_program_shape, routing_args,
+                      routing_table)
 
 _ALIGN = 16  # bytes: every view of a slot starts on a 16-byte boundary
 _QUANT_BLOCK = 8192  # most elements per step of the clean quantization (k ≤ 8192: one load)
 _QUANT_WARPS = 8
 _COPY_WORDS = 2048  # most 4-byte words per step of a row copy (k ≤ 8192: one step)
+_READY_ROWS = 4  # READY rows a `_front_kernel` program copies (GLM-5 decode: 128 programs beside 64 token ones)
 _NORM_FLOOR = tl.constexpr(2.0 ** -32)  # an all-zero row gets a finite scale
 
 
@@ -47,8 +50,8 @@ class LagError(ValueError):
 
 @dataclass
 class LagSlot:
-    """One launch's mined rows as persistent views of one flat byte buffer, so READY ← PENDING is
-    a single copy (and a CUDA graph that contains it keeps rotating on every replay).
+    """One launch's mined rows as persistent views of one flat byte buffer, so READY's tail ←
+    PENDING's is a single copy (and a CUDA graph that contains it keeps rotating on every replay).
 
     a_rows: A′ codes (rows, k) in the launch's expert order; codes/scales: the committed A planes
     (token order, the payload of a winner); rflat/bounds: the launch's routing; pow_key: its
@@ -98,7 +101,7 @@ class LagSlot:
             a_codes.view(torch.int32), table.rflat, codes.view(torch.int32), scales.view(torch.int32),
             table.bounds, pow_key, self.a_rows.view(torch.int32), self.codes.view(torch.int32),
             self.scales.view(torch.int32), self.rflat, self.bounds, self.pow_key, rows, k // 4, k // 16,
-            self.bounds.shape[0], BW=min(triton.next_power_of_2(k // 4), _COPY_WORDS))
+            self.bounds.shape[0], BW=_copy_block(k))
 
     def table(self) -> RoutingTable:
         return RoutingTable(self.rflat, self.bounds)
@@ -194,10 +197,10 @@ def _take_kernel(acc_ptr, ready_bounds_ptr, clean_bounds_ptr, mined_ptr, tail_sr
 
 
 @jit
-def _quantize_row(x_ptr, k, codes_ptr, alpha_ptr, BK: tl.constexpr):
-    """One bf16 row (x_ptr: its int16 bits) → e4m3 codes at codes_ptr with the per-token scale
-    α = bf16(448 / max(|x|, 2^-32)), stored (bf16 bits) at alpha_ptr. k ≤ BK: one load (the
-    second pass re-reads it from L1)."""
+def _row_scale(x_ptr, k, alpha_ptr, BK: tl.constexpr):
+    """The per-token scale of one bf16 row (x_ptr: its int16 bits), α = bf16(448 / max(|x|, 2^-32)):
+    stored (bf16 bits) at alpha_ptr and returned as an f32 (BK,) vector for `_row_codes`. k ≤ BK:
+    one load (the codes pass re-reads it from L1)."""
     peak = tl.full((BK,), 0.0, tl.float32)
     for k0 in range(0, k, BK):
         offs = k0 + tl.arange(0, BK)
@@ -207,26 +210,28 @@ def _quantize_row(x_ptr, k, codes_ptr, alpha_ptr, BK: tl.constexpr):
                       .to(tl.int32, bitcast=True))
     lane = tl.arange(0, BK)
     tl.store(alpha_ptr + lane, (alpha >> 16).to(tl.int16), mask=lane == 0)
-    scale = alpha.to(tl.float32, bitcast=True)
-    for k0 in range(0, k, BK):
-        offs = k0 + tl.arange(0, BK)
-        live = offs < k
-        value = _bf16_of_bits(x_ptr, offs, live) * scale
-        value = tl.where(value > 448.0, 448.0, tl.where(value < -448.0, -448.0, value))
-        tl.store(codes_ptr + offs, _e4m3_code(value.to(tl.int32, bitcast=True)).to(tl.uint8), mask=live)
+    return alpha.to(tl.float32, bitcast=True)
 
 
 @jit
-def _clean_kernel(ids_ptr, total, experts, top_k, rflat_ptr, bounds_ptr, x_ptr, k, codes_ptr, alpha_ptr, parts,
-                  EB: tl.constexpr, CHUNK: tl.constexpr, SLICE: tl.constexpr, BK: tl.constexpr):
-    """Programs p < parts rank slice p of the routing table (`rank_entries`) while programs
-    parts.. quantize one token each; parts = 0: every program quantizes (the table is made apart)."""
-    p = tl.program_id(0)
-    if p < parts:
-        rank_entries(ids_ptr, total, experts, top_k, rflat_ptr, bounds_ptr, p, EB, CHUNK, SLICE)
-    else:
-        token = (p - parts).to(tl.int64)
-        _quantize_row(x_ptr + token * k, k, codes_ptr + token * k, alpha_ptr + token, BK)
+def _row_codes(x_ptr, k0, k, scale, BK: tl.constexpr):
+    """Columns [k0, k0 + BK) of one bf16 row as e4m3 codes of clamp(α·x, ±448): (offsets, live,
+    codes); the caller stores them wherever the row goes (token order, operand rows)."""
+    offs = k0 + tl.arange(0, BK)
+    live = offs < k
+    value = _bf16_of_bits(x_ptr, offs, live) * scale
+    value = tl.where(value > 448.0, 448.0, tl.where(value < -448.0, -448.0, value))
+    return offs, live, _e4m3_code(value.to(tl.int32, bitcast=True)).to(tl.uint8)
+
+
+@jit
+def _clean_kernel(x_ptr, k, codes_ptr, alpha_ptr, BK: tl.constexpr):
+    """Token program_id(0)'s clean codes (token order) and α."""
+    token = tl.program_id(0).to(tl.int64)
+    scale = _row_scale(x_ptr + token * k, k, alpha_ptr + token, BK)
+    for k0 in range(0, k, BK):
+        offs, live, codes = _row_codes(x_ptr + token * k, k0, k, scale, BK)
+        tl.store(codes_ptr + token * k + offs, codes, mask=live)
 
 
 @dataclass
@@ -239,33 +244,28 @@ class CleanRows:
 
 
 def clean_rows(x: torch.Tensor, topk_ids: torch.Tensor | None, experts: int) -> CleanRows:
-    """The clean codes and α of every token, and the routing table (dense: one group when
-    topk_ids is None). At decode one launch: the table's ranking programs (one per 64 entries)
-    run beside the m token programs, so the operand that follows only copies rows (a token is quantized once, not
-    once per routed row)."""
+    """The clean codes and α of every token (one launch, a program per token), and the routing
+    table (`routing_table`; dense: one group when topk_ids is None). The lagged pass takes this
+    path only where `lagged_front` does not fuse (dense, or routing too large to rank per token)."""
     m, k = x.shape
-    if x.dtype != torch.bfloat16 or k % 32:
-        raise LagError(f"x must be bf16 (m, k) with k % 32 == 0, got {x.dtype} {tuple(x.shape)}")
-    device = x.device
-    codes = torch.empty((m, k), dtype=torch.uint8, device=device)
-    alpha = torch.empty(m, dtype=torch.int16, device=device)
-    shape = None
-    if topk_ids is None:
-        table = dense_table(m, device)
-    else:
-        routing_args(topk_ids, experts)
-        shape = one_program_shape(topk_ids.numel(), experts)
-        table = routing_table(topk_ids, experts) if shape is None else RoutingTable(
-            torch.empty(topk_ids.numel(), dtype=torch.int32, device=device),
-            torch.empty(experts + 1, dtype=torch.int32, device=device))
-    ids = topk_ids.contiguous() if shape is not None else codes
-    eb, chunk = shape if shape is not None else (2, 1)
-    parts = rank_parts(table.rflat.shape[0]) if shape is not None else 0
-    _clean_kernel[(m + parts,)](ids, table.rflat.shape[0], experts, 1 if topk_ids is None else topk_ids.shape[1],
-                                table.rflat, table.bounds, x.contiguous().view(torch.int16), k, codes, alpha, parts,
-                                EB=eb, CHUNK=chunk, SLICE=RANK_SLICE, BK=min(triton.next_power_of_2(k), _QUANT_BLOCK),
-                                num_warps=RANK_WARPS if parts else _QUANT_WARPS, enable_fp_fusion=False)
+    _clean_args(x)
+    codes = torch.empty((m, k), dtype=torch.uint8, device=x.device)
+    alpha = torch.empty(m, dtype=torch.int16, device=x.device)
+    table = dense_table(m, x.device) if topk_ids is None else routing_table(topk_ids, experts)
+    _clean_kernel[(m,)](x.contiguous().view(torch.int16), k, codes, alpha, BK=_quant_block(k), num_warps=_QUANT_WARPS,
+                        enable_fp_fusion=False)
     return CleanRows(table, codes.view(torch.float8_e4m3fn), alpha.view(torch.bfloat16))
+
+
+def _clean_args(x: torch.Tensor) -> None:
+    """Raise LagError unless x is bf16 (m, k) with k % 32 == 0."""
+    if x.dtype != torch.bfloat16 or x.dim() != 2 or x.shape[1] % 32:
+        raise LagError(f"x must be bf16 (m, k) with k % 32 == 0, got {x.dtype} {tuple(x.shape)}")
+
+
+def _quant_block(k: int) -> int:
+    """Elements per step of the clean quantization (k ≤ 8192: the whole row in one step)."""
+    return min(triton.next_power_of_2(k), _QUANT_BLOCK)
 
 
 @jit
@@ -303,27 +303,137 @@ class Operand:
 
     rows: torch.Tensor  # (2·rows, k) e4m3: per expert [READY rows ; clean rows], unused tail
     table: RoutingTable  # the combined bounds cb (e+1,) over those rows (cb[e] = 2·rows)
+    clean_table: RoutingTable  # this launch's routing (Rflat, bounds) of the clean rows
     clean_codes: torch.Tensor  # (m, k) e4m3, token order
     clean_alpha: torch.Tensor  # (m,) bf16, token order
 
 
 def build_operand(clean: CleanRows, ready: LagSlot) -> Operand:
-    """One launch: READY rows and the clean rows (each token's codes, through Rflat) copied
-    into the combined operand, and the combined bounds; one program a combined row."""
+    """One launch: the rows to mine (`ready`'s A′ rows) and the clean rows (each token's codes,
+    through Rflat) copied into the combined operand, and the combined bounds; one program a
+    combined row."""
     table = clean.table
     (m, k), rows, experts = clean.codes.shape, table.rflat.shape[0], table.experts
-    if ready.a_rows.shape != (rows, k) or ready.bounds.shape != table.bounds.shape:
-        raise LagError(f"READY must hold ({rows}, {k}) rows for {experts} experts; "
-                       f"got READY {tuple(ready.a_rows.shape)}, bounds {tuple(ready.bounds.shape)}")
-    device = clean.codes.device
-    operand = torch.empty((2 * rows, k), dtype=torch.uint8, device=device)
-    bounds = torch.empty(experts + 1, dtype=torch.int32, device=device)
+    _operand_args(ready, rows, k, experts)
+    operand, bounds = _operand_buffers(rows, k, experts, clean.codes.device)
     _operand_kernel[(2 * rows,)](
         clean.codes.view(torch.int32), table.rflat, table.bounds, ready.a_rows.view(torch.int32), ready.bounds,
         operand.view(torch.int32), bounds, experts, k // 4, 2 * rows,
-        EB=triton.next_power_of_2(experts + 1), BW=min(triton.next_power_of_2(k // 4), _COPY_WORDS))
-    return Operand(operand.view(torch.float8_e4m3fn), RoutingTable(_rows(2 * rows, device), bounds),
-                   clean.codes, clean.alpha)
+        EB=triton.next_power_of_2(experts + 1), BW=_copy_block(k))
+    return _operand(operand, bounds, table, clean.codes, clean.alpha)
+
+
+def lagged_front(x: torch.Tensor, topk_ids: torch.Tensor | None, experts: int, ready: LagSlot) -> Operand:
+    """Everything the serving stream does before a lagged GEMM: x's routing table, clean codes
+    and α, and the combined operand over `ready`'s A′ rows (the pipeline passes PENDING: it is
+    refilled only after this launch). MoE decode (`one_program_shape`: at
+    most 4096 routing entries) in ONE launch (`_front_kernel`); dense and larger routings by
+    `clean_rows` then `build_operand`."""
+    if topk_ids is None:
+        return build_operand(clean_rows(x, None, experts), ready)
+    routing_args(topk_ids, experts)
+    shape = one_program_shape(topk_ids.numel(), experts)
+    if shape is None:
+        return build_operand(clean_rows(x, topk_ids, experts), ready)
+    _clean_args(x)
+    (m, k), (_, top_k), rows = x.shape, topk_ids.shape, topk_ids.numel()
+    _operand_args(ready, rows, k, experts)
+    device = x.device
+    codes = torch.empty((m, k), dtype=torch.uint8, device=device)
+    alpha = torch.empty(m, dtype=torch.int16, device=device)
+    table = RoutingTable(torch.empty(rows, dtype=torch.int32, device=device),
+                         torch.empty(experts + 1, dtype=torch.int32, device=device))
+    operand, bounds = _operand_buffers(rows, k, experts, device)
+    _front_kernel[(m + 1 + triton.cdiv(rows, _READY_ROWS),)](
+        topk_ids.contiguous(), rows, experts, top_k, x.contiguous().view(torch.int16), k, codes, alpha,
+        ready.a_rows.view(torch.int32), ready.bounds, table.rflat, table.bounds, operand, operand.view(torch.int32),
+        bounds, m, 2 * rows, EB=shape[0], TK=triton.next_power_of_2(top_k), CHUNK=shape[1], BK=_quant_block(k),
+        BW=_copy_block(k), RP=_READY_ROWS, num_warps=_QUANT_WARPS, enable_fp_fusion=False)
+    return _operand(operand, bounds, table, codes.view(torch.float8_e4m3fn), alpha.view(torch.bfloat16))
+
+
+@jit
+def _front_kernel(ids_ptr, total, experts, top_k, x_ptr, k, codes_ptr, alpha_ptr, ready_ptr, ready_bounds_ptr,
+                  rflat_ptr, bounds_ptr, out_ptr, out_words_ptr, out_bounds_ptr, m, capacity, EB: tl.constexpr,
+                  TK: tl.constexpr, CHUNK: tl.constexpr, BK: tl.constexpr, BW: tl.constexpr, RP: tl.constexpr):
+    """`lagged_front` at MoE decode, one launch. Program t < m: token t ranks its own top_k
+    entries (`entries_before`: its Rflat positions, stable, no table needed), writes them into
+    Rflat, quantizes x_t once (α, token-order codes) and stores the codes straight into its
+    combined rows (Rflat position i of expert w → combined row i + rb[w + 1]; out_ptr and
+    out_words_ptr: the operand as bytes and as int32 words). Program m: the bounds ct and the
+    combined bounds cb = rb + ct (cb[e] = capacity, as `_operand_kernel`).
+    Program m + 1 + c: READY rows [c·RP, (c + 1)·RP), row j → combined row j + ct[w] (w: its
+    expert from rb; ct[w] counted from the ids). No program waits for another, so the routing →
+    quantization → copy chain (two launches and a READY copy before) is one launch."""
+    p = tl.program_id(0)
+    if p < m:
+        lane = tl.arange(0, TK)
+        live = lane < top_k
+        at = p * top_k + lane
+        ids = clamped_ids(ids_ptr, at, live, experts)
+        position = entries_before(ids_ptr, total, experts, ids, at, CHUNK)
+        tl.store(rflat_ptr + position, p + lane * 0, mask=live)
+        rows = position + tl.load(ready_bounds_ptr + ids + 1, mask=live, other=0)
+        token = p.to(tl.int64)
+        scale = _row_scale(x_ptr + token * k, k, alpha_ptr + token, BK)
+        for k0 in range(0, k, BK):
+            offs, in_row, codes = _row_codes(x_ptr + token * k, k0, k, scale, BK)
+            tl.store(codes_ptr + token * k + offs, codes, mask=in_row)
+            for j in range(0, top_k):
+                row = tl.reduce(tl.where(lane == j, rows, 0), 0, tl.standard._sum_combine).to(tl.int64)
+                tl.store(out_ptr + row * k + offs, codes, mask=in_row)
+    elif p == m:
+        w = tl.arange(0, EB)
+        ct = entries_before(ids_ptr, total, experts, w, w * 0, CHUNK)
+        rb = tl.load(ready_bounds_ptr + w, mask=w < experts, other=0)
+        tl.store(bounds_ptr + w, ct, mask=w < experts)
+        tl.store(out_bounds_ptr + w, rb + ct, mask=w < experts)
+        tl.store(bounds_ptr + experts + w, total + w * 0, mask=w == 0)
+        tl.store(out_bounds_ptr + experts + w, capacity + w * 0, mask=w == 0)
+    else:
+        j = (p - m - 1) * RP + tl.arange(0, RP)
+        w = tl.arange(0, EB)
+        rb = tl.load(ready_bounds_ptr + w, mask=w < experts, other=0)
+        below = (w[None, :] >= 1) & (w[None, :] < experts) & (rb[None, :] <= j[:, None])
+        expert = tl.reduce(below.to(tl.int32), 1, tl.standard._sum_combine)
+        start = entries_before(ids_ptr, total, experts, expert, expert * 0, CHUNK)
+        words = k // 4
+        _copy_rows(ready_ptr + j.to(tl.int64) * words, out_words_ptr + (j + start).to(tl.int64) * words,
+                   j < tl.load(ready_bounds_ptr + experts), words, BW)
+
+
+@jit
+def _copy_rows(src_rows, dst_rows, live, words, BW: tl.constexpr):
+    """`words` int32 words of each live row (src_rows, dst_rows: (rows,) row pointers), BW at a
+    time: the rows' loads are issued together (one 2-D access), not one row after another."""
+    for w0 in range(0, words, BW):
+        offs = w0 + tl.arange(0, BW)
+        mask = live[:, None] & (offs < words)[None, :]
+        tl.store(dst_rows[:, None] + offs[None, :], tl.load(src_rows[:, None] + offs[None, :], mask=mask), mask=mask)
+
+
+def _operand_args(ready: LagSlot, rows: int, k: int, experts: int) -> None:
+    """Raise LagError unless the slot holds (rows, k) A′ rows and bounds for `experts`."""
+    if ready.a_rows.shape != (rows, k) or ready.bounds.shape != (experts + 1,):
+        raise LagError(f"READY must hold ({rows}, {k}) rows for {experts} experts; "
+                       f"got READY {tuple(ready.a_rows.shape)}, bounds {tuple(ready.bounds.shape)}")
+
+
+def _operand_buffers(rows: int, k: int, experts: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The combined operand (2·rows, k) uint8 (rows past the used ones are never written) and its bounds."""
+    return (torch.empty((2 * rows, k), dtype=torch.uint8, device=device),
+            torch.empty(experts + 1, dtype=torch.int32, device=device))
+
+
+def _operand(rows: torch.Tensor, bounds: torch.Tensor, table: RoutingTable, codes: torch.Tensor,
+             alpha: torch.Tensor) -> Operand:
+    return Operand(rows.view(torch.float8_e4m3fn), RoutingTable(_rows(rows.shape[0], rows.device), bounds), table,
+                   codes, alpha)
+
+
+def _copy_block(k: int) -> int:
+    """Words a row copy moves per step (k ≤ 8192 bytes: one step)."""
+    return min(triton.next_power_of_2(k // 4), _COPY_WORDS)
 
 
 def _rows(count: int, device: torch.device) -> torch.Tensor:

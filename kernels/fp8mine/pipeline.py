@@ -25,7 +25,7 @@ from proof.fp8.params import STATE_WINDOW_DEPTH, JobParams, make_job
 
 from . import noise, prequant, quant, transcript
 from .hashing import constant_bytes
-from .lagged import LagSlot, MinedSlot, build_operand, clean_peel, clean_rows
+from .lagged import LagSlot, MinedSlot, clean_peel, lagged_front
 from .lottery import LotteryLatch, threshold_words
 from .matmul import grouped_matmul
 from .peel import a_peel, b_peel, peel_and_unscale, peel_tiles
@@ -225,7 +225,8 @@ class MinedGemm:
         self.ancestor_chain: list[bytes] = []
         self.lagged = lagged
         if lagged:
-            self.ready = LagSlot.allocate(m, rows, k, self.b.experts, self.b.device)
+            # READY keeps only the tail (planes, routing, key): the operand reads PENDING's A′ rows
+            self.ready = LagSlot.allocate(m, rows, k, self.b.experts, self.b.device, with_rows=False)
             self.pending = LagSlot.allocate(m, rows, k, self.b.experts, self.b.device)
             self.mined = MinedSlot.allocate(m, rows, self.b.n_e, k, self.b.experts, self.b.device)
             cuda = self.b.device.type == "cuda"
@@ -280,31 +281,30 @@ class MinedGemm:
         return routing_table(topk_ids, self.b.experts) if self.moe else dense_table(self.m, device)
 
     def _forward_lagged(self, x: torch.Tensor, topk_ids: torch.Tensor | None) -> LaunchResult:
-        """Launch t: serve x_t, mine launch t−1's rows (READY), prepare x_t's (PENDING).
+        """Launch t: serve x_t, mine launch t−1's rows (still in PENDING), prepare x_t's (PENDING).
 
-        main: routing + x_t's clean quantization (one launch) → combined operand (READY rows +
-        clean rows, copies) → GEMM → peel of the clean rows. side: PENDING → READY, then the
-        lottery, payload and publish of MINED (the rows launch t−1's GEMM hashed) beside the
-        clean rows and the operand; while the GEMM runs the clean rows' A peel and x_t's A side
-        into PENDING; after the GEMM, MINED ← the READY rows' accumulator rows and READY's
-        planes (beside the serving peel). `LAGGED_LOTTERY_FIRST = False` draws MINED's tickets
-        under the GEMM instead. The side stream forks from and joins the serving stream, so one
-        launch is one self-contained (graph-capturable) piece of stream work.
+        main: ONE launch before the GEMM (`lagged_front`: routing, x_t's clean quantization and the
+        combined operand = per expert [PENDING's A′ rows ; clean rows]) → GEMM → peel of the
+        clean rows. side: READY's tail ← PENDING's (planes, routing, key: what MINED's take and
+        the peel's row shift read after PENDING is refilled; the A′ rows are not copied), then
+        the lottery, payload and publish of MINED (the rows launch t−1's GEMM hashed) beside the
+        front; after the front (which read PENDING) the clean rows' A peel and x_t's A side into
+        PENDING while the GEMM runs; after the GEMM, MINED ← the READY rows' accumulator rows and
+        READY's tail (beside the serving peel). `LAGGED_LOTTERY_FIRST = False` draws MINED's
+        tickets under the GEMM instead. The serving stream waits for nothing before the GEMM; the
+        side stream forks from and joins it, so one launch is one self-contained
+        (graph-capturable) piece of stream work.
         """
         assert self.state is not None
         state, ready, pending, mined = self.state, self.ready, self.pending, self.mined
         main = torch.cuda.current_stream(self.b.device) if self.side is not None else None
         self._fork(main)
         with self._on_side():
-            ready.flat.copy_(pending.flat)
-            ready_copied = self._event()
+            ready.tail().copy_(pending.tail())
             if LAGGED_LOTTERY_FIRST:
                 self._mine_previous()
-        clean = clean_rows(x, topk_ids if self.moe else None, self.b.experts)
-        table = clean.table
-        if ready_copied is not None:  # the operand needs READY only, not the lottery behind it
-            main.wait_event(ready_copied)
-        operand = build_operand(clean, ready)
+        operand = lagged_front(x, topk_ids if self.moe else None, self.b.experts, pending)
+        table = operand.clean_table
         self._fork(main)
         with self._on_side():
             clean_tiles = peel_tiles(table)
