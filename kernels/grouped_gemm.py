@@ -24,6 +24,8 @@ from kernels.grouped_gemm_config import (
 
 # TMA needs 16-byte aligned row strides: K and N elements per row.
 _ALIGN_BYTES = 16
+# Most shared memory a shared-SM launch leaves to other kernels: the GEMM keeps >= 2 stages.
+_MAX_SIDE_SMEM = 128 * 1024
 
 
 class GroupedGemmError(ValueError):
@@ -115,17 +117,17 @@ def _max_active_clusters(cluster_size: int, device_index: int) -> int:
 
 def launch(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, out: torch.Tensor,
            config: GroupedGemmConfig, x_scale: torch.Tensor | None = None,
-           w_scale: torch.Tensor | None = None, max_sms: int | None = None, shared_sm: bool = False) -> None:
+           w_scale: torch.Tensor | None = None, max_sms: int | None = None, side_smem: int = 0) -> None:
     """Launch one compiled variant on the current stream; arguments are assumed checked (the
     variant follows from x's dtype and the scales, as in `grouped_gemm`). max_sms caps the
-    persistent grid (a runtime argument: no recompile); shared_sm is compiled in."""
+    persistent grid (a runtime argument: no recompile); side_smem is compiled in."""
     from quack.gemm_default_epi import GemmDefaultEpiMixin
     from quack.gemm_tvm_ffi_utils import make_scheduler_args, make_varlen_args
 
     from kernels.grouped_gemm_sm90 import compile_grouped_gemm
 
     precision = precision_of(x)
-    fn = compile_grouped_gemm(precision, config, output_for(precision, x_scale is not None), shared_sm)
+    fn = compile_grouped_gemm(precision, config, output_for(precision, x_scale is not None), side_smem)
     cluster_size = config.cluster_m * config.cluster_n
     clusters = _max_active_clusters(cluster_size, x.device.index or 0)
     if max_sms is not None:
@@ -141,7 +143,7 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, *,
                  x_scale: torch.Tensor | None = None, w_scale: torch.Tensor | None = None,
                  out: torch.Tensor | None = None,
                  config: GroupedGemmConfig | None = None,
-                 max_sms: int | None = None, shared_sm: bool = False) -> torch.Tensor:
+                 max_sms: int | None = None, side_smem: int = 0) -> torch.Tensor:
     """Grouped GEMM over experts on an sm_90a GPU.
 
     x: (total_M, K) rows sorted by expert; w: (E, N, K); offsets: (E+1,) int32 on the device,
@@ -161,13 +163,15 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, *,
     max_sms: run the persistent grid on at most this many SMs (whole clusters), leaving the rest
     to concurrent kernels on other streams (the lagged mining passes' side work at decode, where
     the GEMM is memory-bound); None uses every SM.
-    shared_sm: a variant that leaves half of each SM's shared memory and registers unused, so
-    small kernels on other streams run on the same SMs beside it (`max_sms` gives them whole
-    SMs instead); cooperative configs only, so a pingpong config is swapped for its
+    side_smem: > 0 builds a variant that shares every SM with kernels of other streams (half
+    the registers and this many bytes of shared memory left to them; `max_sms` gives them
+    whole SMs instead); cooperative configs only, so a pingpong config is swapped for its
     cooperative twin.
     """
     if max_sms is not None and max_sms < 1:
         raise GroupedGemmError(f"max_sms must be a positive SM count, got {max_sms}")
+    if not 0 <= side_smem <= _MAX_SIDE_SMEM or side_smem % 1024:
+        raise GroupedGemmError(f"side_smem must be a multiple of 1024 bytes in [0, {_MAX_SIDE_SMEM}], got {side_smem}")
     precision, output = _check(x, w, offsets, x_scale, w_scale, out)
     total_m = x.shape[0]
     num_experts, n, k = w.shape
@@ -177,7 +181,7 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, *,
         return out
     if config is None:
         config = select_config(precision, total_m, num_experts, n, k)
-    if shared_sm and config.pingpong:
+    if side_smem and config.pingpong:
         config = dataclasses.replace(config, pingpong=False)
-    launch(x, w, offsets, out, config, x_scale, w_scale, max_sms, shared_sm)
+    launch(x, w, offsets, out, config, x_scale, w_scale, max_sms, side_smem)
     return out

@@ -205,41 +205,49 @@ def compile_key(config: GroupedGemmConfig) -> GroupedGemmConfig:
 
 
 def compile_grouped_gemm(precision: Precision, config: GroupedGemmConfig,
-                         output: Output | None = None, shared_sm: bool = False) -> Callable:
+                         output: Output | None = None, side_smem: int = 0) -> Callable:
     """`_compile` for the config's compile-time fields (swizzle is passed at launch).
 
     output: the epilogue variant; by default the precision's primary one (`primary_output`).
-    shared_sm: leave half of each SM to other streams' kernels (`_sharing`).
+    side_smem: > 0 shares each SM with other streams' kernels, leaving them this many bytes of
+    shared memory (`_sharing`).
     """
     output = primary_output(precision) if output is None else output
     if (precision, output) not in _KERNEL_CLASSES:
         raise ValueError(f"no {precision.value} -> {output.value} variant")
-    return _compile(precision, output, compile_key(config), shared_sm)
+    return _compile(precision, output, compile_key(config), side_smem)
 
 
 # Register split of a GEMM that shares its SMs (one consumer warpgroup): launched at 128 a
-# thread (occupancy 2), the producer gives back 88 a thread and the consumer takes them.
+# thread (the launch bound of 2 CTAs an SM), the producer gives back 88 a thread and the
+# consumer takes them.
 _SHARED_REGS_LOAD, _SHARED_REGS_MMA = 40, 216
 
 
 @functools.lru_cache(maxsize=None)
-def _sharing(cls: type) -> type:
-    """`cls` built to leave half of each SM to kernels of other streams: shared memory for
-    occupancy 2 (half the stages) and at most 128 registers a thread at launch (the launch
-    bound of 2 CTAs an SM), so one more CTA of up to 32K registers fits beside each persistent
-    CTA. At decode the GEMM is memory-bound and waits on its loads; latency-bound side work
-    (hashing, small quantizations) can use those SMs' idle issue slots. Cooperative configs
-    only (one consumer warpgroup: 256 threads)."""
+def _sharing(cls: type, side_smem: int) -> type:
+    """`cls` built to share each SM with kernels of other streams: at most 128 registers a
+    thread at launch, so a CTA of up to 32K registers fits beside each persistent CTA, and
+    pipeline stages sized to leave `side_smem` bytes of shared memory. At decode the GEMM is
+    memory-bound and waits on its loads; latency-bound side work (hashing, small
+    quantizations) can use those SMs' idle issue slots. Cooperative configs only (one
+    consumer warpgroup: 256 threads)."""
 
     class Sharing(cls):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             if self.pingpong or self.mma_warp_groups != 1:
                 raise ValueError("a shared-SM GEMM needs a cooperative config with one consumer warpgroup")
-            self.occupancy = 2
+            self.occupancy = 2  # the launch bound only: stages come from `_compute_stages` below
             self.num_regs_load, self.num_regs_mma = _SHARED_REGS_LOAD, _SHARED_REGS_MMA
 
-    Sharing.__name__ = f"{cls.__name__}Sharing"
+        @classmethod
+        def _compute_stages(klass, cta_tile_shape_mnk, epi_tile, a_dtype, b_dtype, d_dtype, c_dtype,
+                            epilogue_args, smem_capacity, occupancy, *rest, **kwargs):
+            return super()._compute_stages(cta_tile_shape_mnk, epi_tile, a_dtype, b_dtype, d_dtype, c_dtype,
+                                           epilogue_args, smem_capacity - side_smem, 1, *rest, **kwargs)
+
+    Sharing.__name__ = f"{cls.__name__}Sharing{side_smem // 1024}K"
     return Sharing
 
 
@@ -271,7 +279,7 @@ def _sm90_smem_without_a_driver():
 
 
 @functools.lru_cache(maxsize=None)
-def _compile(precision: Precision, output: Output, config: GroupedGemmConfig, shared_sm: bool = False) -> Callable:
+def _compile(precision: Precision, output: Output, config: GroupedGemmConfig, side_smem: int = 0) -> Callable:
     """Trace, lower and assemble one variant for sm_90a; shapes stay symbolic.
 
     The returned TVM-FFI function takes (A, B, D, C, epilogue args, scheduler args, varlen args,
@@ -280,7 +288,7 @@ def _compile(precision: Precision, output: Output, config: GroupedGemmConfig, sh
     ab_dtype, d_dtype = AB_DTYPES[precision], D_DTYPES[output]
     scaled = is_scaled(precision, output)
     cls = _KERNEL_CLASSES[(precision, output)]
-    cls = _sharing(cls) if shared_sm else cls
+    cls = _sharing(cls, side_smem) if side_smem else cls
     mA, mB, mD, mC, m, n, _k, num_experts = make_fake_gemm_tensors(
         ab_dtype, ab_dtype, d_dtype, None, "k", "k", "n", None, varlen_m=True)
     epi_args = cls.EpilogueArguments(
@@ -293,7 +301,7 @@ def _compile(precision: Precision, output: Output, config: GroupedGemmConfig, sh
         max_active_clusters=Int32(1), max_swizzle_size=Int32(8),
         raster_order=RasterOrderOption.AlongM if config.raster_along_m else RasterOrderOption.Heuristic)
     varlen_args = make_fake_varlen_args(True, False, False, None)
-    with _sm90_smem_without_a_driver() if shared_sm else contextlib.nullcontext():
+    with _sm90_smem_without_a_driver() if side_smem else contextlib.nullcontext():
         return compile_gemm_kernel(
             cls, ab_dtype, (config.tile_m, config.tile_n, config.tile_k),
             (config.cluster_m, config.cluster_n, 1), config.pingpong, True, False, False, SM90,

@@ -259,8 +259,8 @@ import kernels  # sets CUTE_DSL_ARCH=sm_90a before cutlass is imported
 from kernels.grouped_gemm_config import GroupedGemmConfig, Output, Precision
 from kernels.grouped_gemm_sm90 import compile_grouped_gemm
 out_dir, cases = sys.argv[1], json.loads(sys.argv[2])
-for i, (precision, output, key, shared) in enumerate(cases):
-    fn = compile_grouped_gemm(Precision(precision), GroupedGemmConfig.from_key(key), Output(output), shared)
+for i, (precision, output, key, side_smem) in enumerate(cases):
+    fn = compile_grouped_gemm(Precision(precision), GroupedGemmConfig.from_key(key), Output(output), side_smem)
     with open(os.path.join(out_dir, f"{i}.sass"), "w") as f:
         f.write(fn.__sass__ or "")
 """
@@ -279,8 +279,8 @@ def variant_sass(tmp_path_factory) -> list[str]:
     env = {**os.environ, "CUTE_DSL_ARCH": "sm_90a", "CUTE_DSL_KEEP": "sass",
            "CUTE_DSL_DUMP_DIR": str(out_dir),
            "PYTHONPATH": os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")]))}
-    cases = json.dumps([(p.value, o.value, c.key, False) for p, o, c in VARIANT_CASES]
-                       + [(Precision.FP8.value, Output.FP32.value, SHARED_CASE.key, True)])
+    cases = json.dumps([(p.value, o.value, c.key, 0) for p, o, c in VARIANT_CASES]
+                       + [(Precision.FP8.value, Output.FP32.value, SHARED_CASE.key, 64 * 1024)])
     run = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT, str(out_dir), cases], env=env,
                          capture_output=True, text=True, timeout=600)
     if run.returncode:

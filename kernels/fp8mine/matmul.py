@@ -108,14 +108,15 @@ def gemm_impl() -> str:
 
 
 def grouped_matmul(a: torch.Tensor, b: torch.Tensor, table: RoutingTable,
-                   impl: str | None = None, max_sms: int | None = None, shared_sm: bool = False) -> torch.Tensor:
+                   impl: str | None = None, max_sms: int | None = None, side_smem: int = 0) -> torch.Tensor:
     """out[rows of w] = a[rows of w] · b[w]ᵀ accumulated as the Hopper model; (rows, n) fp32.
 
     a: (rows, k) e4m3 in expert order (rows = table.rflat length); b: (e, n, k) e4m3.
     impl: "cute" or "triton" on CUDA (default: `gemm_impl()`); ignored on the CPU (the model).
     max_sms: the CuTe GEMM's persistent grid on at most this many SMs (the rest stay free for
-    side-stream work); the Triton grid is not persistent and ignores it. shared_sm: the CuTe
-    GEMM leaves half of each SM to side-stream kernels beside it (`grouped_gemm`).
+    side-stream work); the Triton grid is not persistent and ignores it. side_smem: the CuTe
+    GEMM shares every SM with side-stream kernels, leaving them this much shared memory
+    (`grouped_gemm`).
     """
     _check(a, b)
     experts, n, k = b.shape
@@ -129,7 +130,7 @@ def grouped_matmul(a: torch.Tensor, b: torch.Tensor, table: RoutingTable,
         raise MatmulError(f"impl must be one of {IMPLS}, got {impl!r}")
     out = torch.empty((a.shape[0], n), dtype=torch.float32, device=a.device)
     if impl == "cute":
-        return _cute_grouped(a, b, table, out, max_sms, shared_sm)
+        return _cute_grouped(a, b, table, out, max_sms, side_smem)
     block_m, block_n, warps = tile_config(a.shape[0], experts)
     tiles = row_tiles(table, block_m, partial=True)
     grid = (tiles.row_start.shape[0], triton.cdiv(n, block_n))
@@ -140,11 +141,11 @@ def grouped_matmul(a: torch.Tensor, b: torch.Tensor, table: RoutingTable,
 
 
 def _cute_grouped(a: torch.Tensor, b: torch.Tensor, table: RoutingTable, out: torch.Tensor,
-                  max_sms: int | None = None, shared_sm: bool = False) -> torch.Tensor:
+                  max_sms: int | None = None, side_smem: int = 0) -> torch.Tensor:
     """The CuTe DSL grouped GEMM's raw fp32 accumulator (rows in expert order, bounds (e+1,))."""
     from kernels.grouped_gemm import grouped_gemm  # checks the TMA alignment (K % 16, N % 4)
     return grouped_gemm(a.contiguous(), b.contiguous(), table.bounds, out=out, max_sms=max_sms,
-                        shared_sm=shared_sm)
+                        side_smem=side_smem)
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, impl: str | None = None) -> torch.Tensor:
