@@ -171,7 +171,9 @@ def test_prepare_rows_at_decode_matches(monkeypatch, fused, dtype):
     x = x.to(dtype).to(DEVICE)
     plan = activations._apb_plan(x.shape, p_b, 16)
     assert activations._fuses(plan) == fused and plan.splits > 1
-    q, scale, apb = activations.prepare_rows(x, p_b, rows_per_instance=16)
+    forked = []  # after_codes sees q once (the lagged pass forks its side chain there)
+    q, scale, apb = activations.prepare_rows(x, p_b, rows_per_instance=16, after_codes=forked.append)
+    assert len(forked) == 1 and forked[0] is q
     values = x.float().cpu()
     amax = values.abs().amax(-1)
     expected_scale = torch.where(amax > 0, amax / 64, torch.ones_like(amax))

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from kernels.int7 import pipeline
 from kernels.int7.pipeline import MinedPass, PipelineError, bound_words, prepare_job
 from proof.int7 import MiningConfig, commit_instance, instance_tickets, ticket_value, verify_plain_proof
 
@@ -92,6 +93,9 @@ def test_lagged_pass_serves_now_and_mines_the_previous_launch(job_and_weights):
             planted = _plant_previous(job, weights, launches[t - 1][0])
         out = _run(lagged, acts, scale)
         assert np.array_equal(lagged.out_i32.cpu().numpy(), _exact(weights, acts)), f"launch {t + 1}"
+        # the phase word flipped: the next launch's READY set is the one this launch's chain wrote
+        assert int(lagged._lag.lag.phase) == (t + 1) % 2
+        assert np.array_equal(lagged._lag.states[(t + 1) % 2].q.cpu().numpy(), acts)
         if t == 1:  # bf16 as the same-launch pass on the same rows (ready rows are A_1 ≠ A_2 here)
             same_launch = MinedPass(job, M, fused_a=False)
             assert torch.equal(out, _run(same_launch, acts, scale))
@@ -101,8 +105,11 @@ def test_lagged_pass_serves_now_and_mines_the_previous_launch(job_and_weights):
             _check_winner(lagged, *planted)
 
 
-def test_lagged_pass_with_the_staged_a_side(job_and_weights):
-    """The staged A side (row counts the fused one does not take) under the same lag."""
+@pytest.mark.parametrize("by_phase", [True, False])
+def test_lagged_pass_with_the_staged_a_side(job_and_weights, monkeypatch, by_phase):
+    """The staged A side (row counts the fused one does not take) under the same lag, with the
+    phase-word rotation (PENDING written by a device-indexed copy) and with the READY ← PENDING copy."""
+    monkeypatch.setattr(pipeline, "LAG_BY_PHASE", by_phase)
     job, weights = job_and_weights
     (first, first_scale), (second, second_scale) = _launches(33, 2)
     lagged = MinedPass(job, M, lagged=True, fused_a=False)

@@ -7,8 +7,8 @@ import torch
 from kernels.int7 import noise as device_noise
 from kernels.int7.activations import prepare_rows
 from kernels.int7.blake3 import bytes_from_words
-from kernels.int7.mined_gemm import (DUMP_WORDS, RECORD_WORDS, MinedGemmError, Tiling, lottery_tile,
-                                     mined_gemm, plain_gemm)
+from kernels.int7.mined_gemm import (DUMP_WORDS, RECORD_WORDS, LagPhase, MinedGemmError, Tiling,
+                                     lottery_tile, mined_gemm, plain_gemm)
 from kernels.int7.pipeline import bound_words
 from proof.int7 import LABEL_A, LABEL_B, ticket, ticket_value, tile_transcripts
 
@@ -89,6 +89,41 @@ def test_first_winner_is_recorded_and_ineligible_rows_never_win(mined):
     assert record[0] == 1
     assert record[1:4].tolist() == [best[1], best[2] * H, best[3] * W]
     assert bytes_from_words(record[4:12]) == tickets[best[1]][best[2]][best[3]]
+
+
+@pytest.mark.parametrize("phase", [0, 1])
+def test_phased_gemm_reads_the_ready_set(mined, phase):
+    """lag: A', s_A and the row counts are set 0 of a two-set buffer and the kernel reads set
+    `phase` (the lagged pass's READY): the same dump, record and output as the plain call on that
+    set, while the other set holds garbage."""
+    ops, (record, out, out_i32, dumped, scale_a, scale_b) = mined
+    words = -(-(E * M * K + E * 9 * 4) // 64) * 16  # a set: A', s_A, the row counts; 64-byte padded
+    flat = torch.randint(-128, 128, (2 * 4 * words,), dtype=torch.int8, device=DEVICE)
+    sets = []
+    for i in range(2):
+        base = flat[i * 4 * words:(i + 1) * 4 * words]
+        tail = base[E * M * K:].view(torch.int32)
+        sets.append((base[:E * M * K].view(E, M, K), tail[:E * 8].view(E, 8), tail[E * 8:E * 9]))
+    a_noised, s_a, valid = sets[phase]
+    a_noised.copy_(ops["a_noised"])
+    s_a.copy_(ops["s_a"])
+    valid.fill_(M)
+    got = torch.zeros(RECORD_WORDS, dtype=torch.int32, device=DEVICE)
+    out2 = torch.empty((E, M, N), dtype=torch.bfloat16, device=DEVICE)
+    out2_i32 = torch.empty((E, M, N), dtype=torch.int32, device=DEVICE)
+    dump2 = torch.zeros_like(dumped)
+    _, _, apb = prepare_rows(ops["a"], device_noise.dense_sparse_factor(*ops["p_b"], RANK),
+                             rows_per_instance=M, scale=scale_a.to(DEVICE))
+    lag = LagPhase(torch.full((1,), phase, dtype=torch.int32, device=DEVICE), words)
+    mined_gemm(*sets[0][:1], ops["a"], ops["bt_noised"], apb, ops["u_b"], sets[0][1], bound_words(0, DEVICE),
+               sets[0][2], got, scale_a.to(DEVICE), scale_b.to(DEVICE), rank=RANK, tile_h=H, tile_w=W, out=out2,
+               out_i32=out2_i32, dump=dump2, tiling=TILING, lag=lag)
+    assert torch.equal(dump2, dumped) and torch.equal(got.cpu(), record)
+    assert torch.equal(out2.cpu(), out) and torch.equal(out2_i32.cpu(), out_i32)
+    with pytest.raises(MinedGemmError, match="lag.words"):
+        mined_gemm(*sets[0][:1], ops["a"], ops["bt_noised"], apb, ops["u_b"], sets[0][1], bound_words(0, DEVICE),
+                   sets[0][2], got, scale_a.to(DEVICE), scale_b.to(DEVICE), rank=RANK, tile_h=H, tile_w=W,
+                   out=out2, tiling=TILING, lag=LagPhase(lag.phase, words + 4))
 
 
 def test_plain_gemm_is_the_unmined_product():

@@ -42,6 +42,7 @@ from proof.int7.seeds import SEED_SALT_A
 
 from ._jit import jit
 from .activations import apb_partial
+from .mined_gemm import LagPhase, check_lag, lag_set
 from .blake3 import (chunk_chaining_value, constant_words, level_counts, load_words8,
                      store_words8, upper_levels)
 from .noise import noised_rows, prng_block, store_sparse, store_uniform
@@ -164,14 +165,21 @@ def _noise_apply_kernel(q_ptr, sa_ptr, label_ptr, u_ptr, first_ptr, second_ptr, 
 @jit
 def _side_chain_kernel(q_words_ptr, q_ptr, key_ptr, sb_ptr, salt_ptr, nodes_ptr, sa_ptr, label_ptr,
                        u_ptr, first_ptr, second_ptr, out_ptr, copy_ptr, valid_ptr, valid_rows,
-                       words_per_instance, chunks, nodes_per_instance, K, u_blocks,
+                       words_per_instance, chunks, nodes_per_instance, K, u_blocks, phase_ptr, phase_words,
                        SALTED: tl.constexpr, R: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr,
-                       LANES: tl.constexpr, COPY: tl.constexpr, MARK: tl.constexpr):
+                       LANES: tl.constexpr, COPY: tl.constexpr, MARK: tl.constexpr, PHASED: tl.constexpr):
     """The lagged pass's whole side chain, instance `program_id` (q_words_ptr: the int7 rows as
     words for the hash, q_ptr: the same rows as bytes): commitment and s_A, a CTA barrier (s_A
     is read back as the PRNG key by every thread), then P_A over all K, U_A, and A' over all K
     in BC-wide steps. COPY: the clean rows also to copy_ptr; MARK: last, valid_rows to
-    valid_ptr[inst] (the lagged state's row count), so neither needs a copy launch behind it."""
+    valid_ptr[inst] (the lagged state's row count), so neither needs a copy launch behind it.
+    PHASED: out_ptr, sa_ptr, copy_ptr and valid_ptr are set 0 of a LagPhase pair; the chain writes
+    the PENDING set (the one this launch's GEMM does not read)."""
+    pending = lag_set(phase_ptr, PHASED, 1) * phase_words
+    out_ptr += 4 * pending
+    copy_ptr += 4 * pending
+    sa_ptr += pending
+    valid_ptr += pending
     inst = tl.program_id(0).to(tl.int64)
     _commit_seed(q_words_ptr, key_ptr, sb_ptr, salt_ptr, nodes_ptr, sa_ptr, inst, words_per_instance,
                  chunks, nodes_per_instance, BR, SALTED, LANES)
@@ -267,14 +275,15 @@ def side_columns(rows: int, warps: int) -> int:
 def noised_a_side(q: torch.Tensor, s_b: torch.Tensor, key_words: torch.Tensor, *, rank: int,
                   salted: bool, a_noised: torch.Tensor, s_a: torch.Tensor,
                   q_copy: torch.Tensor | None = None, valid: torch.Tensor | None = None,
-                  valid_rows: int = 0, warps: int = SIDE_WARPS) -> None:
+                  valid_rows: int = 0, warps: int = SIDE_WARPS, lag: LagPhase | None = None) -> None:
     """The fused A side without A·P_B, into given buffers: A' (E, M, K) int8 and s_A (E, 8) int32;
     also q into `q_copy` (E, M, K) and `valid_rows` into every entry of `valid` (E,) int32 where
     given (the lagged state, pipeline._LagState), so they need no copy launches after it.
 
     For the lagged pass (pipeline.MinedPass(lagged=True)): it runs on a side stream into static
     buffers beside the serving stream's GEMM. One launch of E programs of `warps` warps
-    (`_side_chain_kernel`), so the whole chain is dispatched at once; no host syncs.
+    (`_side_chain_kernel`), so the whole chain is dispatched at once; no host syncs. lag: the four
+    buffers are set 0 of a LagPhase pair and the chain writes the PENDING set.
     """
     _check_inputs(q, s_b, key_words, rank)
     experts, rows, k = q.shape
@@ -288,6 +297,8 @@ def noised_a_side(q: torch.Tensor, s_b: torch.Tensor, key_words: torch.Tensor, *
         raise ASideError("s_a, a_noised, q_copy and valid must be contiguous")
     if warps not in SIDE_WARPS_CHOICES:
         raise ASideError(f"the side chain takes {SIDE_WARPS_CHOICES} warps, got {warps}")
+    if lag is not None:
+        check_lag(lag)
     nodes, sizes = _tree_scratch(q)
     uniform = torch.empty((experts, rows, rank), dtype=torch.int8, device=q.device)
     first = torch.empty((experts, k), dtype=torch.int32, device=q.device)
@@ -297,8 +308,10 @@ def noised_a_side(q: torch.Tensor, s_b: torch.Tensor, key_words: torch.Tensor, *
         constant_words(SEED_SALT_A, q.device), nodes, s_a, constant_words(LABEL_A, q.device), uniform, first,
         second, a_noised, a_noised if q_copy is None else q_copy, s_a if valid is None else valid, valid_rows,
         sizes["words_per_instance"], sizes["chunks"], sizes["nodes_per_instance"], k, rows * rank // 32,
+        s_a if lag is None else lag.phase, 0 if lag is None else lag.words,
         SALTED=int(salted), R=rank, BR=rows, BC=side_columns(rows, warps), LANES=32 * warps,
-        COPY=int(q_copy is not None), MARK=int(valid is not None), num_warps=warps, num_stages=1,
+        COPY=int(q_copy is not None), MARK=int(valid is not None), PHASED=int(lag is not None),
+        num_warps=warps, num_stages=1,
         maxnreg=_side_registers(warps))
 
 

@@ -34,6 +34,7 @@ the int8 code), avoiding the quarter-rate conversion and rounding instructions.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -358,12 +359,18 @@ def int7_codes(x: torch.Tensor, scale: torch.Tensor | None = None) -> tuple[torc
 
 
 def prepare_rows(x: torch.Tensor, p_b: torch.Tensor, *, rows_per_instance: int,
-                 scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                 scale: torch.Tensor | None = None,
+                 after_codes: Callable[[torch.Tensor], None] | None = None,
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(q, scale, A·P_B) for rows x (..., K): floating x is quantised; int8 x is taken as int7 codes
     (then `scale` is passed through). A·P_B: int32 (*x.shape[:-1], r); p_b as in `a_times_p_b`.
-    Two launches for floating x: the quantiser also zeroes a k-split A·P_B's accumulator."""
+    Two launches for floating x: the quantiser also zeroes a k-split A·P_B's accumulator.
+    after_codes(q) is called once q's launch is enqueued and before A·P_B's (the lagged pass forks
+    its side chain there, so it is dispatched while A·P_B runs, ahead of the GEMM)."""
+    fork = after_codes if after_codes is not None else (lambda q: None)
     if not x.is_floating_point():
         q, scale = int7_codes(x, scale)
+        fork(q)
         return q, scale, a_times_p_b(q, p_b, rows_per_instance=rows_per_instance)
     plan = _apb_plan(x.shape, p_b, rows_per_instance)
     q = torch.empty(x.shape, dtype=torch.int8, device=x.device)
@@ -371,8 +378,10 @@ def prepare_rows(x: torch.Tensor, p_b: torch.Tensor, *, rows_per_instance: int,
     apb = torch.empty((*x.shape[:-1], plan.rank), dtype=torch.int32, device=x.device)
     if _fuses(plan):
         _quantise_apb_launch(x.contiguous(), q, scale, apb, plan)
+        fork(q)
         return q, scale, apb
     _quantise_into(x.contiguous(), q, scale, apb if plan.splits > 1 else None)
+    fork(q)
     _apb_launch(q, apb, plan)
     return q, scale, apb
 

@@ -29,13 +29,14 @@ _GEMM_SIGNATURE = {
     "an_ptr": "*i8", "ac_ptr": "*i8", "bt_ptr": "*i8", "apb_ptr": "*i32", "ub_ptr": "*i8",
     "key_ptr": "*i32", "bound_ptr": "*i32", "mvalid_ptr": "*i32", "record_ptr": "*i32",
     "sa_ptr": "*fp32", "sb_ptr": "*fp32", "out_ptr": "*bf16", "out32_ptr": "*i32", "dump_ptr": "*i32",
-    "M": "i32", "N": "i32", "K": "i32", "NC": "i32",
-    **{name: "constexpr" for name in ("R", "BM", "BN", "BK", "H", "MINE", "PEEL", "WRITE_I32", "DUMP")},
+    "phase_ptr": "*i32", "phase_words": "i32", "M": "i32", "N": "i32", "K": "i32", "NC": "i32",
+    **{name: "constexpr" for name in ("R", "BM", "BN", "BK", "H", "MINE", "PEEL", "WRITE_I32", "DUMP",
+                                       "PHASED")},
 }
 
 
 # Integer arguments that are multiples of 16 on the bench shapes (the JIT specialises them so).
-_ALIGNED_INTS = ("M", "N", "K", "pb_stride", "rows_per_instance", "factor_stride")
+_ALIGNED_INTS = ("M", "N", "K", "pb_stride", "rows_per_instance", "factor_stride", "phase_words")
 
 
 def _variants() -> list[tuple[str, object, dict, dict, int, int]]:
@@ -123,22 +124,27 @@ def _variants() -> list[tuple[str, object, dict, dict, int, int]]:
                   "salt_ptr": "*i32", "nodes_ptr": "*i32", "sa_ptr": "*i32", "label_ptr": "*i32",
                   "u_ptr": "*i8", "first_ptr": "*i32", "second_ptr": "*i32", "out_ptr": "*i8", "copy_ptr": "*i8",
                   "valid_ptr": "*i32", "valid_rows": "i32", "words_per_instance": "i32", "chunks": "i32",
-                  "nodes_per_instance": "i32", "K": "i32", "u_blocks": "i32", "SALTED": "constexpr",
-                  "R": "constexpr", "BR": "constexpr", "BC": "constexpr", "LANES": "constexpr",
-                  "COPY": "constexpr", "MARK": "constexpr"}
+                  "nodes_per_instance": "i32", "K": "i32", "u_blocks": "i32", "phase_ptr": "*i32",
+                  "phase_words": "i32", "SALTED": "constexpr", "R": "constexpr", "BR": "constexpr",
+                  "BC": "constexpr", "LANES": "constexpr", "COPY": "constexpr", "MARK": "constexpr",
+                  "PHASED": "constexpr"}
     for rows in a_side.FUSED_ROWS:  # the lagged pass's side chain: one kernel, a program per instance
-        for warps in a_side.SIDE_WARPS_CHOICES:  # as the lagged pass launches it (q copy, row count)
+        for warps in a_side.SIDE_WARPS_CHOICES:  # as the lagged pass launches it (q copy, row count, phase)
             out.append((f"a_side_side_chain_m{rows}_w{warps}", a_side._side_chain_kernel, side_chain,
                         {"SALTED": 1, "R": 128, "BR": rows, "BC": a_side.side_columns(rows, warps),
-                         "LANES": 32 * warps, "COPY": 1, "MARK": 1}, warps, 1))
-    out.append(("retain", winner._retain_kernel,
-                {"record_ptr": "*i32", "src_ptr": "*i32", "dst_ptr": "*i32", "per_instance": "i32",
-                 "USE_INDEX": "constexpr", "BLOCK": "constexpr"}, {"USE_INDEX": 1, "BLOCK": 1024}, 4, 1))
+                         "LANES": 32 * warps, "COPY": 1, "MARK": 1, "PHASED": 1}, warps, 1))
+    for label, phased in (("", 0), ("_lagged", 1)):
+        out.append((f"retain{label}", winner._retain_kernel,
+                    {"record_ptr": "*i32", "src_ptr": "*i32", "dst_ptr": "*i32", "per_instance": "i32",
+                     "phase_ptr": "*i32", "phase_words": "i32", "USE_INDEX": "constexpr",
+                     "PHASED": "constexpr", "BLOCK": "constexpr"},
+                    {"USE_INDEX": 1, "PHASED": phased, "BLOCK": 1024}, 4, 1))
     for regime, rows in (("decode", 16), ("prefill", 2048)):  # the default tilings, GLM-5's shape
         t = mined_gemm.default_tiling(rows, 4096, 6144, 128)
-        for label, mine in (("mined", 1), ("unmined", 0)):
+        kinds = [("mined", 1, 0), ("unmined", 0, 0)] + ([("mined_lagged", 1, 1)] if regime == "decode" else [])
+        for label, mine, phased in kinds:  # decode also as the lagged pass launches it (phase word)
             constexprs = {"R": 128, "BM": t.block_m, "BN": t.block_n, "BK": t.block_k, "H": mined_gemm.TILE_H,
-                          "MINE": mine, "PEEL": mine, "WRITE_I32": 0, "DUMP": 0}
+                          "MINE": mine, "PEEL": mine, "WRITE_I32": 0, "DUMP": 0, "PHASED": phased}
             out.append((f"gemm_{regime}_{label}_{t.block_m}x{t.block_n}x{t.block_k}",
                         mined_gemm._mined_gemm_kernel, _GEMM_SIGNATURE, constexprs, t.num_warps, t.num_stages))
     return out

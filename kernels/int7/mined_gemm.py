@@ -41,6 +41,30 @@ class MinedGemmError(ValueError):
 
 
 @dataclass(frozen=True)
+class LagPhase:
+    """A device-side choice between two equal buffer sets `words` int32 words apart (the lagged
+    pass's READY and PENDING states, pipeline._LagPair): a kernel given set 0 adds
+    phase·words (READY) or (1 − phase)·words (PENDING) to its pointers. CUDA graphs bake pointers,
+    so this lets every replay alternate the sets without a copy launch in front of the GEMM."""
+
+    phase: torch.Tensor  # (1,) int32, 0 or 1
+    words: int  # int32 words from set 0 to set 1, a multiple of 16 (the JIT then knows every
+    # shifted pointer keeps 64-byte alignment, so the loads stay 16-byte vectors)
+
+
+@jit
+def lag_set(phase_ptr, PHASED: tl.constexpr, PENDING: tl.constexpr):
+    """Which set (0/1, int64) of a LagPhase pair this kernel uses: READY = phase, PENDING = the
+    other; 0 when not PHASED. Callers shift int32 pointers by set·words, bytes by set·4·words."""
+    chosen = tl.full((), 0, tl.int64)
+    if PHASED:
+        chosen = tl.load(phase_ptr).to(tl.int64)
+        if PENDING:
+            chosen = 1 - chosen
+    return chosen
+
+
+@dataclass(frozen=True)
 class Tiling:
     """Program block shape and launch parameters."""
 
@@ -142,11 +166,15 @@ def _pick(values, selected):
 
 @jit
 def _mined_gemm_kernel(an_ptr, ac_ptr, bt_ptr, apb_ptr, ub_ptr, key_ptr, bound_ptr, mvalid_ptr,
-                       record_ptr, sa_ptr, sb_ptr, out_ptr, out32_ptr, dump_ptr,
+                       record_ptr, sa_ptr, sb_ptr, out_ptr, out32_ptr, dump_ptr, phase_ptr, phase_words,
                        M, N, K, NC,
                        R: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                        H: tl.constexpr, MINE: tl.constexpr, PEEL: tl.constexpr,
-                       WRITE_I32: tl.constexpr, DUMP: tl.constexpr):
+                       WRITE_I32: tl.constexpr, DUMP: tl.constexpr, PHASED: tl.constexpr):
+    """PHASED: an_ptr, key_ptr (s_A) and mvalid_ptr are set 0 of a LagPhase pair; the program
+    reads the READY set (the shift is applied twice, before the k loop and in the epilogue, so no
+    extra pointer lives across the loop)."""
+    an_ptr += lag_set(phase_ptr, PHASED, 0) * (4 * phase_words)
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     e = tl.program_id(2).to(tl.int64)
@@ -183,7 +211,8 @@ def _mined_gemm_kernel(an_ptr, ac_ptr, bt_ptr, apb_ptr, ub_ptr, key_ptr, bound_p
         t12, t13, t14, t15 = (_tile_rows(j12, BM, H), _tile_rows(j13, BM, H), _tile_rows(j14, BM, H),
                               _tile_rows(j15, BM, H))
         tzero = tl.full((BM // H,), 0, tl.uint32)
-        kw = key_ptr + e * 8
+        ready_words = lag_set(phase_ptr, PHASED, 0) * phase_words
+        kw = key_ptr + ready_words + e * 8
         c0, c1, c2, c3, c4, c5, c6, c7 = compress(
             tzero + tl.load(kw).to(tl.uint32, bitcast=True),
             tzero + tl.load(kw + 1).to(tl.uint32, bitcast=True),
@@ -205,7 +234,7 @@ def _mined_gemm_kernel(an_ptr, ac_ptr, bt_ptr, apb_ptr, ub_ptr, key_ptr, bound_p
             equal = equal & (word == limit)
         tiles_n = N // BN
         tr = pid_m * (BM // H) + tl.arange(0, BM // H)
-        eligible = (tr + 1) * H <= tl.load(mvalid_ptr + e)
+        eligible = (tr + 1) * H <= tl.load(mvalid_ptr + ready_words + e)
         wins = (below | equal) & eligible
         linear = tr * tiles_n + pid_n
         if DUMP:
@@ -292,6 +321,13 @@ def _check_operand(name: str, t: torch.Tensor, shape: tuple[int, ...], dtype: to
                              f"{tuple(t.shape)}{'' if t.is_contiguous() else ' (not contiguous)'}")
 
 
+def check_lag(lag: LagPhase) -> None:
+    """The phase word, and a set distance that keeps set 1 as aligned as set 0."""
+    _check_operand("lag.phase", lag.phase, (1,), torch.int32)
+    if lag.words <= 0 or lag.words % 16:
+        raise MinedGemmError(f"lag.words must be a positive multiple of 16, got {lag.words}")
+
+
 def _check_tiling(tiling: Tiling, m: int, n: int, k: int, rank: int,
                   tile: tuple[int, int] | None) -> None:
     """Block shape against the problem; when mining, the tile (h, w) against the block."""
@@ -315,7 +351,7 @@ def mined_gemm(a_noised: torch.Tensor, a_clean: torch.Tensor, bt_noised: torch.T
                scale_a: torch.Tensor, scale_b: torch.Tensor, *, rank: int, tile_h: int,
                tile_w: int, out: torch.Tensor, out_i32: torch.Tensor | None = None,
                dump: torch.Tensor | None = None, tiling: Tiling | None = None,
-               peel: bool = True) -> None:
+               peel: bool = True, lag: LagPhase | None = None) -> None:
     """Mined GEMM of E instances: out[e] = dequant(A_e·B_e) from the noised operands.
 
     a_noised/a_clean: (E, M, K) int8 (A' and A); bt_noised: (E, N, K) int8 (B'ᵀ); apb:
@@ -325,7 +361,8 @@ def mined_gemm(a_noised: torch.Tensor, a_clean: torch.Tensor, bt_noised: torch.T
     and scale_b (E, N) float32; out (E, M, N) bf16; out_i32 optional exact A·B; dump optional
     (E, M/h, N/w, 24) int32 per-tile transcript words and tickets (for checks). Lottery tiles are
     tile_h rows × tile_w = block_n columns. peel=False skips the peel (the output is then
-    A'·B'): only for measuring what the peel costs.
+    A'·B'): only for measuring what the peel costs. lag: a_noised, s_a and rows_valid are set 0
+    of a LagPhase pair and the kernel reads the READY set (pipeline.MinedPass(lagged=True)).
     """
     e, m, k = a_noised.shape
     n = bt_noised.shape[1]
@@ -345,16 +382,19 @@ def mined_gemm(a_noised: torch.Tensor, a_clean: torch.Tensor, bt_noised: torch.T
         _check_operand("out_i32", out_i32, (e, m, n), torch.int32)
     if dump is not None:
         _check_operand("dump", dump, (e, m // tile_h, n // tile_w, DUMP_WORDS), torch.int32)
+    if lag is not None:
+        check_lag(lag)
     tiling = tiling or default_tiling(m, n, k, rank, tile_h, tile_w)
     _check_tiling(tiling, m, n, k, rank, (tile_h, tile_w))
     grid = (n // tiling.block_n, m // tiling.block_m, e)
     _mined_gemm_kernel[grid](
         a_noised, a_clean, bt_noised, apb, u_b, s_a, bound_words, rows_valid, record,
         scale_a, scale_b, out, out if out_i32 is None else out_i32, out if dump is None else dump,
+        rows_valid if lag is None else lag.phase, 0 if lag is None else lag.words,
         m, n, k, k // rank,
         R=rank, BM=tiling.block_m, BN=tiling.block_n, BK=tiling.block_k, H=tile_h,
         MINE=1, PEEL=int(peel), WRITE_I32=int(out_i32 is not None), DUMP=int(dump is not None),
-        num_warps=tiling.num_warps, num_stages=tiling.num_stages)
+        PHASED=int(lag is not None), num_warps=tiling.num_warps, num_stages=tiling.num_stages)
 
 
 def plain_gemm(a: torch.Tensor, bt: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor, *,
@@ -374,8 +414,8 @@ def plain_gemm(a: torch.Tensor, bt: torch.Tensor, scale_a: torch.Tensor, scale_b
     _check_tiling(tiling, m, n, k, tiling.block_k, None)
     grid = (n // tiling.block_n, m // tiling.block_m, e)
     _mined_gemm_kernel[grid](
-        a, a, bt, a, a, a, a, a, a, scale_a, scale_b, out, out if out_i32 is None else out_i32, out,
+        a, a, bt, a, a, a, a, a, a, scale_a, scale_b, out, out if out_i32 is None else out_i32, out, a, 0,
         m, n, k, 0,
         R=tiling.block_k, BM=tiling.block_m, BN=tiling.block_n, BK=tiling.block_k, H=2,
-        MINE=0, PEEL=0, WRITE_I32=int(out_i32 is not None), DUMP=0,
+        MINE=0, PEEL=0, WRITE_I32=int(out_i32 is not None), DUMP=0, PHASED=0,
         num_warps=tiling.num_warps, num_stages=tiling.num_stages)

@@ -39,7 +39,7 @@ from proof.int7.seeds import job_key, salted_for
 from .a_side import SIDE_WARPS, SIDE_WARPS_CHOICES, fused_a_side, fused_applies, noised_a_side
 from .activations import int7_codes, prepare_rows
 from .blake3 import KeyedTrees, bytes_from_words, keyed_trees, words_from_bytes
-from .mined_gemm import TILE_WIDTHS, Tiling, mined_gemm
+from .mined_gemm import TILE_WIDTHS, LagPhase, Tiling, mined_gemm
 from .noise import dense_sparse_factor, noise_factors, noised
 from .seeds import noise_seed_a, noise_seed_b
 from .winner import INSTANCE, TICKET, TILE_COL, TILE_ROW, WinnerSlot, row_opening
@@ -148,9 +148,9 @@ class _nullcontext:
 
 @dataclass
 class _LagState:
-    """One side of the lag (ready or pending) in one flat byte buffer, so one copy rotates it:
-    the noised rows A', the int7 rows A they came from (retained for a winner's opening), s_A,
-    and per instance the count of rows that may hold lottery tiles (0: nothing is mined)."""
+    """One side of the lag (ready or pending) in one flat byte buffer: the noised rows A', the
+    int7 rows A they came from (retained for a winner's opening), s_A, and per instance the count
+    of rows that may hold lottery tiles (0: nothing is mined)."""
 
     flat: torch.Tensor
     a_noised: torch.Tensor  # (E, M, K) int8
@@ -158,14 +158,57 @@ class _LagState:
     s_a: torch.Tensor  # (E, 8) int32
     valid: torch.Tensor  # (E,) int32
 
+    @staticmethod
+    def nbytes(experts: int, rows: int, k: int) -> int:
+        """A state's size, padded to 64 bytes: the next state's views are as aligned as this one's
+        (LagPhase.words a multiple of 16)."""
+        return -(-(2 * experts * rows * k + experts * 9 * 4) // 64) * 64
+
     @classmethod
-    def zeros(cls, experts: int, rows: int, k: int, device: torch.device) -> _LagState:
+    def within(cls, flat: torch.Tensor, experts: int, rows: int, k: int) -> _LagState:
+        """The state's views of `flat` (nbytes uint8)."""
         size = experts * rows * k  # a multiple of 4: the int32 views after it stay aligned
-        flat = torch.zeros(2 * size + experts * 9 * 4, dtype=torch.uint8, device=device)
         words = flat[2 * size:].view(torch.int32)
         return cls(flat, flat[:size].view(torch.int8).view(experts, rows, k),
                    flat[size:2 * size].view(torch.int8).view(experts, rows, k),
-                   words[:experts * 8].view(experts, 8), words[experts * 8:])
+                   words[:experts * 8].view(experts, 8), words[experts * 8:experts * 9])
+
+
+# Lagged rotation: True — a device-side phase word picks READY and PENDING (LagPhase; no copy, the
+# GEMM starts right after A·P_B); False — the previous PENDING → READY copy at every launch's start
+# (6.3 MB at GLM-5 decode; the GEMM waited for it). Kept only until the H200 compares the two.
+LAG_BY_PHASE = True
+
+
+@dataclass
+class _LagPair:
+    """Both lag states in one allocation (states[1] starts `stride` bytes after states[0]) and the
+    phase word: at a launch, states[phase] is READY (read by the GEMM and the retain) and
+    states[1 − phase] PENDING (written by the side chain); the launch flips the phase at its end.
+    CUDA graphs bake pointers, so the kernels get states[0] and add the shift themselves
+    (`mined_gemm.LagPhase`) instead of a 6.3 MB READY ← PENDING copy in front of the GEMM."""
+
+    flat: torch.Tensor  # both states' bytes, (2 · stride,) uint8
+    states: tuple[_LagState, _LagState]
+    lag: LagPhase
+
+    @classmethod
+    def zeros(cls, experts: int, rows: int, k: int, device: torch.device) -> _LagPair:
+        """Both states zeroed (nothing is mineable at the first launch), phase 0."""
+        stride = _LagState.nbytes(experts, rows, k)
+        flat = torch.zeros(2 * stride, dtype=torch.uint8, device=device)
+        states = (_LagState.within(flat[:stride], experts, rows, k),
+                  _LagState.within(flat[stride:], experts, rows, k))
+        return cls(flat, states, LagPhase(torch.zeros(1, dtype=torch.int32, device=device), stride // 4))
+
+    def write_pending(self, state: _LagState) -> None:
+        """Copy a state's bytes into PENDING (states[1 − phase]) by a device-side index: the staged
+        A side's outputs, with no host sync."""
+        self.flat.view(2, -1).index_copy_(0, 1 - self.lag.phase.long(), state.flat.view(1, -1))
+
+    def flip(self) -> None:
+        """PENDING becomes READY (a one-word device op, no host sync)."""
+        self.lag.phase.bitwise_xor_(1)
 
 
 @contextmanager
@@ -236,13 +279,17 @@ class MinedPass:
             raise PipelineError(f"side_warps must be one of {SIDE_WARPS_CHOICES}, got {side_warps}")
         self.side_warps = side_warps
         if lagged:
-            self._ready = _LagState.zeros(experts, rows, k, device)
-            self._pending = _LagState.zeros(experts, rows, k, device)
+            self._lag = _LagPair.zeros(experts, rows, k, device)
+            self._by_phase = LAG_BY_PHASE
+            # the staged A side writes PENDING through a copy of this (its kernels take no phase)
+            self._staging = (_LagState.within(torch.zeros(4 * self._lag.lag.words, dtype=torch.uint8, device=device),
+                                              experts, rows, k) if self._by_phase and not self.fused_a else None)
             cuda = device.type == "cuda"
             # high priority: the side chain's blocks are placed as soon as a GEMM program retires
             self._side = torch.cuda.Stream(device, priority=-1) if cuda else None
             self._start = torch.cuda.Event() if cuda else None
             self._copied = torch.cuda.Event() if cuda else None
+            self._retained = torch.cuda.Event() if cuda else None
 
     def run(self, x: torch.Tensor, routing: torch.Tensor | None = None) -> torch.Tensor:
         """The mined pass on floating activations (quantised to int7 per row); bf16 output.
@@ -303,49 +350,81 @@ class MinedPass:
     def _run_lagged(self, x: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
         """Serve x_t, mine the ready rows of launch t−1, and compute launch t's pending rows on the
         side stream. The launch ends with the serving stream joined to the side stream, so it is
-        self-contained (one CUDA graph; every replay rotates the state once)."""
-        ready, pending, side = self._ready, self._pending, self._side
+        self-contained (one CUDA graph; every replay rotates the state once: by the phase word, or
+        by the PENDING → READY copy without LAG_BY_PHASE)."""
+        side = self._side
         main = torch.cuda.current_stream(x.device) if side is not None else None
-        if side is not None:
+        lag = self._lag.lag if self._by_phase else None
+        ready = self._lag.states[0]  # by phase: set 0, the kernels shift to states[phase]
+        if lag is None and side is not None:
             self._start.record(main)  # after the previous launch's GEMM and retain read `ready`
-        q, scale, apb = prepare_rows(x, self.job.p_b, rows_per_instance=self.rows, scale=scale)
-        # Rotate PENDING → READY beside the quantiser, enqueued after it: the first node a graph
-        # replay starts is then the quantiser, not the 6 MB copy (which delayed it ~5 µs on the H200).
+
+        def fork(q: torch.Tensor) -> None:
+            """The side chain, enqueued once q_t is (before A·P_B): its E programs are dispatched
+            while A·P_B runs, so they hold their SM slots before the GEMM fills the machine. It
+            writes PENDING's A', s_A, A and row count itself (no copy launches behind it)."""
+            if lag is None:
+                self._rotate_by_copy()
+            with _on_side(side, main):
+                self._noise_into(q.contiguous())
+
+        q, scale, apb = prepare_rows(x, self.job.p_b, rows_per_instance=self.rows, scale=scale, after_codes=fork)
+        if lag is None and side is not None:
+            main.wait_event(self._copied)
+        self._gemm(ready.a_noised, q, apb, ready.s_a, scale, ready.valid, lag)
+        self.slot.retain("a", ready.q.view(ready.q.shape[0], -1).view(torch.int32), by_instance=True, lag=lag)
+        if lag is not None:
+            self._flip_after_retain(main)
+        self.slot.publish()
+        if side is not None:
+            main.wait_stream(side)
+        return self.out
+
+    def _rotate_by_copy(self) -> None:
+        """LAG_BY_PHASE off: PENDING (states[1]) → READY (states[0]) on the side stream beside the
+        serving stream's work, enqueued after the quantiser so a graph replay starts with that."""
+        ready, pending = self._lag.states
+        side = self._side
         if side is not None:
             side.wait_event(self._start)
         with torch.cuda.stream(side) if side is not None else _nullcontext():
             ready.flat.copy_(pending.flat)
             if side is not None:
                 self._copied.record(side)
-        # Fork once q_t exists (after A·P_B too: prepare_rows keeps its fused zeroing). The side
-        # chain is enqueued before the GEMM; it reads q_t and writes PENDING's A', s_A, A and row
-        # count itself (no copy launches behind it on the side stream).
-        with _on_side(side, main):
-            self._noise_into(q.contiguous(), pending)
-        if side is not None:
-            main.wait_event(self._copied)
-        self._gemm(ready.a_noised, q, apb, ready.s_a, scale, ready.valid)
-        self.slot.retain("a", ready.q.view(ready.q.shape[0], -1).view(torch.int32), by_instance=True)
-        self.slot.publish()
-        if side is not None:
-            main.wait_stream(side)
-        return self.out
 
-    def _noise_into(self, q: torch.Tensor, state: _LagState) -> None:
-        """s_A, A', the rows q and (last) the mineable row count into state: the one-kernel side
-        chain writes all four; staged, the kernels' outputs are copied in."""
+    def _flip_after_retain(self, main: torch.cuda.Stream | None) -> None:
+        """Flip the phase once the side chain (side stream order) and the GEMM and retain (the
+        event) have read it: on the side stream, beside the record's publication on main."""
+        side = self._side
+        if side is None:
+            self._lag.flip()
+            return
+        self._retained.record(main)
+        side.wait_event(self._retained)
+        with torch.cuda.stream(side):
+            self._lag.flip()
+
+    def _noise_into(self, q: torch.Tensor) -> None:
+        """s_A, A', the rows q and (last) the mineable row count into PENDING: the one-kernel side
+        chain writes all four (by phase: into states[1 − phase] itself); staged, the kernels'
+        outputs are copied in."""
         job = self.job
         valid = self.rows - self.rows % job.config.h
+        lag = self._lag.lag if self._by_phase else None
+        target = self._lag.states[0 if lag is not None else 1]
         if self.fused_a:
             noised_a_side(q, job.s_b, job.key_words, rank=job.config.rank, salted=job.salted,
-                          a_noised=state.a_noised, s_a=state.s_a, q_copy=state.q, valid=state.valid,
-                          valid_rows=valid, warps=self.side_warps)
-        else:
-            a_noised, s_a = self._staged_noise(q)
-            state.a_noised.copy_(a_noised)
-            state.s_a.copy_(s_a)
-            state.q.copy_(q)
-            state.valid.fill_(valid)
+                          a_noised=target.a_noised, s_a=target.s_a, q_copy=target.q, valid=target.valid,
+                          valid_rows=valid, warps=self.side_warps, lag=lag)
+            return
+        staged = self._staging if lag is not None else target
+        a_noised, s_a = self._staged_noise(q)
+        staged.a_noised.copy_(a_noised)
+        staged.s_a.copy_(s_a)
+        staged.q.copy_(q)
+        staged.valid.fill_(valid)
+        if lag is not None:
+            self._lag.write_pending(staged)
 
     def _staged_noise(self, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(A', s_A) of dense int7 rows q (E, M, K) through the staged kernels."""
@@ -358,14 +437,14 @@ class MinedPass:
         return noised(q, u_a, first_a, second_a), s_a
 
     def _gemm(self, a_noised: torch.Tensor, a_clean: torch.Tensor, apb: torch.Tensor, s_a: torch.Tensor,
-              scale: torch.Tensor, rows_valid: torch.Tensor) -> None:
+              scale: torch.Tensor, rows_valid: torch.Tensor, lag: LagPhase | None = None) -> None:
         job = self.job
         config = job.config
         mined_gemm(a_noised.contiguous(), a_clean.contiguous(), job.bt_noised, apb.contiguous(),
                    job.u_b, s_a, job.bound, rows_valid, self.slot.record,
                    scale.float().contiguous(), job.scale_b, rank=config.rank, tile_h=config.h,
                    tile_w=config.w, out=self.out, out_i32=self.out_i32, dump=self.dump,
-                   tiling=self.tiling)
+                   tiling=self.tiling, lag=lag)
 
     def winner_record(self) -> dict[str, int] | None:
         """The published record if the doorbell rang (call after the launch completed).

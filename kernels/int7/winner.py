@@ -24,7 +24,7 @@ from proof.int7.plain_proof import LEAF_SIZE, MatrixOpening, MerkleOpening
 
 from ._jit import jit
 from .blake3 import bytes_from_words
-from .mined_gemm import RECORD_WORDS
+from .mined_gemm import RECORD_WORDS, LagPhase, check_lag, lag_set
 
 # Record words read on the host; the kernels also use [0] (claim) and [12] (snapshot taken).
 INSTANCE, TILE_ROW, TILE_COL, TICKET = 1, 2, 3, 4
@@ -32,9 +32,11 @@ _BLOCK = 1024
 
 
 @jit
-def _retain_kernel(record_ptr, src_ptr, dst_ptr, per_instance, USE_INDEX: tl.constexpr,
-                   BLOCK: tl.constexpr):
-    """dst ← src[record's instance] once a winner is claimed and not yet snapshotted."""
+def _retain_kernel(record_ptr, src_ptr, dst_ptr, per_instance, phase_ptr, phase_words,
+                   USE_INDEX: tl.constexpr, PHASED: tl.constexpr, BLOCK: tl.constexpr):
+    """dst ← src[record's instance] once a winner is claimed and not yet snapshotted (PHASED: src
+    is set 0 of a LagPhase pair; the READY set is read)."""
+    src_ptr += lag_set(phase_ptr, PHASED, 0) * phase_words
     claimed = tl.load(record_ptr)
     taken = tl.load(record_ptr + 12)
     if (claimed == 1) & (taken == 0):
@@ -64,16 +66,22 @@ class WinnerSlot:
         self.retained = {name: torch.zeros(words, dtype=torch.int32, device=device)
                          for name, words in retained_words.items()}
 
-    def retain(self, name: str, source: torch.Tensor, *, by_instance: bool) -> None:
-        """Snapshot source (instances, words...) int32 row of the winner (row 0 if not by_instance)."""
+    def retain(self, name: str, source: torch.Tensor, *, by_instance: bool,
+               lag: LagPhase | None = None) -> None:
+        """Snapshot source (instances, words...) int32 row of the winner (row 0 if not by_instance);
+        lag: source is set 0 of a LagPhase pair and the READY set is snapshotted."""
         dst = self.retained[name]
         per_instance = dst.numel()
         src = source.contiguous().view(-1)
         if src.numel() != per_instance * (source.shape[0] if by_instance else 1):
             raise ValueError(f"retain {name}: source of {src.numel()} words does not match "
                              f"{per_instance} words per instance")
-        _retain_kernel[(triton.cdiv(per_instance, _BLOCK),)](self.record, src, dst, per_instance,
-                                                             USE_INDEX=int(by_instance), BLOCK=_BLOCK)
+        if lag is not None:
+            check_lag(lag)
+        _retain_kernel[(triton.cdiv(per_instance, _BLOCK),)](
+            self.record, src, dst, per_instance, self.record if lag is None else lag.phase,
+            0 if lag is None else lag.words, USE_INDEX=int(by_instance), PHASED=int(lag is not None),
+            BLOCK=_BLOCK)
 
     def publish(self) -> None:
         """Mark the snapshot taken, then copy the record and, last, the doorbell to the host."""
