@@ -65,6 +65,7 @@ def test_peel_decode_columns_loop_matches_one_step(counts, monkeypatch):
     for w, (start, end) in enumerate(zip(table.bounds[:-1].tolist(), table.bounds[1:].tolist())):
         combined[start + shift[w]:end + shift[w]] = acc[start:end]
     rest = (a_rows, alpha_a, b_rows, alpha_b, table)
+    monkeypatch.setattr(peel, "_PEEL_BY_EXPERT", False)  # the row-tile kernel's decode shape
     monkeypatch.setattr(peel, "_PEEL_DECODE_MIN_PROGRAMS", 1)
     assert peel.peel_shape(block, 4, 640) == (128, 4, 2, 4)
     looped = [peel.peel_and_unscale(acc, *rest), peel.peel_and_unscale(combined, *rest, row_shift=shift)]
@@ -73,6 +74,33 @@ def test_peel_decode_columns_loop_matches_one_step(counts, monkeypatch):
     single = peel.peel_and_unscale(acc, *rest)
     for got in looped:
         assert torch.equal(got.view(torch.int16), single.view(torch.int16))
+
+
+@pytest.mark.parametrize("counts", [[5, 0, 9, 2], [20, 3, 40, 17], [40, 0, 70, 31], [80, 2, 1, 3], [0, 1, 0, 0, 7, 0]])
+def test_peel_by_expert_matches_the_row_tile_kernel(counts, monkeypatch):
+    """The decode peel (a program per expert × 128 columns, 16- or 32-row blocks in a loop: here
+    empty experts, odd counts, experts of 2–5 blocks, n not a multiple of 128) gives the row-tile
+    kernel's bits, plain and row-shifted, with full peels and with right halves only (the B peel's
+    left half NaN: never read)."""
+    g = torch.Generator().manual_seed(34)
+    acc, a_rows, alpha_a, b_rows, alpha_b, table = _peel_inputs(g, counts, 200)
+    assert peel._peel_rows(acc.shape[0], table.experts) < 64
+    assert peel._expert_rows(acc.shape[0], table.experts) == (32 if counts[2] == 70 else 16)
+    shift = torch.arange(table.experts, dtype=torch.int32) * 2 + 1  # non-decreasing: experts never overlap
+    combined = torch.randn((acc.shape[0] + 2 * table.experts + 3, 200), generator=g)
+    for w, (start, end) in enumerate(zip(table.bounds[:-1].tolist(), table.bounds[1:].tolist())):
+        combined[start + shift[w]:end + shift[w]] = acc[start:end]
+    right_a, right_b = a_rows.clone(), b_rows.clone()
+    right_a[:, :32] = 0
+    right_b[:, :, :32] = float("nan")
+    cases = [(acc, a_rows, b_rows, {}), (combined, a_rows, b_rows, {"row_shift": shift}),
+             (combined, right_a, right_b, {"row_shift": shift, "a_left_zero": True})]
+    for acc_, a_, b_, kw in cases:
+        by_expert = peel.peel_and_unscale(acc_, a_, alpha_a, b_, alpha_b, table, **kw)
+        monkeypatch.setattr(peel, "_PEEL_BY_EXPERT", False)
+        by_tile = peel.peel_and_unscale(acc_, a_, alpha_a, b_, alpha_b, table, **kw)
+        monkeypatch.setattr(peel, "_PEEL_BY_EXPERT", True)
+        assert torch.equal(by_expert.view(torch.int16), by_tile.view(torch.int16))
 
 
 @pytest.mark.parametrize("counts, n_e", [([5, 0, 9, 2], 128), ([110, 90, 0, 70], 320)])  # 16-, 64-row tiles

@@ -3,8 +3,8 @@ the Hopper model's structure — four K = 32 e4m3 WGMMAs per 128-k window, the f
 then one fp32 add per accumulator register; the noisy-quantization kernel has no contracted
 multiply-add (and forms the A side's noise dot as one fresh K = 32 WGMMA); the pre-quantization
 (+ the fused decode rows kernel), row-scales, row-norms,
-noise-line, tile-map, lottery, payload, A-peel (+ split-k combine), peel/unscale (decode, the prefill
-column loop, row-shifted), plane-forest (one launch),
+noise-line, tile-map, lottery, payload, A-peel (+ split-k combine), peel/unscale (decode by expert and
+by row tile, the prefill column loop, row-shifted), plane-forest (one launch),
 launch-keys (+ E_A), routing (decode one-program table; prefill counts, prefixes, bounds, scatter) and short-hash kernels compile."""
 import os
 import re
@@ -78,6 +78,22 @@ SCRIPT = textwrap.dedent("""
             print("PEEL-BEGIN")
             print(peeled.asm["ptx"])
             print("PEEL-END")
+        if rows == 32:
+            print("TILEPEEL-BEGIN")
+            print(peeled.asm["ptx"])
+            print("TILEPEEL-END")
+    for rows, shifted, right_only in ((16, True, True), (32, False, False)):
+        by_expert = triton.compile(ASTSource(fn=peel._expert_peel_kernel, signature={
+            "acc_ptr": "*fp32", "shift_ptr": "*i32" if shifted else "*fp32", "rflat_ptr": "*i32",
+            "a_peel_ptr": "*i16", "alpha_a_ptr": "*i16", "b_peel_ptr": "*i16", "alpha_b_ptr": "*i16",
+            "bounds_ptr": "*i32", "out_ptr": "*i16", "n": "i32", "acc_rows": "i32", "BR": "constexpr",
+            "BN": "constexpr", "SHIFTED": "constexpr", "RIGHT_ONLY": "constexpr"},
+            constexprs={"BR": rows, "BN": peel._EXPERT_PEEL_COLS, "SHIFTED": shifted, "RIGHT_ONLY": right_only},
+            attrs=ALIGNED(10)), target=target, options={"num_warps": peel._EXPERT_PEEL_WARPS, "num_stages": 1})
+        if right_only:
+            print("EXPERTPEEL-BEGIN")
+            print(by_expert.asm["ptx"])
+            print("EXPERTPEEL-END")
     for rows, f_values in ((64, False), (16, False), (64, True)):
         triton.compile(ASTSource(fn=peel._a_peel_kernel, signature={
             "codes_ptr": "*u8", "beta_ptr": "*i16", "e_ptr": "*u8", "f_b_ptr": "*fp32" if f_values else "*u8",
@@ -222,3 +238,17 @@ def test_prefill_peel_prefetches_accumulator_tiles(compiled):
     ptx = compiled.split("PEEL-BEGIN")[1].split("PEEL-END")[0]
     assert len(re.findall(r"cp\.async\.cg\.shared\.global(?:\.\w+)*\s+\[[^]]+\], \[[^]]+\], 0x10", ptx)) >= 8
     assert re.findall(r"st\.global[\w.]*", ptx) and set(re.findall(r"st\.global[\w.]*", ptx)) == {"st.global.v4.b32"}
+
+
+def test_decode_peel_dot_chains_from_the_accumulator_as_the_row_tile_kernel(compiled):
+    """Both decode peels (by expert, by row tile: clean rows, right halves) form the correction as
+    the same chain of four m16n8k8 TF32 MMAs whose first addend is the accumulator tile (Triton
+    folds `acc + dot` into the dot: no separate fp32 add), so the two give the same bits on the
+    GPU too; the by-expert kernel stores bf16 in 16-byte vectors."""
+    for name in ("EXPERTPEEL", "TILEPEEL"):
+        ptx = compiled.split(f"{name}-BEGIN")[1].split(f"{name}-END")[0]
+        mma = re.findall(r"mma\.sync\.aligned\.m16n8k8\.row\.col\.f32\.tf32\.tf32\.f32", ptx)
+        assert mma and len(mma) % 4 == 0 and "wgmma" not in ptx
+        assert not re.search(r"\badd(\.rn)?\.f32", ptx) and not re.search(r"\bfma\.rn\.f32", ptx)
+    ptx = compiled.split("EXPERTPEEL-BEGIN")[1].split("EXPERTPEEL-END")[0]
+    assert set(re.findall(r"st\.global[\w.]*", ptx)) == {"st.global.v4.b32"}

@@ -11,7 +11,8 @@ prefill F_B's values decoded once by torch), and the rank-64 correction, add and
 fused in one pass over the accumulator (row tiles never straddle an expert, so a tile's correction is one small dot against its
 expert's B peel; A peel rows and α_A are gathered through Rflat in the kernel; at prefill a
 program walks its row tile over 1024 columns with the accumulator tiles prefetched, see
-`peel_shape`). The lottery is its own pass (lottery.py): fused into this one it
+`peel_shape`; at decode a program takes all rows of one expert and 128 columns instead, see
+`_expert_peel_kernel`). The lottery is its own pass (lottery.py): fused into this one it
 was slower on the H200 than the two passes apart (docs/kernels-fp8mine.md). The B peel is per
 job (torch ops).
 """
@@ -44,6 +45,9 @@ _PEEL_SPAN = 1024  # most columns one prefill program walks
 _PEEL_MIN_PROGRAMS = 4 * 132  # keep ≥ 4 programs per H200 SM when widening spans
 _PEEL_DECODE_STEPS = 4  # most 128-column steps a decode program walks
 _PEEL_DECODE_MIN_PROGRAMS = 256  # ~2 programs an H200 SM (3 fit), one wave
+_PEEL_BY_EXPERT = True  # decode: `_expert_peel_kernel` (False: the row-tile kernel's decode shape, round F1b)
+_EXPERT_PEEL_COLS = 128  # decode: columns a program (one B-peel load, kept for all its expert's rows)
+_EXPERT_PEEL_WARPS = 4
 
 
 def _decoded(codes: torch.Tensor) -> torch.Tensor:
@@ -214,7 +218,8 @@ def peel_shape(block_rows: int, row_tiles_: int, n: int) -> PeelShape:
     wave instead of once per 128 columns over ~3 waves (GLM-5 decode: 32 tiles × 32 column tiles
     = 1024 one-step programs at 3 an SM → 256 programs of 4 steps). Prefill (64-row tiles): a
     program walks its row tile across up to _PEEL_SPAN columns in 64-column steps (3 stages);
-    spans halve while they would leave fewer than _PEEL_MIN_PROGRAMS programs."""
+    spans halve while they would leave fewer than _PEEL_MIN_PROGRAMS programs. The decode shapes
+    serve only `_PEEL_BY_EXPERT = False` (decode otherwise runs `_expert_peel_kernel`)."""
     if block_rows < 64:
         col_tiles = triton.cdiv(n, _PEEL_COLS)
         steps = 1
@@ -278,6 +283,74 @@ def _peel_unscale_kernel(acc_ptr, shift_ptr, rflat_ptr, a_peel_ptr, alpha_a_ptr,
             tl.store(out_ptr + out_cells + cols[None, :], bits.to(tl.int16), mask=live_r[:, None] & live_c[None, :])
 
 
+@jit
+def _rows_ahead(acc_ptr, rflat_ptr, rows, row_end, shift, acc_rows, cols, live_c, n):
+    """The accumulator tile and Rflat entries of one row block of the decode peel (nothing is
+    read for rows past the expert's end), loaded a block ahead of their use so their round
+    trip overlaps the block before (and, for the first block, the B-peel load)."""
+    live_r = rows < row_end
+    source = rows.to(tl.int64) + shift
+    in_acc = live_r & (source < acc_rows)
+    acc = tl.load(acc_ptr + source[:, None] * n + cols[None, :], mask=in_acc[:, None] & live_c[None, :],
+                  other=0.0, eviction_policy="evict_first")  # read once
+    return acc, tl.load(rflat_ptr + rows, mask=live_r, other=0)
+
+
+@jit
+def _expert_peel_kernel(acc_ptr, shift_ptr, rflat_ptr, a_peel_ptr, alpha_a_ptr, b_peel_ptr, alpha_b_ptr,
+                        bounds_ptr, out_ptr, n, acc_rows,
+                        BR: tl.constexpr, BN: tl.constexpr, SHIFTED: tl.constexpr, RIGHT_ONLY: tl.constexpr):
+    """The decode peel: `_peel_unscale_kernel`'s arithmetic (the same dot, chained from the
+    accumulator, and the same roundings) for all rows of expert program_id(0) and BN columns.
+    Why a kernel apart: at decode an expert has ~16 rows, so the row-tile kernel's 32-row tiles
+    computed half their cells masked, paid a tile-map load before the expert's bounds, and a
+    program walked 4 column steps at ~2 programs an SM (latency-bound). Here the grid is experts ×
+    column tiles (no tile map), the B-peel tile and 1/α_B are loaded once and kept while the
+    expert's rows go by in BR-row blocks (usually one or two), each block's accumulator tile and
+    Rflat entries loaded one block ahead (106 registers at 16 × 128: 4 programs an SM). An
+    expert with no rows reads nothing. Dependent loads: (bounds, shift) → (B peel, α_B, first
+    accumulator tile, Rflat) → A-peel rows and α_A (no branch on the bounds, so the shift load
+    is not sunk behind them)."""
+    expert = tl.program_id(0)
+    row_start = tl.load(bounds_ptr + expert)
+    row_end = tl.load(bounds_ptr + expert + 1)
+    if SHIFTED:
+        shift = tl.load(shift_ptr + expert).to(tl.int64)
+    else:
+        shift = 0
+    cols = tl.program_id(1) * BN + tl.arange(0, BN)
+    live_c = cols < n
+    used_c = cols < tl.where(row_start < row_end, n, 0)  # an expert with no rows reads no B peel
+    if RIGHT_ONLY:
+        j = 32 + tl.arange(0, 32)[None, :]
+    else:
+        j = tl.arange(0, 64)[None, :]
+    b_rows = expert.to(tl.int64) * n + cols.to(tl.int64)
+    rows = row_start + tl.arange(0, BR)
+    acc, token = _rows_ahead(acc_ptr, rflat_ptr, rows, row_end, shift, acc_rows, cols, live_c, n)
+    b = _bf16_of_bits(b_peel_ptr, b_rows[:, None] * 64 + j, used_c[:, None])
+    inv_b = 1.0 / tl.where(used_c, _bf16_of_bits(alpha_b_ptr, b_rows, used_c), 1.0)
+    for _ in range(row_start, row_end, BR):
+        live_r = rows < row_end
+        gathered = token.to(tl.int64)
+        a = _bf16_of_bits(a_peel_ptr, gathered[:, None] * 64 + j, live_r[:, None])
+        inv_a = 1.0 / tl.where(live_r, _bf16_of_bits(alpha_a_ptr, gathered, live_r), 1.0)
+        next_acc, next_token = _rows_ahead(acc_ptr, rflat_ptr, rows + BR, row_end, shift, acc_rows, cols,
+                                           live_c, n)
+        out = (acc + tl.dot(a, tl.trans(b))) * inv_a[:, None] * inv_b[None, :]  # the add fuses into the dot
+        bits = _rne_bf16(out.to(tl.int32, bitcast=True)) >> 16
+        tl.store(out_ptr + rows.to(tl.int64)[:, None] * n + cols[None, :], bits.to(tl.int16),
+                 mask=live_r[:, None] & live_c[None, :])
+        acc, token, rows = next_acc, next_token, rows + BR
+
+
+def _expert_rows(rows: int, experts: int) -> int:
+    """Row block of the decode peel: 16 (the MMA's height; GLM-5 decode averages 16 rows an
+    expert, so one block, a second mostly masked for about half of them) while experts average
+    fewer than 32 rows, else 32 (fewer serial blocks)."""
+    return 32 if rows >= 32 * experts else 16
+
+
 def peel_tiles(table: RoutingTable) -> RowTiles:
     """The peel pass's row-tile map of a routing table: one small kernel that a caller may run
     ahead (e.g. on a side stream before the GEMM) so it is not on the launch's tail."""
@@ -294,7 +367,8 @@ def peel_and_unscale(acc: torch.Tensor, a_peel_: torch.Tensor, alpha_a: torch.Te
     b_peel_ (e, n_e, 64), alpha_b (e, n_e). With row_shift (e,) int32, output row i of expert w
     reads acc row i + row_shift[w] (acc may then hold other rows too: a combined launch).
     One Triton pass plus the row-tile map, no host sync (approximate arithmetic: the output is
-    not consensus). tiles: `peel_tiles(table)` built ahead, or None to build it here.
+    not consensus). tiles: `peel_tiles(table)` built ahead, or None to build it here; decode
+    (experts averaging < 64 rows) walks the experts' bounds instead and does not read it.
     a_left_zero: the caller promises A_peel[:, :32] = 0 (the lagged pass's clean rows), so the
     kernel reads only the right halves of both peels.
     """
@@ -306,16 +380,22 @@ def peel_and_unscale(acc: torch.Tensor, a_peel_: torch.Tensor, alpha_a: torch.Te
     if (acc.shape[0] != rows) if row_shift is None else (row_shift.shape != (experts,) or acc.shape[0] < rows):
         raise ValueError(f"acc {tuple(acc.shape)} does not hold the table's {rows} rows "
                          f"(row_shift {None if row_shift is None else tuple(row_shift.shape)}, {experts} experts)")
-    block_rows = _peel_rows(rows, experts)
-    tiles = tiles if tiles is not None else peel_tiles(table)
     out = torch.empty((rows, n), dtype=torch.int16, device=acc.device)
+    acc = acc.contiguous()
+    operands = (acc, acc if row_shift is None else row_shift, table.rflat, a_peel_.contiguous().view(torch.int16),
+                alpha_a.contiguous().view(torch.int16), b_peel_.contiguous().view(torch.int16),
+                alpha_b.contiguous().view(torch.int16))
+    block_rows = _peel_rows(rows, experts)
+    if block_rows < 64 and _PEEL_BY_EXPERT:
+        _expert_peel_kernel[(experts, triton.cdiv(n, _EXPERT_PEEL_COLS))](
+            *operands, table.bounds, out, n, acc.shape[0], BR=_expert_rows(rows, experts), BN=_EXPERT_PEEL_COLS,
+            SHIFTED=row_shift is not None, RIGHT_ONLY=a_left_zero, num_warps=_EXPERT_PEEL_WARPS,
+            num_stages=1)  # the loop prefetches by hand
+        return out.view(torch.bfloat16)
+    tiles = tiles if tiles is not None else peel_tiles(table)
     shape = peel_shape(block_rows, tiles.row_start.shape[0], n)
     grid = (tiles.row_start.shape[0], triton.cdiv(n, shape.steps * shape.cols))
-    acc = acc.contiguous()
-    _peel_unscale_kernel[grid](acc, acc if row_shift is None else row_shift, table.rflat,
-                               a_peel_.contiguous().view(torch.int16), alpha_a.contiguous().view(torch.int16),
-                               b_peel_.contiguous().view(torch.int16), alpha_b.contiguous().view(torch.int16),
-                               tiles.row_start, tiles.expert, table.bounds, out, n, acc.shape[0],
+    _peel_unscale_kernel[grid](*operands, tiles.row_start, tiles.expert, table.bounds, out, n, acc.shape[0],
                                BR=block_rows, BN=shape.cols, STEPS=shape.steps, STAGES=shape.stages,
                                SHIFTED=row_shift is not None, RIGHT_ONLY=a_left_zero, num_warps=shape.warps)
     return out.view(torch.bfloat16)
