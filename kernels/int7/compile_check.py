@@ -36,7 +36,8 @@ _GEMM_SIGNATURE = {
 
 
 # Integer arguments that are multiples of 16 on the bench shapes (the JIT specialises them so).
-_ALIGNED_INTS = ("M", "N", "K", "pb_stride", "rows_per_instance", "factor_stride", "phase_words")
+_ALIGNED_INTS = ("M", "N", "K", "pb_stride", "rows_per_instance", "factor_stride", "phase_words",
+                 "words_per_instance")
 
 
 def _variants() -> list[tuple[str, object, dict, dict, int, int]]:
