@@ -33,6 +33,9 @@ from .routing import RoutingTable, dense_table, routing_table, row_tiles
 
 
 LAGGED_SIDE_SMS = 16  # SMs the lagged pass's persistent GEMM leaves to the side stream's A side
+# > 0: the lagged pass's GEMM runs on every SM and shares each with the side stream instead
+# (`grouped_gemm(side_smem=)`: 128 registers a thread at launch, this much shared memory left)
+LAGGED_SIDE_SMEM = 0
 # Where a lagged launch draws the tickets of the rows the previous launch's GEMM hashed (MINED):
 # True: at its start, beside clean rows + operand, while every SM is free (the side stream's high
 # priority may delay the clean rows); False: under the GEMM after the clean A peel, on the ~16
@@ -233,7 +236,7 @@ class MinedGemm:
             # high priority: the side work's blocks are placed first wherever an SM has room
             self.side = torch.cuda.Stream(self.b.device, priority=-1) if cuda else None
             self.gemm_sms = (torch.cuda.get_device_properties(self.b.device).multi_processor_count
-                             - LAGGED_SIDE_SMS) if cuda else None
+                             - LAGGED_SIDE_SMS) if cuda and not LAGGED_SIDE_SMEM else None
 
     def set_job(self, header76: bytes, ancestors: list[bytes], target: int) -> None:
         """Adopt a new template: σ̂, its ancestors (parent first) and the target."""
@@ -314,7 +317,8 @@ class MinedGemm:
                 self._mine_previous()
             a = prepare_a(x, self.seed_message, self.p_a_len, state, table if self.moe else None)
             pending.fill(a.side.codes, a.codes, a.scales, a.pow_key, table)
-        acc = grouped_matmul(operand.rows, self.b_codes(), operand.table, max_sms=self.gemm_sms)
+        acc = grouped_matmul(operand.rows, self.b_codes(), operand.table, max_sms=self.gemm_sms,
+                             side_smem=LAGGED_SIDE_SMEM)
         self._fork(main)
         with self._on_side():
             mined.take(acc, ready, table.bounds)
