@@ -1,7 +1,7 @@
 """Lagged mining (kernels.fp8mine.lagged, MinedGemm(lagged=True)) on the CPU backend.
 
 Fast: the combined operand against a literal reference (READY rows copied, clean rows with the
-per-token scale), the row-shifted peel and lottery against the unshifted ones on a
+per-token scale), the row-shifted peel against the unshifted one on a
 compact accumulator, the slot layout, and an sm_90 compile of the new kernels. Slow (the Triton
 interpreter hashes the planes): dense and MoE launch sequences — launch 1 mines nothing even when
 every tile wins; launch 2's READY accumulator rows equal launch 1's non-lagged accumulator bit for
@@ -20,7 +20,6 @@ import torch
 
 from kernels.fp8mine.gpu_check import synthetic_chain
 from kernels.fp8mine.lagged import LagError, LagSlot, MinedSlot, build_operand, clean_rows, lagged_front
-from kernels.fp8mine.lottery import LotteryLatch
 from kernels.fp8mine.peel import peel_and_unscale
 from kernels.fp8mine.pipeline import MinedGemm
 from kernels.fp8mine.proofs import take_winner
@@ -185,31 +184,6 @@ def test_peel_of_clean_rows_reads_only_the_right_halves(rows_per_expert):
     assert torch.equal(got.view(torch.int16), want.view(torch.int16))
 
 
-def test_shifted_lottery_hashes_the_ready_rows_of_the_combined_accumulator():
-    """Tiles of expert w at row_start + shift[w]: the same tickets as the unshifted lottery on the
-    compact accumulator of those rows."""
-    rows_per_expert, clean = [9, 0, 12], [4, 3, 0]
-    table = RoutingTable(torch.arange(21, dtype=torch.int32),
-                         torch.tensor([0, *np.cumsum(rows_per_expert).tolist()], dtype=torch.int32))
-    compact = torch.randn((21, 128)) * 50
-    clean_starts = [0, *np.cumsum(clean).tolist()]
-    combined = torch.randn((28, 128))
-    starts = table.bounds.tolist()
-    for w in range(3):
-        at = starts[w] + clean_starts[w]
-        combined[at:at + rows_per_expert[w]] = compact[starts[w]:starts[w + 1]]
-    tiles = row_tiles(table)
-    latch = LotteryLatch("cpu", {})
-    words = torch.arange(8, dtype=torch.int32).view(1, 8)
-    zero = torch.zeros(8, dtype=torch.int32)
-    want = torch.zeros((tiles.row_start.shape[0], 2, 8), dtype=torch.int32)
-    got = torch.zeros_like(want)
-    latch.run(compact, tiles, words, zero, words, {}, tickets=want)
-    latch.run(combined, tiles, words, zero, words, {}, tickets=got,
-              row_shift=torch.tensor(clean_starts[:-1], dtype=torch.int32))
-    assert torch.equal(got, want) and bool(want.any())
-
-
 @pytest.mark.parametrize("ready_counts,clean_counts", [([9, 0, 12], [4, 3, 0]), ([0, 0, 0], [5, 2, 7])])
 def test_mined_slot_takes_the_ready_rows_of_the_combined_accumulator(ready_counts, clean_counts):
     """MINED acc row j of expert w = combined row rb[w] + ct[w] + j; READY's tail (planes, Rflat,
@@ -306,9 +280,9 @@ COMPILE = textwrap.dedent("""
             target=target,
             options={"enable_fp_fusion": False, "num_warps": 8})
         print("FRONT-LOCAL", ".local" in front.asm["ptx"])  # no stack frame at the decode shapes
-    mined = triton.compile(ASTSource(fn=lottery._shifted_lottery_kernel, signature={
+    mined = triton.compile(ASTSource(fn=lottery._lottery_kernel, signature={
         "acc_ptr": "*i64", "n": "i32", "tile_row_ptr": "*i32", "tile_expert_ptr": "*i32", "tile_local_ptr": "*i32",
-        "num_tiles": "i32", "shift_ptr": "*i32", "key_ptr": "*i32", "thr_ptr": "*i32", "seed_b_ptr": "*i32",
+        "num_tiles": "i32", "key_ptr": "*i32", "thr_ptr": "*i32", "seed_b_ptr": "*i32",
         "lock_ptr": "*i32", "record_ptr": "*i32", "fresh_ptr": "*i32", "header_ptr": "*i32",
         "tickets_ptr": "*i32", "BT": "constexpr", "STORE_TICKETS": "constexpr"},
         constexprs={"BT": 128, "STORE_TICKETS": False}), target=target)
@@ -323,7 +297,7 @@ def test_lagged_kernels_compile_for_sm90():
     if done.returncode != 0 and "ptxas" in done.stderr and "not found" in done.stderr:
         pytest.skip("Triton's ptxas is not available")
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "PAIR-LOADS 128" in done.stdout  # the shifted lottery keeps the fold's 8-byte loads
+    assert "PAIR-LOADS 128" in done.stdout  # the lottery keeps the fold's 8-byte loads
     assert "FRONT-LOCAL True" not in done.stdout
 
 

@@ -150,11 +150,11 @@ def _mine_tiles(acc_ptr, n, row_base, live, col_tile, local, expert, key_ptr, th
 
 
 @jit
-def _lottery_slots(acc_ptr, n, tile_row_ptr, tile_expert_ptr, tile_local_ptr, num_tiles, shift_ptr,
-                   key_ptr, thr_ptr, seed_b_ptr, lock_ptr, record_ptr, fresh_ptr, header_ptr,
-                   tickets_ptr, BT: tl.constexpr, STORE_TICKETS: tl.constexpr, SHIFT: tl.constexpr):
-    """BT slots of the row-tile map × the 64-column tile program_id(1). SHIFT: a tile of expert
-    w starts at accumulator row row_start + shift[w] (the mined rows of a lagged launch)."""
+def _lottery_kernel(acc_ptr, n, tile_row_ptr, tile_expert_ptr, tile_local_ptr, num_tiles,
+                    key_ptr, thr_ptr, seed_b_ptr, lock_ptr, record_ptr, fresh_ptr, header_ptr,
+                    tickets_ptr, BT: tl.constexpr, STORE_TICKETS: tl.constexpr):
+    """BT slots of the row-tile map (a tile's row_start is its accumulator row) × the 64-column
+    tile program_id(1)."""
     slots = tl.program_id(0) * BT + tl.arange(0, BT)
     in_range = slots < num_tiles
     row_start = tl.load(tile_row_ptr + slots, mask=in_range, other=-1)
@@ -162,34 +162,12 @@ def _lottery_slots(acc_ptr, n, tile_row_ptr, tile_expert_ptr, tile_local_ptr, nu
     row_base = tl.where(live, row_start, 0).to(tl.int64)
     local = tl.load(tile_local_ptr + slots, mask=live, other=0)
     expert = tl.load(tile_expert_ptr + slots, mask=live, other=0)
-    if SHIFT:
-        row_base += tl.load(shift_ptr + expert, mask=live, other=0).to(tl.int64)
     h0, h1, h2, h3, h4, h5, h6, h7 = _mine_tiles(
         acc_ptr, n, row_base, live, tl.program_id(1), local, expert, key_ptr, thr_ptr, seed_b_ptr,
         lock_ptr, record_ptr, fresh_ptr, header_ptr, BT)
     if STORE_TICKETS:  # checks only: every tile's ticket at [slot, column tile, word]
         base = tickets_ptr + (slots.to(tl.int64) * tl.num_programs(1) + tl.program_id(1)) * 8
         store_words8(base, h0, h1, h2, h3, h4, h5, h6, h7, live)
-
-
-@jit
-def _lottery_kernel(acc_ptr, n, tile_row_ptr, tile_expert_ptr, tile_local_ptr, num_tiles,
-                    key_ptr, thr_ptr, seed_b_ptr, lock_ptr, record_ptr, fresh_ptr, header_ptr,
-                    tickets_ptr, BT: tl.constexpr, STORE_TICKETS: tl.constexpr):
-    """The lottery over tiles whose row_start is their accumulator row."""
-    _lottery_slots(acc_ptr, n, tile_row_ptr, tile_expert_ptr, tile_local_ptr, num_tiles, tile_row_ptr,
-                   key_ptr, thr_ptr, seed_b_ptr, lock_ptr, record_ptr, fresh_ptr, header_ptr, tickets_ptr,
-                   BT, STORE_TICKETS, False)
-
-
-@jit
-def _shifted_lottery_kernel(acc_ptr, n, tile_row_ptr, tile_expert_ptr, tile_local_ptr, num_tiles, shift_ptr,
-                            key_ptr, thr_ptr, seed_b_ptr, lock_ptr, record_ptr, fresh_ptr, header_ptr,
-                            tickets_ptr, BT: tl.constexpr, STORE_TICKETS: tl.constexpr):
-    """The lottery over tiles of expert w at accumulator row row_start + shift[w]."""
-    _lottery_slots(acc_ptr, n, tile_row_ptr, tile_expert_ptr, tile_local_ptr, num_tiles, shift_ptr,
-                   key_ptr, thr_ptr, seed_b_ptr, lock_ptr, record_ptr, fresh_ptr, header_ptr, tickets_ptr,
-                   BT, STORE_TICKETS, True)
 
 
 @jit
@@ -280,13 +258,11 @@ class LotteryLatch:
 
     def run(self, acc: torch.Tensor, tiles: RowTiles, pow_key: torch.Tensor, threshold_: torch.Tensor,
             seed_b: torch.Tensor, sources: dict[str, torch.Tensor],
-            tickets: torch.Tensor | None = None, row_shift: torch.Tensor | None = None) -> None:
+            tickets: torch.Tensor | None = None) -> None:
         """Fold, hash and compare every tile of `acc` (rows, n_e) fp32; latch the first winner;
         then `capture(sources)`. The mined pass runs this right after its GEMM.
 
         `tickets`, for checks: an int32 (row tiles, n_e/64, 8) tensor that receives every ticket.
-        `row_shift`: (e,) int32; a tile of expert w then starts at row row_start + row_shift[w]
-        (`tiles` count rows of the mined launch, `acc` is a lagged launch's combined accumulator).
         """
         if acc.dtype != torch.float32 or acc.dim() != 2 or acc.shape[1] % TILE_COLS:
             raise LotteryError(f"acc must be fp32 (rows, n_e) with n_e % 64 == 0, got {acc.dtype} {tuple(acc.shape)}")
@@ -296,11 +272,7 @@ class LotteryLatch:
         tile_args = (acc.contiguous().view(torch.int64), acc.shape[1], tiles.row_start, tiles.expert,
                      tiles.local, num_tiles)
         tail = (*self.mining_args(pow_key, threshold_, seed_b), self.record if tickets is None else tickets)
-        if row_shift is None:
-            _lottery_kernel[grid](*tile_args, *tail, BT=per_program, STORE_TICKETS=tickets is not None)
-        else:
-            _shifted_lottery_kernel[grid](*tile_args, row_shift, *tail, BT=per_program,
-                                          STORE_TICKETS=tickets is not None)
+        _lottery_kernel[grid](*tile_args, *tail, BT=per_program, STORE_TICKETS=tickets is not None)
         self.capture(sources)
 
     def mining_args(self, pow_key: torch.Tensor, threshold_: torch.Tensor,

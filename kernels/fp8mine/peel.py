@@ -351,6 +351,12 @@ def _expert_rows(rows: int, experts: int) -> int:
     return 32 if rows >= 32 * experts else 16
 
 
+def reads_tiles(table: RoutingTable) -> bool:
+    """Whether `peel_and_unscale` on this routing reads a row-tile map (prefill, or the F1b
+    decode kernel); the decode peel by expert walks the experts' bounds instead."""
+    return _peel_rows(table.rflat.shape[0], table.experts) >= 64 or not _PEEL_BY_EXPERT
+
+
 def peel_tiles(table: RoutingTable) -> RowTiles:
     """The peel pass's row-tile map of a routing table: one small kernel that a caller may run
     ahead (e.g. on a side stream before the GEMM) so it is not on the launch's tail."""
@@ -386,7 +392,7 @@ def peel_and_unscale(acc: torch.Tensor, a_peel_: torch.Tensor, alpha_a: torch.Te
                 alpha_a.contiguous().view(torch.int16), b_peel_.contiguous().view(torch.int16),
                 alpha_b.contiguous().view(torch.int16))
     block_rows = _peel_rows(rows, experts)
-    if block_rows < 64 and _PEEL_BY_EXPERT:
+    if not reads_tiles(table):
         _expert_peel_kernel[(experts, triton.cdiv(n, _EXPERT_PEEL_COLS))](
             *operands, table.bounds, out, n, acc.shape[0], BR=_expert_rows(rows, experts), BN=_EXPERT_PEEL_COLS,
             SHIFTED=row_shift is not None, RIGHT_ONLY=a_left_zero, num_warps=_EXPERT_PEEL_WARPS,

@@ -28,7 +28,7 @@ from .hashing import constant_bytes
 from .lagged import LagSlot, MinedSlot, clean_peel, lagged_front
 from .lottery import LotteryLatch, threshold_words
 from .matmul import grouped_matmul
-from .peel import a_peel, b_peel, peel_and_unscale, peel_tiles
+from .peel import a_peel, b_peel, peel_and_unscale, peel_tiles, reads_tiles
 from .routing import RoutingTable, dense_table, routing_table, row_tiles
 
 
@@ -310,7 +310,7 @@ class MinedGemm:
         table = operand.clean_table
         self._fork(main)
         with self._on_side():
-            clean_tiles = peel_tiles(table)
+            clean_tiles = peel_tiles(table) if reads_tiles(table) else None
             a_peel_clean = clean_peel(operand, state.f_b)
             peel_ready = self._event()
             if not LAGGED_LOTTERY_FIRST:
