@@ -32,10 +32,12 @@ from .peel import a_peel, b_peel, peel_and_unscale, peel_tiles, reads_tiles
 from .routing import RoutingTable, dense_table, routing_table, row_tiles
 
 
-LAGGED_SIDE_SMS = 16  # SMs the lagged pass's persistent GEMM leaves to the side stream's A side
-# > 0: the lagged pass's GEMM runs on every SM and shares each with the side stream instead
-# (`grouped_gemm(side_smem=)`: 128 registers a thread at launch, this much shared memory left)
-LAGGED_SIDE_SMEM = 0
+# The lagged pass's GEMM runs on every SM and shares each with the side stream
+# (`grouped_gemm(side_smem=)`: 128 registers a thread at launch, this much shared memory left to
+# side kernels; every side kernel fits in 32K registers). H200, GLM-5 decode: 238.6 µs a pass at
+# 64 KiB (48 KiB 239.0, 96 KiB 260.4: the GEMM loses stages) vs 253.3 with 16 whole SMs left.
+LAGGED_SIDE_SMEM = 64 * 1024
+LAGGED_SIDE_SMS = 16  # LAGGED_SIDE_SMEM = 0: whole SMs the persistent GEMM leaves to the side stream
 # Where a lagged launch draws the tickets of the rows the previous launch's GEMM hashed (MINED):
 # True: at its start, beside clean rows + operand, while every SM is free (the side stream's high
 # priority may delay the clean rows); False: under the GEMM after the clean A peel, on the ~16

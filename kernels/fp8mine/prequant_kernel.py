@@ -115,8 +115,11 @@ def prequantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
 
 
 MAX_ROW_BLOCKS = 1024  # the fused row kernel holds a whole row: k ≤ 8192
-_ROW_PROGRAMS = 32  # two programs an SM on the 16 SMs the lagged GEMM leaves: one wave
-_ROW_WARPS = 16  # 63 registers, no spills (sm_90a, BB 1024): 16 row elements a thread; 8 warps took 101
+_ROW_PROGRAMS = 32  # one wave beside the lagged GEMM
+# 8 warps (~100 registers): a program fits in the 32K registers the shared-SM lagged GEMM leaves
+# an SM (16 warps x 88 did not, and waited for the GEMM's end: 285.6 vs 238.6 us a pass on the
+# H200); alone 8.1 vs 8.3 us at 16 warps (GLM-5 decode, 64 tokens)
+_ROW_WARPS = 8
 
 
 def prequantize_rows(x: torch.Tensor, wl2: int, delta_r: float, delta_over_std: float) -> tuple[torch.Tensor, ...]:
