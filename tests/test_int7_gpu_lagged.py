@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 import torch
 
-from kernels.int7 import pipeline
 from kernels.int7.pipeline import MinedPass, PipelineError, bound_words, prepare_job
 from proof.int7 import MiningConfig, commit_instance, instance_tickets, ticket_value, verify_plain_proof
 
@@ -105,11 +104,9 @@ def test_lagged_pass_serves_now_and_mines_the_previous_launch(job_and_weights):
             _check_winner(lagged, *planted)
 
 
-@pytest.mark.parametrize("by_phase", [True, False])
-def test_lagged_pass_with_the_staged_a_side(job_and_weights, monkeypatch, by_phase):
-    """The staged A side (row counts the fused one does not take) under the same lag, with the
-    phase-word rotation (PENDING written by a device-indexed copy) and with the READY ← PENDING copy."""
-    monkeypatch.setattr(pipeline, "LAG_BY_PHASE", by_phase)
+def test_lagged_pass_with_the_staged_a_side(job_and_weights):
+    """The staged A side (row counts the fused one does not take) under the same lag: PENDING
+    written by a device-indexed copy under the phase word."""
     job, weights = job_and_weights
     (first, first_scale), (second, second_scale) = _launches(33, 2)
     lagged = MinedPass(job, M, lagged=True, fused_a=False)
