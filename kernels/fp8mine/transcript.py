@@ -19,7 +19,7 @@ import torch
 import triton.language as tl
 
 from kernels.int7._jit import jit
-from kernels.int7.blake3 import (compress, compress_block, keyed_trees, load_words8,
+from kernels.int7.blake3 import (chunk_chaining_value, compress, compress_block, keyed_trees, load_words8,
                                  store_words8)
 from proof.fp8.params import HashId
 from proof.fp8.transcript import LABEL_PREFIX, subkey
@@ -150,63 +150,6 @@ def _load_words8_l2(ptr, mask):
 
 
 @jit
-def _halves(t, LANES: tl.constexpr, N: tl.constexpr):
-    """The even and odd columns of a (LANES, N) tile."""
-    return tl.split(tl.reshape(t, (LANES, N // 2, 2)))
-
-
-@jit
-def _block_tile(base, chunk, w, words, live, LANES: tl.constexpr):
-    """Words w..w+15 of every lane's chunk (base: a lane's plane pointer) as one (LANES, 16) tile:
-    a warp's load covers whole 64-byte runs of several chunks (a few cache lines a request, not
-    one line per lane and word); words at or past `words` read as zero."""
-    index = chunk.to(tl.int64)[:, None] * 256 + w + tl.arange(0, 16)[None, :]
-    return tl.load(base[:, None] + index, mask=live[:, None] & (index < words), other=0).to(tl.uint32, bitcast=True)
-
-
-@jit
-def _tile_words(tile, LANES: tl.constexpr):
-    """The 16 columns of a (LANES, 16) tile as lane tensors m0..m15 (the layout change goes
-    through shared memory once per block; each lane then holds its whole block in registers)."""
-    e, o = _halves(tile, LANES, 16)  # words 2j, 2j+1
-    e0, e1 = _halves(e, LANES, 8)  # 4j, 4j+2
-    o0, o1 = _halves(o, LANES, 8)  # 4j+1, 4j+3
-    a0, a1 = _halves(e0, LANES, 4)  # 8j, 8j+4
-    b0, b1 = _halves(e1, LANES, 4)  # 8j+2, 8j+6
-    c0, c1 = _halves(o0, LANES, 4)  # 8j+1, 8j+5
-    d0, d1 = _halves(o1, LANES, 4)  # 8j+3, 8j+7
-    m0, m8 = tl.split(a0)
-    m4, m12 = tl.split(a1)
-    m2, m10 = tl.split(b0)
-    m6, m14 = tl.split(b1)
-    m1, m9 = tl.split(c0)
-    m5, m13 = tl.split(c1)
-    m3, m11 = tl.split(d0)
-    m7, m15 = tl.split(d1)
-    return m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15
-
-
-@jit
-def _chunk_chain(base, chunk, words, live, k0, k1, k2, k3, k4, k5, k6, k7, last_flags, LANES: tl.constexpr):
-    """Keyed chaining value of each lane's 1024-byte chunk: 16 dependent compressions, each
-    block loaded as a coalesced tile one step ahead so its latency overlaps the compression."""
-    c0, c1, c2, c3, c4, c5, c6, c7 = k0, k1, k2, k3, k4, k5, k6, k7
-    counter = chunk.to(tl.uint32)
-    ahead = _block_tile(base, chunk, 0, words, live, LANES)
-    for block in range(16):
-        tile = ahead
-        ahead = _block_tile(base, chunk, 16 * block + 16, words, live & (block < 15), LANES)
-        m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15 = _tile_words(tile, LANES)
-        start = tl.where(block == 0, 1, 0)  # CHUNK_START
-        end = tl.where(block == 15, 2 | last_flags, 0)  # CHUNK_END (| ROOT for a one-chunk tree)
-        flags = tl.full(counter.shape, 16, tl.uint32) | (start | end)
-        c0, c1, c2, c3, c4, c5, c6, c7 = compress(
-            c0, c1, c2, c3, c4, c5, c6, c7,
-            m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15, counter, flags)
-    return c0, c1, c2, c3, c4, c5, c6, c7
-
-
-@jit
 def _forest_kernel(key_ptr, p0, p1, p2, p3, w0, w1, w2, w3, n0, n1, n2, n3, g1, g2, g3, programs,
                    nodes_ptr, roots_ptr, counter_ptr, LANES: tl.constexpr, LEVELS: tl.constexpr):
     """Roots of up to four planes' trees in one launch. Program p hashes an aligned group of
@@ -225,7 +168,7 @@ def _forest_kernel(key_ptr, p0, p1, p2, p3, w0, w1, w2, w3, n0, n1, n2, n3, g1, 
     chunk = group * LANES + lane
     words = _pick4(tree, w0, w1, w2, w3)
     last_flags = tl.where(chunks == 1, 8, 0)  # ROOT on a one-chunk tree's only chunk
-    c0, c1, c2, c3, c4, c5, c6, c7 = _chunk_chain(
+    c0, c1, c2, c3, c4, c5, c6, c7 = chunk_chaining_value(
         base, chunk, words, chunk < chunks, k0, k1, k2, k3, k4, k5, k6, k7, last_flags, LANES)
     whole = chunks <= LANES
     k0, k1, k2, k3, k4, k5, k6, k7 = load_words8(key_ptr, pid >= 0)
