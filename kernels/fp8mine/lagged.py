@@ -15,9 +15,9 @@ operand of expert e is [READY rows of e ; clean rows of e]:
 
 Row positions (r_e = READY rows of e, c_e = clean rows of e, rb / ct their bounds, cb = rb + ct
 the combined bounds): READY row j of e sits at combined row j + ct[e]; clean row i of e at
-i + rb[e + 1]. The lottery (`LotteryLatch.run(row_shift=)`) and the peel
-(`peel.peel_and_unscale(row_shift=)`) read the accumulator through these per-expert shifts, so
-neither the accumulator nor the output is copied. Nothing here syncs with the host.
+i + rb[e + 1]. The peel (`peel.peel_and_unscale(row_shift=)`) reads the clean rows through these
+per-expert shifts and MINED's take copies the READY rows out compactly for the next launch's
+lottery, so the output is never copied. Nothing here syncs with the host.
 """
 from __future__ import annotations
 
