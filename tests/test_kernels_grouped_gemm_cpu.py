@@ -173,6 +173,12 @@ def test_max_sms_must_be_a_positive_count(max_sms) -> None:
         grouped_gemm(**_args(), max_sms=max_sms)
 
 
+@pytest.mark.parametrize("side_smem", [-1024, 1000, 129 * 1024])
+def test_side_smem_must_be_whole_kib_within_the_limit(side_smem) -> None:
+    with pytest.raises(GroupedGemmError, match="side_smem must be a multiple of 1024 bytes"):
+        grouped_gemm(**_args(), side_smem=side_smem)
+
+
 def _eight_bit(dtype: torch.dtype) -> dict:
     return dict(x=torch.zeros(4, 64, dtype=dtype), w=torch.zeros(2, 32, 64, dtype=dtype))
 
