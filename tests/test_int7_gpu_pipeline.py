@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from kernels.int7.blake3 import bytes_from_words
-from kernels.int7.pipeline import MinedPass, PipelineError, bound_words, prepare_job
+from kernels.int7.pipeline import SPLIT_PEEL_FROM_ROWS, MinedPass, PipelineError, bound_words, prepare_job
 from proof.int7 import MiningConfig, commit_instance, instance_tickets, ticket_value, verify_plain_proof
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -28,9 +28,9 @@ def _plant(job, wins):
     return best
 
 
-# the fused decode A side and the staged kernels
-@pytest.mark.parametrize("fused_a", [True, False])
-def test_dense_v3_salted_planted_winner_verifies(fused_a):
+# the fused decode A side, the staged kernels, and the staged kernels with the peel as its own pass
+@pytest.mark.parametrize("fused_a, split_peel", [(True, False), (False, False), (False, True)])
+def test_dense_v3_salted_planted_winner_verifies(fused_a, split_peel):
     experts = 2
     rng = np.random.default_rng(21)
     weights = rng.integers(-64, 65, (experts, N, K), dtype=np.int8)
@@ -44,8 +44,8 @@ def test_dense_v3_salted_planted_winner_verifies(fused_a):
         assert bytes_from_words(job.s_b[e]) == ref.s_b
         assert np.array_equal(job.bt_noised[e].cpu().numpy(), ref.bt_noised)
     expert, best = _plant(job, [(e, w) for e, ref in enumerate(refs) for w in instance_tickets(ref)])
-    mined = MinedPass(job, M, write_i32=True, fused_a=fused_a)
-    assert mined.fused_a == fused_a
+    mined = MinedPass(job, M, write_i32=True, fused_a=fused_a, split_peel=split_peel)
+    assert (mined.fused_a, mined.split_peel) == (fused_a, split_peel)
     mined.run_quantized(torch.from_numpy(acts).to(DEVICE), torch.ones(experts, M, device=DEVICE))
     expected = np.einsum("emk,enk->emn", acts.astype(np.int64), weights.astype(np.int64))
     assert np.array_equal(mined.out_i32.cpu().numpy(), expected)
@@ -58,7 +58,8 @@ def test_dense_v3_salted_planted_winner_verifies(fused_a):
     assert mined.take_proof() is None  # re-armed, nothing pending
 
 
-def test_moe_v2_planted_winner_verifies():
+@pytest.mark.parametrize("split_peel", [False, True])
+def test_moe_v2_planted_winner_verifies(split_peel):
     experts, top_k = 4, 2
     tokens = experts * M // top_k
     rng = np.random.default_rng(22)
@@ -73,7 +74,7 @@ def test_moe_v2_planted_winner_verifies():
     assert bytes_from_words(job.b_trees.roots[0]) == ref.hash_b
     assert bytes_from_words(job.s_b[0]) == ref.s_b
     best = _plant(job, [(w.expert, w) for w in instance_tickets(ref)])[1]
-    mined = MinedPass(job, M, tokens=tokens, write_i32=True)
+    mined = MinedPass(job, M, tokens=tokens, write_i32=True, split_peel=split_peel)
     mined.run_quantized(torch.from_numpy(acts).to(DEVICE), torch.ones(tokens, device=DEVICE),
                         torch.tensor(routing, dtype=torch.int32, device=DEVICE))
     expected = np.einsum("emk,enk->emn", acts[np.array(routing)].astype(np.int64), weights.astype(np.int64))
@@ -99,6 +100,12 @@ def test_no_winner_below_a_zero_bound_and_bad_arguments():
                     bound=0, moe=False)
     with pytest.raises(PipelineError, match="fused A side needs"):
         MinedPass(job, 48, fused_a=True)
+    with pytest.raises(PipelineError, match="split peel needs"):
+        MinedPass(job, M, fused_a=True, split_peel=True)
+    with pytest.raises(PipelineError, match="split peel needs"):
+        MinedPass(job, M, lagged=True, split_peel=True)
+    # prefill row counts peel in their own pass by default, decode ones stack the peel in the GEMM
+    assert MinedPass(job, SPLIT_PEEL_FROM_ROWS).split_peel and not MinedPass(job, M).split_peel
     with pytest.raises(PipelineError, match="dense pass needs activations"):
         mined.run_quantized(torch.zeros((1, M + 2, K), dtype=torch.int8, device=DEVICE),
                             torch.ones(1, M + 2, device=DEVICE))

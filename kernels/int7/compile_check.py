@@ -21,7 +21,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from . import a_side, activations, blake3, mined_gemm, noise, seeds, winner
+from . import a_side, activations, blake3, mined_gemm, noise, seeds, split_peel, winner
 from ._jit import INTERPRETING
 
 TARGET = GPUTarget("cuda", 90, 32)
@@ -31,7 +31,7 @@ _GEMM_SIGNATURE = {
     "sa_ptr": "*fp32", "sb_ptr": "*fp32", "out_ptr": "*bf16", "out32_ptr": "*i32", "dump_ptr": "*i32",
     "phase_ptr": "*i32", "phase_words": "i32", "M": "i32", "N": "i32", "K": "i32", "NC": "i32",
     **{name: "constexpr" for name in ("R", "BM", "BN", "BK", "H", "MINE", "PEEL", "WRITE_I32", "DUMP",
-                                       "PHASED")},
+                                       "PHASED", "WRITE_BF16")},
 }
 
 
@@ -145,10 +145,38 @@ def _variants() -> list[tuple[str, object, dict, dict, int, int]]:
         kinds = [("mined", 1, 0), ("unmined", 0, 0)] + ([("mined_lagged", 1, 1)] if regime == "decode" else [])
         for label, mine, phased in kinds:  # decode also as the lagged pass launches it (phase word)
             constexprs = {"R": 128, "BM": t.block_m, "BN": t.block_n, "BK": t.block_k, "H": mined_gemm.TILE_H,
-                          "MINE": mine, "PEEL": mine, "WRITE_I32": 0, "DUMP": 0, "PHASED": phased}
+                          "MINE": mine, "PEEL": mine, "WRITE_I32": 0, "DUMP": 0, "PHASED": phased, "WRITE_BF16": 1}
             out.append((f"gemm_{regime}_{label}_{t.block_m}x{t.block_n}x{t.block_k}",
                         mined_gemm._mined_gemm_kernel, _GEMM_SIGNATURE, constexprs, t.num_warps, t.num_stages))
+    out.extend(_split_peel_variants())
     return out
+
+
+def _split_peel_variants() -> list[tuple[str, object, dict, dict, int, int]]:
+    """The prefill pass with the peel on its own (GLM-5's shape): the mined GEMM writing A'·B' as
+    int32, Qᵀ = B'·P_A through the plain kernel, and the peel kernel."""
+    gemm = {"R": 128, "H": mined_gemm.TILE_H, "DUMP": 0, "PHASED": 0, "WRITE_I32": 1, "WRITE_BF16": 0}
+    t = mined_gemm.default_tiling(2048, 4096, 6144, 128)
+    q = mined_gemm.default_tiling(4096, 128, 6144, 128)
+    p = split_peel.default_peel_tiling(2048, 4096, 128)
+    peel_signature = {"raw_ptr": "*i32", "left_ptr": "*i8", "right_ptr": "*i8", "sa_ptr": "*fp32",
+                      "sb_ptr": "*fp32", "out_ptr": "*bf16", "out32_ptr": "*i32", "M": "i32", "N": "i32",
+                      **{name: "constexpr" for name in ("DEPTH", "SEGMENT", "BM", "BN", "BK", "WRITE_I32")}}
+    digits = split_peel.q_limbs(6144)
+    return [
+        (f"gemm_prefill_raw_{t.block_m}x{t.block_n}x{t.block_k}", mined_gemm._mined_gemm_kernel, _GEMM_SIGNATURE,
+         dict(gemm, BM=t.block_m, BN=t.block_n, BK=t.block_k, MINE=1, PEEL=0), t.num_warps, t.num_stages),
+        (f"gemm_noise_product_{q.block_m}x{q.block_n}x{q.block_k}", mined_gemm._mined_gemm_kernel,
+         _GEMM_SIGNATURE, dict(gemm, R=q.block_k, BM=q.block_m, BN=q.block_n, BK=q.block_k, MINE=0, PEEL=0),
+         q.num_warps, q.num_stages),
+        (f"split_peel_{p.block_m}x{p.block_n}x{p.block_k}", split_peel._split_peel_kernel, peel_signature,
+         {"DEPTH": digits * 256, "SEGMENT": 256, "BM": p.block_m, "BN": p.block_n, "BK": p.block_k,
+          "WRITE_I32": 0}, p.num_warps, p.num_stages),
+        ("split_peel_digit_operand", split_peel._digit_operand_kernel,
+         {"small_ptr": "*i8", "wide_ptr": "*i32", "out_ptr": "*i8", "rows": "i32", "R": "constexpr",
+          "DIGITS": "constexpr", "WIDE_FIRST": "constexpr", "BR": "constexpr"},
+         {"R": 128, "DIGITS": digits, "WIDE_FIRST": 1, "BR": split_peel._DIGIT_ROWS}, 4, 1),
+    ]
 
 
 def _cuobjdump(cubin: bytes, flag: str) -> str:

@@ -39,9 +39,10 @@ from .activations import a_times_p_b, prepare_rows, quantise_rows
 from .blake3 import bytes_from_words, keyed_trees
 from .a_side import fused_a_side, fused_applies, noised_a_side
 from .mined_gemm import DUMP_WORDS, Tiling, default_tiling, lottery_tile, mined_gemm, plain_gemm
-from .noise import noise_factors, noised
+from .noise import dense_sparse_factor, noise_factors, noised
 from .pipeline import MinedPass, bound_words, prepare_job
 from .seeds import noise_seed_a
+from .split_peel import noise_product, peel_operands, split_peel
 
 BITS = 0x207FFFFF  # easy target: every ticket meets T0·h·w·D, so any planted tile verifies
 HEADER = struct.pack("<I", 0) + b"\x01" * 32 + b"\x02" * 32 + struct.pack("<II", 0x66666666, BITS)
@@ -118,15 +119,21 @@ def markdown(results: dict) -> str:
                   "| shape | E | M | K | N | unmined Triton int8 | unmined grouped_gemm int8 (E) | "
                   "unmined grouped_gemm int8→bf16 | "
                   "mined GEMM kernel (with peel) | transcript only (no peel) | "
-                  "whole mined pass | same, staged A side | whole mined pass, lagged | "
-                  "best pass / best unmined | best pass / Triton unmined |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "whole mined pass | same, staged A side | same, peel stacked in the GEMM | "
+                  "whole mined pass, lagged | best pass / best unmined | best pass / Triton unmined |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for row in timing["rows"]:
             lines.append("| " + " | ".join(str(row.get(key, "")) for key in (
                 "shape", "E", "M", "K", "N", "plain_us", "grouped_gemm_us", "grouped_gemm_bf16_us", "mined_kernel_us",
-                "transcript_only_us", "mined_pass_us", "mined_pass_staged_a_us", "mined_pass_lagged_us",
+                "transcript_only_us", "mined_pass_us", "mined_pass_staged_a_us", "mined_pass_stacked_peel_us",
+                "mined_pass_lagged_us",
                 "pass_over_best_unmined",
                 "pass_over_triton_unmined")) + " |")
+        split = [row for row in timing["rows"] if "split_raw_us" in row]
+        if split:
+            lines += ["", "Split peel parts (µs): " + "; ".join(
+                f"{row['shape']}: A'·B' GEMM {row['split_raw_us']}, Qᵀ = B'·P_A {row['split_noise_product_us']}, "
+                f"peel pass {row['split_peel_us']}" for row in split)]
         lines += ["", "Acceptance (issue 7): whole mined pass ≤ 1.10 × the unmined int8 GEMM of the same run "
                   "(the faster of the same-launch and the lagged pass)."]
         for row in timing["rows"]:
@@ -193,8 +200,12 @@ def section_bitexact() -> dict:
                 tiles += 1
     expected = np.einsum("emk,enk->emn", acts.astype(np.int64), weights.astype(np.int64))
     assert np.array_equal(mined.out_i32.cpu().numpy(), expected), "peel is not A·B"
+    split = MinedPass(job, rows, write_i32=True, split_peel=True)  # the prefill pass's peel on its own
+    split.run_quantized(torch.from_numpy(acts).cuda(), torch.ones(experts, rows, device="cuda"))
+    torch.cuda.synchronize()
+    assert np.array_equal(split.out_i32.cpu().numpy(), expected), "split peel is not A·B"
     return {"instances": experts, "m": rows, "n": n, "k": k, "tiles_checked": tiles,
-            "checked": "H_B, s_B, B', every tile's 16 words and ticket (so H_A, s_A, A' too), peel"}
+            "checked": "H_B, s_B, B', every tile's 16 words and ticket (so H_A, s_A, A' too), peel, split peel"}
 
 
 def section_planted_dense_v3() -> dict:
@@ -437,6 +448,10 @@ def _time_shape(timer: Timer, shape: tuple) -> dict:
     if chosen.fused_a:  # the same pass with the staged A side (8 launches), for comparison
         staged = MinedPass(job, rows, tiling=chosen.tiling, fused_a=False)
         row["mined_pass_staged_a_us"] = timer.median_us({"s": timer.graph(lambda: staged.run(x))})["s"]
+    if chosen.split_peel:  # the same pass with the peel stacked in the GEMM (a second MMA), for comparison
+        stacked = MinedPass(job, rows, tiling=chosen.tiling, split_peel=False)
+        row["mined_pass_stacked_peel_us"] = timer.median_us({"s": timer.graph(lambda: stacked.run(x))})["s"]
+        del stacked
     if decode:  # mining lags a launch: the A side's hash chain runs beside the GEMM (docs/kernels-int7.md)
         lagged = MinedPass(job, rows, tiling=chosen.tiling, lagged=True)
         row["mined_pass_lagged_us"] = timer.median_us({"l": timer.graph(lambda: lagged.run(x))})["l"]
@@ -452,9 +467,24 @@ def _time_shape(timer: Timer, shape: tuple) -> dict:
                    chosen.slot.record, scale_a, scale_b, rank=RANK, tile_h=TILE_H, tile_w=TILE_W,
                    out=out, tiling=tiling, peel=peel)
 
-    times = timer.median_us({"mined": timer.graph(lambda: kernel(True)),
-                             "transcript": timer.graph(lambda: kernel(False))})
+    graphs = {"mined": timer.graph(lambda: kernel(True)), "transcript": timer.graph(lambda: kernel(False))}
+    if chosen.split_peel:  # the split pass's parts: A'·B' as int32, Qᵀ = B'·P_A, the peel pass
+        raw = torch.empty((experts, rows, n), dtype=torch.int32, device="cuda")
+        q_t = torch.empty((experts, n, RANK), dtype=torch.int32, device="cuda")
+        p_a_t = dense_sparse_factor(first_a, second_a, RANK).transpose(1, 2)
+        operands = peel_operands(experts, rows, n, RANK, k, "cuda")
+        graphs["raw"] = timer.graph(lambda: mined_gemm(
+            a_noised, q, job.bt_noised, apb, job.u_b, s_a, job.bound, chosen.rows_valid, chosen.slot.record,
+            scale_a, scale_b, rank=RANK, tile_h=TILE_H, tile_w=TILE_W, out=None, out_i32=raw, tiling=tiling,
+            peel=False))
+        graphs["noise_product"] = timer.graph(lambda: noise_product(job.bt_noised, p_a_t, q_t))
+        graphs["split_peel"] = timer.graph(lambda: split_peel(raw, u_a, q_t, apb, job.u_b, scale_a, scale_b, k=k,
+                                                              out=out, operands=operands))
+    times = timer.median_us(graphs)
     row["mined_kernel_us"], row["transcript_only_us"] = times["mined"], times["transcript"]
+    for part in ("raw", "noise_product", "split_peel"):
+        if part in times:
+            row[f"split_{part}_us"] = times[part]
     unmined = [v for v in (row["plain_us"], row.get("grouped_gemm_us"), row.get("grouped_gemm_bf16_us")) if v]
     best_pass = min(row["mined_pass_us"], row.get("mined_pass_lagged_us", float("inf")))
     row["best_pass"] = "same-launch" if best_pass == row["mined_pass_us"] else "lagged"

@@ -142,7 +142,7 @@ def _row_xor(acc):
 
 
 @jit
-def _split_limb(rest):
+def split_limb(rest):
     """(low, rest') with rest = low + 256·rest' and low a signed int8 digit in [−128, 127]."""
     low = ((rest + 128) & 255) - 128
     return low.to(tl.int8), (rest - low) >> 8
@@ -170,10 +170,12 @@ def _mined_gemm_kernel(an_ptr, ac_ptr, bt_ptr, apb_ptr, ub_ptr, key_ptr, bound_p
                        M, N, K, NC,
                        R: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                        H: tl.constexpr, MINE: tl.constexpr, PEEL: tl.constexpr,
-                       WRITE_I32: tl.constexpr, DUMP: tl.constexpr, PHASED: tl.constexpr):
+                       WRITE_I32: tl.constexpr, DUMP: tl.constexpr, PHASED: tl.constexpr,
+                       WRITE_BF16: tl.constexpr):
     """PHASED: an_ptr, key_ptr (s_A) and mvalid_ptr are set 0 of a LagPhase pair; the program
     reads the READY set (the shift is applied twice, before the k loop and in the epilogue, so no
-    extra pointer lives across the loop)."""
+    extra pointer lives across the loop). WRITE_BF16 = 0 writes only the int32 result (the raw
+    A'·B' for the split peel, or Q for it)."""
     an_ptr += lag_set(phase_ptr, PHASED, 0) * (4 * phase_words)
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -264,7 +266,7 @@ def _mined_gemm_kernel(an_ptr, ac_ptr, bt_ptr, apb_ptr, ub_ptr, key_ptr, bound_p
             ub = tl.load(ub_ptr + ub_rows[:, None] + kr[None, :])
             rest = tl.load(apb_ptr + apb_rows[:, None] + kr[None, :])
             for limb in tl.static_range(3):
-                low, rest = _split_limb(rest)
+                low, rest = split_limb(rest)
                 product = tl.dot(low, tl.trans(ub), tl.full((BM, BN), 0, tl.int32), out_dtype=tl.int32)
                 result -= product * (1 << (8 * limb))
     else:
@@ -272,10 +274,11 @@ def _mined_gemm_kernel(an_ptr, ac_ptr, bt_ptr, apb_ptr, ub_ptr, key_ptr, bound_p
     out_offsets = (e * M + rm).to(tl.int64)[:, None] * N + rn[None, :]
     if WRITE_I32:
         tl.store(out32_ptr + out_offsets, result)
-    scale_a = tl.load(sa_ptr + e * M + rm)
-    scale_b = tl.load(sb_ptr + e * N + rn)
-    value = result.to(tl.float32) * scale_a[:, None] * scale_b[None, :]
-    tl.store(out_ptr + out_offsets, value.to(tl.bfloat16))
+    if WRITE_BF16:
+        scale_a = tl.load(sa_ptr + e * M + rm)
+        scale_b = tl.load(sb_ptr + e * N + rn)
+        value = result.to(tl.float32) * scale_a[:, None] * scale_b[None, :]
+        tl.store(out_ptr + out_offsets, value.to(tl.bfloat16))
 
 
 def lottery_tile(n: int, k: int, rank: int, *, moe: bool = False) -> tuple[int, int]:
@@ -349,7 +352,7 @@ def mined_gemm(a_noised: torch.Tensor, a_clean: torch.Tensor, bt_noised: torch.T
                apb: torch.Tensor, u_b: torch.Tensor, s_a: torch.Tensor,
                bound_words: torch.Tensor, rows_valid: torch.Tensor, record: torch.Tensor,
                scale_a: torch.Tensor, scale_b: torch.Tensor, *, rank: int, tile_h: int,
-               tile_w: int, out: torch.Tensor, out_i32: torch.Tensor | None = None,
+               tile_w: int, out: torch.Tensor | None, out_i32: torch.Tensor | None = None,
                dump: torch.Tensor | None = None, tiling: Tiling | None = None,
                peel: bool = True, lag: LagPhase | None = None) -> None:
     """Mined GEMM of E instances: out[e] = dequant(A_e·B_e) from the noised operands.
@@ -358,10 +361,11 @@ def mined_gemm(a_noised: torch.Tensor, a_clean: torch.Tensor, bt_noised: torch.T
     (E, M, r) int32 A·P_B; u_b: (E, N, r) int8; s_a: (E, 8) int32 ticket keys;
     bound_words: (8,) int32 LE words of the bound; rows_valid: (E,) int32 rows that may hold
     lottery tiles (a multiple of tile_h); record: (16,) int32, [0] = 0 arms it; scale_a (E, M)
-    and scale_b (E, N) float32; out (E, M, N) bf16; out_i32 optional exact A·B; dump optional
+    and scale_b (E, N) float32; out (E, M, N) bf16 or None (then out_i32 is the only output);
+    out_i32 optional exact A·B; dump optional
     (E, M/h, N/w, 24) int32 per-tile transcript words and tickets (for checks). Lottery tiles are
     tile_h rows × tile_w = block_n columns. peel=False skips the peel (the output is then
-    A'·B'): only for measuring what the peel costs. lag: a_noised, s_a and rows_valid are set 0
+    A'·B', which `split_peel` peels in its own pass at prefill). lag: a_noised, s_a and rows_valid are set 0
     of a LagPhase pair and the kernel reads the READY set (pipeline.MinedPass(lagged=True)).
     """
     e, m, k = a_noised.shape
@@ -377,9 +381,7 @@ def mined_gemm(a_noised: torch.Tensor, a_clean: torch.Tensor, bt_noised: torch.T
     _check_operand("record", record, (RECORD_WORDS,), torch.int32)
     _check_operand("scale_a", scale_a, (e, m), torch.float32)
     _check_operand("scale_b", scale_b, (e, n), torch.float32)
-    _check_operand("out", out, (e, m, n), torch.bfloat16)
-    if out_i32 is not None:
-        _check_operand("out_i32", out_i32, (e, m, n), torch.int32)
+    _check_outputs(out, out_i32, (e, m, n))
     if dump is not None:
         _check_operand("dump", dump, (e, m // tile_h, n // tile_w, DUMP_WORDS), torch.int32)
     if lag is not None:
@@ -389,33 +391,53 @@ def mined_gemm(a_noised: torch.Tensor, a_clean: torch.Tensor, bt_noised: torch.T
     grid = (n // tiling.block_n, m // tiling.block_m, e)
     _mined_gemm_kernel[grid](
         a_noised, a_clean, bt_noised, apb, u_b, s_a, bound_words, rows_valid, record,
-        scale_a, scale_b, out, out if out_i32 is None else out_i32, out if dump is None else dump,
+        scale_a, scale_b, _either(out, out_i32), _either(out_i32, out), _either(dump, out_i32, out),
         rows_valid if lag is None else lag.phase, 0 if lag is None else lag.words,
         m, n, k, k // rank,
         R=rank, BM=tiling.block_m, BN=tiling.block_n, BK=tiling.block_k, H=tile_h,
         MINE=1, PEEL=int(peel), WRITE_I32=int(out_i32 is not None), DUMP=int(dump is not None),
-        PHASED=int(lag is not None), num_warps=tiling.num_warps, num_stages=tiling.num_stages)
+        PHASED=int(lag is not None), WRITE_BF16=int(out is not None),
+        num_warps=tiling.num_warps, num_stages=tiling.num_stages)
 
 
-def plain_gemm(a: torch.Tensor, bt: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor, *,
-               out: torch.Tensor, out_i32: torch.Tensor | None = None,
-               tiling: Tiling | None = None) -> None:
-    """The same kernel without mining or peel: out[e] = dequant(A_e·B_eᵀ) — the unmined baseline."""
+def plain_gemm(a: torch.Tensor, bt: torch.Tensor, scale_a: torch.Tensor | None,
+               scale_b: torch.Tensor | None, *, out: torch.Tensor | None,
+               out_i32: torch.Tensor | None = None, tiling: Tiling | None = None) -> None:
+    """The same kernel without mining or peel: out[e] = dequant(A_e·B_eᵀ) — the unmined baseline.
+    out None: only the exact out_i32 = A_e·B_eᵀ (the split peel's Qᵀ = B'·P_A); the scales are
+    then unused and may be None."""
     e, m, k = a.shape
     n = bt.shape[1]
     _check_operand("a", a, (e, m, k), torch.int8)
     _check_operand("bt", bt, (e, n, k), torch.int8)
-    _check_operand("scale_a", scale_a, (e, m), torch.float32)
-    _check_operand("scale_b", scale_b, (e, n), torch.float32)
-    _check_operand("out", out, (e, m, n), torch.bfloat16)
-    if out_i32 is not None:
-        _check_operand("out_i32", out_i32, (e, m, n), torch.int32)
+    if out is not None:
+        _check_operand("scale_a", scale_a, (e, m), torch.float32)
+        _check_operand("scale_b", scale_b, (e, n), torch.float32)
+    _check_outputs(out, out_i32, (e, m, n))
     tiling = tiling or default_tiling(m, n, k, 128)
     _check_tiling(tiling, m, n, k, tiling.block_k, None)
     grid = (n // tiling.block_n, m // tiling.block_m, e)
+    first = _either(out, out_i32)
     _mined_gemm_kernel[grid](
-        a, a, bt, a, a, a, a, a, a, scale_a, scale_b, out, out if out_i32 is None else out_i32, out, a, 0,
+        a, a, bt, a, a, a, a, a, a, _either(scale_a, first), _either(scale_b, first), first,
+        _either(out_i32, out), first, a, 0,
         m, n, k, 0,
         R=tiling.block_k, BM=tiling.block_m, BN=tiling.block_n, BK=tiling.block_k, H=2,
-        MINE=0, PEEL=0, WRITE_I32=int(out_i32 is not None), DUMP=0, PHASED=0,
+        MINE=0, PEEL=0, WRITE_I32=int(out_i32 is not None), DUMP=0, PHASED=0, WRITE_BF16=int(out is not None),
         num_warps=tiling.num_warps, num_stages=tiling.num_stages)
+
+
+def _check_outputs(out: torch.Tensor | None, out_i32: torch.Tensor | None, shape: tuple[int, ...]) -> None:
+    """The bf16 output and/or the int32 one; at least one (a kernel that writes nothing is a mistake)."""
+    if out is None and out_i32 is None:
+        raise MinedGemmError("give out (bf16), out_i32 (int32) or both: nothing would be written")
+    if out is not None:
+        _check_operand("out", out, shape, torch.bfloat16)
+    if out_i32 is not None:
+        _check_operand("out_i32", out_i32, shape, torch.int32)
+
+
+def _either(*tensors: torch.Tensor | None) -> torch.Tensor:
+    """The first tensor given: a pointer argument the kernel does not touch under its flags still
+    needs a tensor."""
+    return next(t for t in tensors if t is not None)

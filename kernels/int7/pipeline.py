@@ -42,11 +42,25 @@ from .blake3 import KeyedTrees, bytes_from_words, keyed_trees, words_from_bytes
 from .mined_gemm import TILE_WIDTHS, LagPhase, Tiling, mined_gemm
 from .noise import dense_sparse_factor, noise_factors, noised
 from .seeds import noise_seed_a, noise_seed_b
+from .split_peel import noise_product, peel_operands, split_peel
 from .winner import INSTANCE, TICKET, TILE_COL, TILE_ROW, WinnerSlot, row_opening
+
+
+SPLIT_PEEL_FROM_ROWS = 128  # rows per expert from which the peel is its own pass (prefill; docs/kernels-int7.md)
 
 
 class PipelineError(ValueError):
     """Bad arguments to the mined pass (names what is wrong)."""
+
+
+@dataclass
+class _AFactors:
+    """The A side's noise factors, as the split peel needs them: U_A per GEMM row (E, M, r) and
+    P_A's index vectors per instance (instances, K)."""
+
+    u_rows: torch.Tensor
+    first: torch.Tensor
+    second: torch.Tensor
 
 
 def bound_words(bound: int, device: torch.device | str) -> torch.Tensor:
@@ -230,11 +244,15 @@ class MinedPass:
     job key, s_B and the bound live in the job, and a new job takes a new MinedPass.
     side_warps (lagged, fused A side): warps of each side-chain program (`a_side.SIDE_WARPS_CHOICES`);
     fewer leave the GEMM's programs their SM slots, more shorten the chain (docs/kernels-int7.md).
+    split_peel: the mined GEMM writes A'·B' and `split_peel` peels it in its own pass (no second MMA
+    over the weights); None picks it from SPLIT_PEEL_FROM_ROWS rows per expert (prefill), where
+    the stacked peel's second MMA doubles a compute-bound GEMM. Not with the fused or lagged A side.
     """
 
     def __init__(self, job: MiningJob, rows: int, *, tokens: int | None = None,
                  tiling: Tiling | None = None, write_i32: bool = False,
-                 fused_a: bool | None = None, lagged: bool = False, side_warps: int = SIDE_WARPS) -> None:
+                 fused_a: bool | None = None, lagged: bool = False, side_warps: int = SIDE_WARPS,
+                 split_peel: bool | None = None) -> None:
         if job.ready is not None:  # the job's B side ran on a side stream: order it before us
             torch.cuda.current_stream(job.bt.device).wait_event(job.ready)
         self.job = job
@@ -267,7 +285,17 @@ class MinedPass:
         if fused_a and not applies:
             raise PipelineError(f"the fused A side needs a dense job with M in (16, 32, 64); got "
                                 f"{'MoE' if job.moe else 'dense'} M={rows}, K={k}")
-        self.fused_a = applies if fused_a is None else fused_a
+        if split_peel and (fused_a or lagged):
+            raise PipelineError("the split peel needs the staged A side's noise factors: not with "
+                                "fused_a=True or lagged=True")
+        self.split_peel = (rows >= SPLIT_PEEL_FROM_ROWS and not lagged and not fused_a
+                           if split_peel is None else split_peel)
+        self.fused_a = applies and not self.split_peel if fused_a is None else fused_a
+        if self.split_peel:  # A'·B' (the exact A·B after the peel, in place), and Qᵀ = B'·P_A
+            self._raw = self.out_i32 if write_i32 else torch.empty((experts, rows, n), dtype=torch.int32,
+                                                                   device=device)
+            self._q_t = torch.empty((experts, n, job.config.rank), dtype=torch.int32, device=device)
+            self._peel_operands = peel_operands(experts, rows, n, job.config.rank, k, device)
         self.lagged = lagged
         if side_warps not in SIDE_WARPS_CHOICES:
             raise PipelineError(f"side_warps must be one of {SIDE_WARPS_CHOICES}, got {side_warps}")
@@ -316,21 +344,26 @@ class MinedPass:
             index = routing.long()
             a_noised, a_clean, apb, scale = a_noised[index], q[index], apb[index], scale[index]
             s_a = s_a1.expand(experts, 8).contiguous()
+            factors = _AFactors(u_a[0][index], first_a, second_a)
         else:
             if x.shape != (experts, self.rows, k):
                 raise PipelineError(f"dense pass needs activations ({experts}, {self.rows}, {k}), "
                                     f"got {tuple(x.shape)}")
             if self.lagged:
                 return self._run_lagged(x, scale)
+            factors = None
             if self.fused_a:
                 q, scale = int7_codes(x, scale)
                 a_noised, apb, s_a = fused_a_side(q.contiguous(), job.s_b, job.key_words, job.p_b,
                                                   rank=rank, salted=job.salted)
             else:
                 q, scale, apb = prepare_rows(x, job.p_b, rows_per_instance=self.rows, scale=scale)
-                a_noised, s_a = self._staged_noise(q)
+                a_noised, s_a, factors = self._staged_noise(q)
             a_clean = q
-        self._gemm(a_noised, a_clean, apb, s_a, scale, self.rows_valid)
+        if self.split_peel:
+            self._gemm_split(a_noised, a_clean, apb, s_a, scale, factors)
+        else:
+            self._gemm(a_noised, a_clean, apb, s_a, scale, self.rows_valid)
         self.slot.retain("a", q.contiguous().view(1 if job.moe else experts, -1).view(torch.int32),
                          by_instance=not job.moe)
         if job.moe:
@@ -390,22 +423,22 @@ class MinedPass:
                           valid_rows=valid, warps=self.side_warps, lag=lag)
             return
         staged = self._staging
-        a_noised, s_a = self._staged_noise(q)
+        a_noised, s_a, _ = self._staged_noise(q)
         staged.a_noised.copy_(a_noised)
         staged.s_a.copy_(s_a)
         staged.q.copy_(q)
         staged.valid.fill_(valid)
         self._lag.write_pending(staged)
 
-    def _staged_noise(self, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(A', s_A) of dense int7 rows q (E, M, K) through the staged kernels."""
+    def _staged_noise(self, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, _AFactors]:
+        """(A', s_A, the noise factors) of dense int7 rows q (E, M, K) through the staged kernels."""
         job = self.job
         experts, _, k = q.shape
         rank = job.config.rank
         a_trees = keyed_trees(job.key_words, q.view(experts, -1))
         s_a = noise_seed_a(job.s_b, a_trees.roots, salted_seeds=job.salted, m=self.rows)
         u_a, first_a, second_a = noise_factors(s_a, LABEL_A, self.rows, k, rank)
-        return noised(q, u_a, first_a, second_a), s_a
+        return noised(q, u_a, first_a, second_a), s_a, _AFactors(u_a, first_a, second_a)
 
     def _gemm(self, a_noised: torch.Tensor, a_clean: torch.Tensor, apb: torch.Tensor, s_a: torch.Tensor,
               scale: torch.Tensor, rows_valid: torch.Tensor, lag: LagPhase | None = None) -> None:
@@ -416,6 +449,24 @@ class MinedPass:
                    scale.float().contiguous(), job.scale_b, rank=config.rank, tile_h=config.h,
                    tile_w=config.w, out=self.out, out_i32=self.out_i32, dump=self.dump,
                    tiling=self.tiling, lag=lag)
+
+    def _gemm_split(self, a_noised: torch.Tensor, a_clean: torch.Tensor, apb: torch.Tensor,
+                    s_a: torch.Tensor, scale: torch.Tensor, factors: _AFactors) -> None:
+        """The mined GEMM writing A'·B', then Qᵀ = B'·P_A over the weights and the peel pass."""
+        job = self.job
+        config = job.config
+        experts, n, k = job.bt.shape
+        instances = factors.first.shape[0]  # MoE: one instance over the stacked experts
+        scale = scale.float().contiguous()
+        mined_gemm(a_noised.contiguous(), a_clean.contiguous(), job.bt_noised, apb.contiguous(),
+                   job.u_b, s_a, job.bound, self.rows_valid, self.slot.record, scale, job.scale_b,
+                   rank=config.rank, tile_h=config.h, tile_w=config.w, out=None, out_i32=self._raw,
+                   dump=self.dump, tiling=self.tiling, peel=False)
+        p_a_t = dense_sparse_factor(factors.first, factors.second, config.rank).transpose(1, 2)
+        noise_product(job.bt_noised.view(instances, -1, k), p_a_t, self._q_t.view(instances, -1, config.rank))
+        split_peel(self._raw, factors.u_rows.contiguous(), self._q_t, apb.contiguous(), job.u_b, scale,
+                   job.scale_b, k=k, out=self.out, exact_in_place=self.out_i32 is not None,
+                   operands=self._peel_operands)
 
     def winner_record(self) -> dict[str, int] | None:
         """The published record if the doorbell rang (call after the launch completed).
