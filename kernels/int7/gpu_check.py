@@ -482,9 +482,10 @@ def _time_shape(timer: Timer, shape: tuple) -> dict:
                                                               out=out, operands=operands))
     times = timer.median_us(graphs)
     row["mined_kernel_us"], row["transcript_only_us"] = times["mined"], times["transcript"]
-    for part in ("raw", "noise_product", "split_peel"):
+    for part, key in (("raw", "split_raw_us"), ("noise_product", "split_noise_product_us"),
+                      ("split_peel", "split_peel_us")):
         if part in times:
-            row[f"split_{part}_us"] = times[part]
+            row[key] = times[part]
     unmined = [v for v in (row["plain_us"], row.get("grouped_gemm_us"), row.get("grouped_gemm_bf16_us")) if v]
     best_pass = min(row["mined_pass_us"], row.get("mined_pass_lagged_us", float("inf")))
     row["best_pass"] = "same-launch" if best_pass == row["mined_pass_us"] else "lagged"

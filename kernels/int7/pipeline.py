@@ -296,6 +296,8 @@ class MinedPass:
                                                                    device=device)
             self._q_t = torch.empty((experts, n, job.config.rank), dtype=torch.int32, device=device)
             self._peel_operands = peel_operands(experts, rows, n, job.config.rank, k, device)
+            # Qᵀ = B'·P_A streams the weights while the compute-bound mined GEMM runs beside it
+            self._q_stream = torch.cuda.Stream(device, priority=-1) if device.type == "cuda" else None
         self.lagged = lagged
         if side_warps not in SIDE_WARPS_CHOICES:
             raise PipelineError(f"side_warps must be one of {SIDE_WARPS_CHOICES}, got {side_warps}")
@@ -458,12 +460,16 @@ class MinedPass:
         experts, n, k = job.bt.shape
         instances = factors.first.shape[0]  # MoE: one instance over the stacked experts
         scale = scale.float().contiguous()
+        main = torch.cuda.current_stream(a_noised.device) if self._q_stream is not None else None
+        with _on_side(self._q_stream, main):  # memory-bound, beside the compute-bound GEMM
+            p_a_t = dense_sparse_factor(factors.first, factors.second, config.rank).transpose(1, 2)
+            noise_product(job.bt_noised.view(instances, -1, k), p_a_t, self._q_t.view(instances, -1, config.rank))
         mined_gemm(a_noised.contiguous(), a_clean.contiguous(), job.bt_noised, apb.contiguous(),
                    job.u_b, s_a, job.bound, self.rows_valid, self.slot.record, scale, job.scale_b,
                    rank=config.rank, tile_h=config.h, tile_w=config.w, out=None, out_i32=self._raw,
                    dump=self.dump, tiling=self.tiling, peel=False)
-        p_a_t = dense_sparse_factor(factors.first, factors.second, config.rank).transpose(1, 2)
-        noise_product(job.bt_noised.view(instances, -1, k), p_a_t, self._q_t.view(instances, -1, config.rank))
+        if main is not None:
+            main.wait_stream(self._q_stream)
         split_peel(self._raw, factors.u_rows.contiguous(), self._q_t, apb.contiguous(), job.u_b, scale,
                    job.scale_b, k=k, out=self.out, exact_in_place=self.out_i32 is not None,
                    operands=self._peel_operands)
