@@ -56,9 +56,9 @@ def q_limbs(k: int) -> int:
 
 def default_peel_tiling(m: int, n: int, rank: int) -> PeelTiling:
     """64 × 128 blocks of 4 warps, 3 stages, k steps of up to 128 (a digit segment is 2r, a
-    multiple of 64): the fastest measured on the H200 (GLM-5 prefill 985 µs with the digit operands
-    against 1200–1247 for 128 × 128 and 128 × 256 blocks of 8 warps; Qwen3 prefill alike,
-    docs/kernels-int7.md); smaller blocks where the shape needs them."""
+    multiple of 64): the fastest measured on the H200 (GLM-5 prefill, peel kernel alone: 867 µs
+    against 951 at 4 stages, 1099 for 128 × 128 of 8 warps, 1142 for 64 × 256; Qwen3 prefill
+    alike, docs/kernels-int7.md); smaller blocks where the shape needs them."""
     def largest(extent: int, options: tuple[int, ...]) -> int:
         return next((b for b in options if extent % b == 0), options[-1])
 
@@ -90,14 +90,17 @@ def _split_peel_kernel(raw_ptr, left_ptr, right_ptr, sa_ptr, sb_ptr, out_ptr, ou
                        DEPTH: tl.constexpr, SEGMENT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                        BK: tl.constexpr, WRITE_I32: tl.constexpr):
     """One BM × BN block of instance program_id(2): raw − left·rightᵀ with ×256 at every digit
-    boundary (SEGMENT = 2r of the DEPTH), then the scales. The raw block is loaded after the
-    products (fewer live registers through the k loop)."""
+    boundary (SEGMENT = 2r of the DEPTH), then the scales. The raw block is loaded before the k
+    loop, so its 32 KB read overlaps the products (H200, GLM-5 prefill: 867 vs 950 µs loaded after
+    them; +10 registers, no spill)."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     e = tl.program_id(2).to(tl.int64)
     rows = (e * M + pid_m * BM + tl.arange(0, BM)).to(tl.int64)
     cols = (e * N + pid_n * BN + tl.arange(0, BN)).to(tl.int64)
     kk = tl.arange(0, BK)
+    offsets = rows[:, None] * N + (pid_n * BN + tl.arange(0, BN))[None, :]
+    raw = tl.load(raw_ptr + offsets)
     correction = tl.full((BM, BN), 0, tl.int32)
     for k0 in range(0, DEPTH, BK):
         if (k0 % SEGMENT == 0) & (k0 > 0):
@@ -105,8 +108,7 @@ def _split_peel_kernel(raw_ptr, left_ptr, right_ptr, sa_ptr, sb_ptr, out_ptr, ou
         left = tl.load(left_ptr + rows[:, None] * DEPTH + k0 + kk[None, :])
         right = tl.load(right_ptr + cols[:, None] * DEPTH + k0 + kk[None, :])
         correction = tl.dot(left, tl.trans(right), correction, out_dtype=tl.int32)
-    offsets = rows[:, None] * N + (pid_n * BN + tl.arange(0, BN))[None, :]
-    result = tl.load(raw_ptr + offsets) - correction
+    result = raw - correction
     if WRITE_I32:
         tl.store(out32_ptr + offsets, result)
     scale_a = tl.load(sa_ptr + rows)
