@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 import torch
 
-from kernels.int7.mined_gemm import MinedGemmError
+from kernels.int7.mined_gemm import MinedGemmError, Tiling
 from kernels.int7.noise import dense_sparse_factor
-from kernels.int7.split_peel import PeelTiling, noise_product, q_limbs, split_peel
+from kernels.int7.split_peel import noise_product, q_limbs, split_peel
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 E, M, N, K, R = 2, 32, 64, 512, 64
@@ -65,7 +65,7 @@ def test_split_peel_recovers_a_times_b_exactly(operands, k_bound):
     out = torch.empty((E, M, N), dtype=torch.bfloat16, device=DEVICE)
     split_peel(raw, operands["u_a"], q_t, operands["apb"], operands["u_b"], operands["scale_a"],
                operands["scale_b"], k=k_bound, out=out, exact_in_place=True,
-               tiling=PeelTiling(16, 32, 32, num_warps=4))  # 4 k steps a digit, several blocks
+               tiling=Tiling(16, 32, 32, num_warps=4))  # 4 k steps a digit, several blocks
     assert np.array_equal(raw.cpu().numpy(), operands["exact"])
     dequant = raw.float() * operands["scale_a"][:, :, None] * operands["scale_b"][:, None, :]
     # one bf16 step: the GPU rounds to nearest even, Triton's CPU interpreter may truncate
@@ -80,6 +80,6 @@ def test_bad_shapes_are_named(operands):
     with pytest.raises(MinedGemmError, match="q_t must be contiguous"):
         split_peel(raw, operands["u_a"], q_t[:, :, :32], *args[2:], k=K, out=out)
     with pytest.raises(MinedGemmError, match="not a multiple of the peel block 48"):
-        split_peel(raw, *args, k=K, out=out, tiling=PeelTiling(16, 48, 32))
+        split_peel(raw, *args, k=K, out=out, tiling=Tiling(16, 48, 32))
     with pytest.raises(MinedGemmError, match="nothing would be written"):
         noise_product(operands["bt_noised"], operands["p_a_t"], None)

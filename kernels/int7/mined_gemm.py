@@ -318,7 +318,9 @@ def default_tiling(m: int, n: int, k: int, rank: int, tile_h: int = TILE_H,
     return Tiling(largest(m, (64, 32, 16), tile_h), block_n, block_k, num_warps=4, num_stages=3)
 
 
-def _check_operand(name: str, t: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> None:
+def check_operand(name: str, t: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> None:
+    """A kernel operand's shape, dtype and contiguity, named in the error (the kernels take raw
+    pointers, so a wrong view would be read as garbage)."""
     if tuple(t.shape) != shape or t.dtype != dtype or not t.is_contiguous():
         raise MinedGemmError(f"{name} must be contiguous {dtype} {shape}, got {t.dtype} "
                              f"{tuple(t.shape)}{'' if t.is_contiguous() else ' (not contiguous)'}")
@@ -326,7 +328,7 @@ def _check_operand(name: str, t: torch.Tensor, shape: tuple[int, ...], dtype: to
 
 def check_lag(lag: LagPhase) -> None:
     """The phase word, and a set distance that keeps set 1 as aligned as set 0."""
-    _check_operand("lag.phase", lag.phase, (1,), torch.int32)
+    check_operand("lag.phase", lag.phase, (1,), torch.int32)
     if lag.words <= 0 or lag.words % 16:
         raise MinedGemmError(f"lag.words must be a positive multiple of 16, got {lag.words}")
 
@@ -370,20 +372,20 @@ def mined_gemm(a_noised: torch.Tensor, a_clean: torch.Tensor, bt_noised: torch.T
     """
     e, m, k = a_noised.shape
     n = bt_noised.shape[1]
-    _check_operand("a_noised", a_noised, (e, m, k), torch.int8)
-    _check_operand("a_clean", a_clean, (e, m, k), torch.int8)
-    _check_operand("bt_noised", bt_noised, (e, n, k), torch.int8)
-    _check_operand("apb", apb, (e, m, rank), torch.int32)
-    _check_operand("u_b", u_b, (e, n, rank), torch.int8)
-    _check_operand("s_a", s_a, (e, 8), torch.int32)
-    _check_operand("bound_words", bound_words, (8,), torch.int32)
-    _check_operand("rows_valid", rows_valid, (e,), torch.int32)
-    _check_operand("record", record, (RECORD_WORDS,), torch.int32)
-    _check_operand("scale_a", scale_a, (e, m), torch.float32)
-    _check_operand("scale_b", scale_b, (e, n), torch.float32)
+    check_operand("a_noised", a_noised, (e, m, k), torch.int8)
+    check_operand("a_clean", a_clean, (e, m, k), torch.int8)
+    check_operand("bt_noised", bt_noised, (e, n, k), torch.int8)
+    check_operand("apb", apb, (e, m, rank), torch.int32)
+    check_operand("u_b", u_b, (e, n, rank), torch.int8)
+    check_operand("s_a", s_a, (e, 8), torch.int32)
+    check_operand("bound_words", bound_words, (8,), torch.int32)
+    check_operand("rows_valid", rows_valid, (e,), torch.int32)
+    check_operand("record", record, (RECORD_WORDS,), torch.int32)
+    check_operand("scale_a", scale_a, (e, m), torch.float32)
+    check_operand("scale_b", scale_b, (e, n), torch.float32)
     _check_outputs(out, out_i32, (e, m, n))
     if dump is not None:
-        _check_operand("dump", dump, (e, m // tile_h, n // tile_w, DUMP_WORDS), torch.int32)
+        check_operand("dump", dump, (e, m // tile_h, n // tile_w, DUMP_WORDS), torch.int32)
     if lag is not None:
         check_lag(lag)
     tiling = tiling or default_tiling(m, n, k, rank, tile_h, tile_w)
@@ -408,11 +410,11 @@ def plain_gemm(a: torch.Tensor, bt: torch.Tensor, scale_a: torch.Tensor | None,
     then unused and may be None."""
     e, m, k = a.shape
     n = bt.shape[1]
-    _check_operand("a", a, (e, m, k), torch.int8)
-    _check_operand("bt", bt, (e, n, k), torch.int8)
+    check_operand("a", a, (e, m, k), torch.int8)
+    check_operand("bt", bt, (e, n, k), torch.int8)
     if out is not None:
-        _check_operand("scale_a", scale_a, (e, m), torch.float32)
-        _check_operand("scale_b", scale_b, (e, n), torch.float32)
+        check_operand("scale_a", scale_a, (e, m), torch.float32)
+        check_operand("scale_b", scale_b, (e, n), torch.float32)
     _check_outputs(out, out_i32, (e, m, n))
     tiling = tiling or default_tiling(m, n, k, 128)
     _check_tiling(tiling, m, n, k, tiling.block_k, None)
@@ -432,9 +434,9 @@ def _check_outputs(out: torch.Tensor | None, out_i32: torch.Tensor | None, shape
     if out is None and out_i32 is None:
         raise MinedGemmError("give out (bf16), out_i32 (int32) or both: nothing would be written")
     if out is not None:
-        _check_operand("out", out, shape, torch.bfloat16)
+        check_operand("out", out, shape, torch.bfloat16)
     if out_i32 is not None:
-        _check_operand("out_i32", out_i32, shape, torch.int32)
+        check_operand("out_i32", out_i32, shape, torch.int32)
 
 
 def _either(*tensors: torch.Tensor | None) -> torch.Tensor:

@@ -23,29 +23,16 @@ free and the extra pass over B' here would double the traffic (docs/kernels-int7
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import triton.language as tl
 
 from ._jit import jit
-from .mined_gemm import MinedGemmError, plain_gemm, split_limb
+from .mined_gemm import MinedGemmError, Tiling, check_operand, plain_gemm, split_limb
 
 # |A·P_B| ≤ 64·K < 2^23 takes three signed base-256 digits; a fourth (when Q needs one) is 0
 _Q_BOUND = 127  # |B'| ≤ 64 + 63, and a column of P_A holds at most K entries ±1
 _THREE_LIMBS = 127 * (1 + 256 + 65536)  # |x| up to this splits into three signed digits
 _DIGIT_ROWS = 32  # rows per program of the digit-operand kernel
-
-
-@dataclass(frozen=True)
-class PeelTiling:
-    """Output block of a split-peel program, its k step and its launch shape."""
-
-    block_m: int
-    block_n: int
-    block_k: int
-    num_warps: int = 8
-    num_stages: int = 3
 
 
 def q_limbs(k: int) -> int:
@@ -54,7 +41,7 @@ def q_limbs(k: int) -> int:
     return 3 if _Q_BOUND * k <= _THREE_LIMBS else 4
 
 
-def default_peel_tiling(m: int, n: int, rank: int) -> PeelTiling:
+def default_peel_tiling(m: int, n: int, rank: int) -> Tiling:
     """64 × 128 blocks of 4 warps, 3 stages, k steps of up to 128 (a digit segment is 2r, a
     multiple of 64): the fastest measured on the H200 (GLM-5 prefill, peel kernel alone: 867 µs
     against 951 at 4 stages, 1099 for 128 × 128 of 8 warps, 1142 for 64 × 256; Qwen3 prefill
@@ -62,8 +49,8 @@ def default_peel_tiling(m: int, n: int, rank: int) -> PeelTiling:
     def largest(extent: int, options: tuple[int, ...]) -> int:
         return next((b for b in options if extent % b == 0), options[-1])
 
-    return PeelTiling(largest(m, (64, 32, 16)), largest(n, (128, 64, 32, 16)), min(2 * rank, 128),
-                      num_warps=4, num_stages=3)
+    return Tiling(largest(m, (64, 32, 16)), largest(n, (128, 64, 32, 16)), min(2 * rank, 128),
+                  num_warps=4, num_stages=3)
 
 
 @jit
@@ -117,12 +104,6 @@ def _split_peel_kernel(raw_ptr, left_ptr, right_ptr, sa_ptr, sb_ptr, out_ptr, ou
     tl.store(out_ptr + offsets, value.to(tl.bfloat16))
 
 
-def _check(name: str, t: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> None:
-    if tuple(t.shape) != shape or t.dtype != dtype or not t.is_contiguous():
-        raise MinedGemmError(f"{name} must be contiguous {dtype} {shape}, got {t.dtype} "
-                             f"{tuple(t.shape)}{'' if t.is_contiguous() else ' (not contiguous)'}")
-
-
 def noise_product(bt_noised: torch.Tensor, p_a_t: torch.Tensor, out: torch.Tensor) -> None:
     """Qᵀ = B'·P_A per instance into out (E, N, r) int32: bt_noised (E, N, K) int8 and P_Aᵀ
     (E, r, K) int8 (K-contiguous, as `noise.dense_sparse_factor` stores it)."""
@@ -142,7 +123,7 @@ def digit_operands(u_a: torch.Tensor, apb: torch.Tensor, q_t: torch.Tensor, u_b:
 
 def split_peel(raw: torch.Tensor, u_a: torch.Tensor, q_t: torch.Tensor, apb: torch.Tensor,
                u_b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor, *, k: int,
-               out: torch.Tensor, exact_in_place: bool = False, tiling: PeelTiling | None = None,
+               out: torch.Tensor, exact_in_place: bool = False, tiling: Tiling | None = None,
                operands: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
     """out (E, M, N) bf16 = dequant(A·B) from raw = A'·B' (E, M, N) int32, U_A (E, M, r) int8,
     Qᵀ (E, N, r) int32, A·P_B (E, M, r) int32, U_B (E, N, r) int8, scale_a (E, M), scale_b (E, N)
@@ -152,19 +133,19 @@ def split_peel(raw: torch.Tensor, u_a: torch.Tensor, q_t: torch.Tensor, apb: tor
     e, m, n = raw.shape
     rank = u_a.shape[-1]
     depth = q_limbs(k) * 2 * rank
-    _check("raw", raw, (e, m, n), torch.int32)
-    _check("u_a", u_a, (e, m, rank), torch.int8)
-    _check("q_t", q_t, (e, n, rank), torch.int32)
-    _check("apb", apb, (e, m, rank), torch.int32)
-    _check("u_b", u_b, (e, n, rank), torch.int8)
-    _check("scale_a", scale_a, (e, m), torch.float32)
-    _check("scale_b", scale_b, (e, n), torch.float32)
-    _check("out", out, (e, m, n), torch.bfloat16)
+    check_operand("raw", raw, (e, m, n), torch.int32)
+    check_operand("u_a", u_a, (e, m, rank), torch.int8)
+    check_operand("q_t", q_t, (e, n, rank), torch.int32)
+    check_operand("apb", apb, (e, m, rank), torch.int32)
+    check_operand("u_b", u_b, (e, n, rank), torch.int8)
+    check_operand("scale_a", scale_a, (e, m), torch.float32)
+    check_operand("scale_b", scale_b, (e, n), torch.float32)
+    check_operand("out", out, (e, m, n), torch.bfloat16)
     if operands is None:
         operands = peel_operands(e, m, n, rank, k, raw.device)
     left, right = operands
-    _check("left", left, (e, m, depth), torch.int8)
-    _check("right", right, (e, n, depth), torch.int8)
+    check_operand("left", left, (e, m, depth), torch.int8)
+    check_operand("right", right, (e, n, depth), torch.int8)
     tiling = tiling or default_peel_tiling(m, n, rank)
     for extent, block, what in ((m, tiling.block_m, "M"), (n, tiling.block_n, "N"),
                                 (2 * rank, tiling.block_k, "2·rank")):
