@@ -74,7 +74,6 @@ def tree_root(key: torch.Tensor, data: torch.Tensor) -> torch.Tensor:
 
 
 _FOREST_TREES = 4  # codes, scales, Rflat, offsets
-_FOREST_MAX_CHUNKS = 2048  # larger planes: int7's trees (parent levels spread over the GPU)
 _FOREST_LANES = 128  # chunks per program (4 warps): a decode launch's forest is 6 programs
 _FOREST_LEVELS = 7  # log2(_FOREST_LANES)
 
@@ -156,7 +155,8 @@ def _forest_kernel(key_ptr, p0, p1, p2, p3, w0, w1, w2, w3, n0, n1, n2, n3, g1, 
     LANES chunks of one tree (tree t's groups are programs g_t.., g_0 = 0; w_t words, n_t chunks)
     and folds them to the group's subtree node in registers; a one-group tree's node is its root.
     The last program to finish (an acq_rel counter, reset by it) folds each larger tree's group
-    nodes (≤ 16) to its root."""
+    nodes to its root: LANES at a time into block nodes (subtrees of LANES² chunks, written over
+    the first group slots) when there are more than LANES, then the ≤ LANES block nodes."""
     pid = tl.program_id(0)
     tree = (pid >= g1).to(tl.int32) + (pid >= g2).to(tl.int32) + (pid >= g3).to(tl.int32)
     group = pid - _pick4(tree, 0, g1, g2, g3)
@@ -183,9 +183,21 @@ def _forest_kernel(key_ptr, p0, p1, p2, p3, w0, w1, w2, w3, n0, n1, n2, n3, g1, 
             first = _pick4(t, 0, g1, g2, g3)
             groups = (_pick4(t, n0, n1, n2, n3) + LANES - 1) // LANES
             if groups > 1:
+                count = groups
+                if groups > LANES:  # block b's node goes to slot first + b, read before (b ≥ 1: b < LANES·b)
+                    count = (groups + LANES - 1) // LANES
+                    for b in range(0, count):
+                        size = tl.minimum(groups - b * LANES, LANES)
+                        d0, d1, d2, d3, d4, d5, d6, d7 = _load_words8_l2(
+                            nodes_ptr + (first + b * LANES + lane).to(tl.int64) * 8, lane < size)
+                        d0, d1, d2, d3, d4, d5, d6, d7 = _fold_lanes(d0, d1, d2, d3, d4, d5, d6, d7, size, size < 0,
+                                                                     k0, k1, k2, k3, k4, k5, k6, k7, LEVELS)
+                        store_words8(nodes_ptr + (first + b).to(tl.int64) * 8 + lane * 0,
+                                     d0, d1, d2, d3, d4, d5, d6, d7, lane == 0)
+                        tl.debug_barrier()  # the block node is stored before the next loads
                 d0, d1, d2, d3, d4, d5, d6, d7 = _load_words8_l2(nodes_ptr + (first + lane).to(tl.int64) * 8,
-                                                                 lane < groups)
-                d0, d1, d2, d3, d4, d5, d6, d7 = _fold_lanes(d0, d1, d2, d3, d4, d5, d6, d7, groups, groups > 0,
+                                                                 lane < count)
+                d0, d1, d2, d3, d4, d5, d6, d7 = _fold_lanes(d0, d1, d2, d3, d4, d5, d6, d7, count, count > 0,
                                                              k0, k1, k2, k3, k4, k5, k6, k7, LEVELS)
                 store_words8(roots_ptr + t * 8 + lane * 0, d0, d1, d2, d3, d4, d5, d6, d7, lane == 0)
         tl.store(counter_ptr, 0)  # ready for the next launch (graph replays reuse the counter)
@@ -224,9 +236,9 @@ def _forest_roots(key: torch.Tensor, planes: list[torch.Tensor]) -> torch.Tensor
 def plane_roots(key: torch.Tensor, planes: list[torch.Tensor]) -> list[torch.Tensor]:
     """The keyed chunk-tree roots (each (1, 8)) of up to four planes, equal to `tree_root` of each.
 
-    Planes of at most 2048 chunks (all of a decode launch's: codes, scales, Rflat, offsets) share
-    two launches (leaves, then one program per tree for the parent levels) instead of two per
-    plane; larger ones go through int7's trees."""
+    Every plane of up to _FOREST_LANES³ chunks (2 GB; all of a launch's: codes, scales, Rflat,
+    offsets, at decode and at prefill) shares one launch instead of int7's chunk kernel and a
+    launch per parent level of each plane; larger ones go through int7's trees."""
     if not 1 <= len(planes) <= _FOREST_TREES:
         raise HashError(f"plane_roots takes 1..{_FOREST_TREES} planes, got {len(planes)}")
     if key.dtype != torch.int32 or tuple(key.shape) != (1, 8):
@@ -234,7 +246,7 @@ def plane_roots(key: torch.Tensor, planes: list[torch.Tensor]) -> list[torch.Ten
     for plane in planes:
         if plane.numel() * plane.element_size() % 4 or plane.numel() == 0:
             raise HashError(f"a plane must hold a positive multiple of 4 bytes, got {tuple(plane.shape)} {plane.dtype}")
-    small = [i for i, p in enumerate(planes) if p.numel() * p.element_size() <= _FOREST_MAX_CHUNKS * 1024]
+    small = [i for i, p in enumerate(planes) if p.numel() * p.element_size() <= _FOREST_LANES ** 3 * 1024]
     roots: list[torch.Tensor | None] = [None] * len(planes)
     if small:
         forest = _forest_roots(key.contiguous(), [planes[i] for i in small])
