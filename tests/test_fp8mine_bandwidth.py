@@ -37,12 +37,12 @@ def test_peel_prefill_columns_loop_matches_one_step_and_the_formula(monkeypatch)
     g = torch.Generator().manual_seed(31)
     args = _peel_inputs(g, [110, 90, 0, 70], 320)
     acc, a_rows, alpha_a, b_rows, alpha_b, table = args
-    assert peel._peel_rows(acc.shape[0], table.experts) == 64
+    assert peel.reads_tiles(table)
     monkeypatch.setattr(peel, "_PEEL_MIN_PROGRAMS", 1)
-    assert peel.peel_shape(64, 8, 320) == (64, 4, 3, 8)
+    assert peel.peel_shape(8, 320) == (64, 4, 3, 8)
     looped = peel.peel_and_unscale(*args)
     monkeypatch.setattr(peel, "_PEEL_SPAN", 64)
-    assert peel.peel_shape(64, 8, 320).steps == 1
+    assert peel.peel_shape(8, 320).steps == 1
     single = peel.peel_and_unscale(*args)
     assert torch.equal(looped.view(torch.int16), single.view(torch.int16))
     rows = table.rflat.long()
@@ -52,39 +52,15 @@ def test_peel_prefill_columns_loop_matches_one_step_and_the_formula(monkeypatch)
     assert torch.allclose(looped.float(), want, rtol=1e-2, atol=1e-3)
 
 
-@pytest.mark.parametrize("counts", [[5, 0, 9, 2], [20, 3, 40, 17]])  # 16-, 32-row tiles
-def test_peel_decode_columns_loop_matches_one_step(counts, monkeypatch):
-    """Decode tiles walking 128-column steps (the last program partly past n) give the same bits
-    as one step per program, unshifted and on a combined accumulator through row_shift."""
-    g = torch.Generator().manual_seed(33)
-    acc, a_rows, alpha_a, b_rows, alpha_b, table = _peel_inputs(g, counts, 640)
-    block = peel._peel_rows(acc.shape[0], table.experts)
-    assert block < 64
-    shift = torch.tensor([3, 3, 7, 8], dtype=torch.int32)  # non-decreasing: the experts never overlap
-    combined = torch.randn((acc.shape[0] + 11, 640), generator=g)
-    for w, (start, end) in enumerate(zip(table.bounds[:-1].tolist(), table.bounds[1:].tolist())):
-        combined[start + shift[w]:end + shift[w]] = acc[start:end]
-    rest = (a_rows, alpha_a, b_rows, alpha_b, table)
-    monkeypatch.setattr(peel, "_PEEL_BY_EXPERT", False)  # the row-tile kernel's decode shape
-    monkeypatch.setattr(peel, "_PEEL_DECODE_MIN_PROGRAMS", 1)
-    assert peel.peel_shape(block, 4, 640) == (128, 4, 2, 4)
-    looped = [peel.peel_and_unscale(acc, *rest), peel.peel_and_unscale(combined, *rest, row_shift=shift)]
-    monkeypatch.setattr(peel, "_PEEL_DECODE_STEPS", 1)
-    assert peel.peel_shape(block, 4, 640).steps == 1
-    single = peel.peel_and_unscale(acc, *rest)
-    for got in looped:
-        assert torch.equal(got.view(torch.int16), single.view(torch.int16))
-
-
 @pytest.mark.parametrize("counts", [[5, 0, 9, 2], [20, 3, 40, 17], [40, 0, 70, 31], [80, 2, 1, 3], [0, 1, 0, 0, 7, 0]])
 def test_peel_by_expert_matches_the_row_tile_kernel(counts, monkeypatch):
     """The decode peel (a program per expert × 128 columns, 16- or 32-row blocks in a loop: here
-    empty experts, odd counts, experts of 2–5 blocks, n not a multiple of 128) gives the row-tile
-    kernel's bits, plain and row-shifted, with full peels and with right halves only (the B peel's
-    left half NaN: never read)."""
+    empty experts, odd counts, experts of 2–5 blocks, n not a multiple of 128) gives the bits of
+    the prefill pass's row-tile kernel (64-row tiles, forced), plain and row-shifted, with full
+    peels and with right halves only (the B peel's left half NaN: never read)."""
     g = torch.Generator().manual_seed(34)
     acc, a_rows, alpha_a, b_rows, alpha_b, table = _peel_inputs(g, counts, 200)
-    assert peel._peel_rows(acc.shape[0], table.experts) < 64
+    assert not peel.reads_tiles(table)
     assert peel._expert_rows(acc.shape[0], table.experts) == (32 if counts[2] == 70 else 16)
     shift = torch.arange(table.experts, dtype=torch.int32) * 2 + 1  # non-decreasing: experts never overlap
     combined = torch.randn((acc.shape[0] + 2 * table.experts + 3, 200), generator=g)
@@ -97,9 +73,9 @@ def test_peel_by_expert_matches_the_row_tile_kernel(counts, monkeypatch):
              (combined, right_a, right_b, {"row_shift": shift, "a_left_zero": True})]
     for acc_, a_, b_, kw in cases:
         by_expert = peel.peel_and_unscale(acc_, a_, alpha_a, b_, alpha_b, table, **kw)
-        monkeypatch.setattr(peel, "_PEEL_BY_EXPERT", False)
-        by_tile = peel.peel_and_unscale(acc_, a_, alpha_a, b_, alpha_b, table, **kw)
-        monkeypatch.setattr(peel, "_PEEL_BY_EXPERT", True)
+        with monkeypatch.context() as forced:
+            forced.setattr(peel, "reads_tiles", lambda _table: True)
+            by_tile = peel.peel_and_unscale(acc_, a_, alpha_a, b_, alpha_b, table, **kw)
         assert torch.equal(by_expert.view(torch.int16), by_tile.view(torch.int16))
 
 
@@ -127,13 +103,9 @@ def test_peel_row_shift_reads_each_expert_from_its_offset(counts, n_e, monkeypat
         peel.peel_and_unscale(combined, *rest)
 
 
-def test_peel_shape_fills_one_wave_at_decode_and_the_gpu_at_prefill():
-    assert peel.peel_shape(32, 32, 4096) == (128, 4, 2, 4)  # GLM-5 decode: 32 tiles, 256 programs of 4 steps
-    assert peel.peel_shape(16, 64, 4096) == (128, 4, 2, 4)
-    assert peel.peel_shape(16, 8, 4096) == (128, 1, 1, 4)  # few tiles: one step, the most programs
-    assert peel.peel_shape(16, 64, 128) == (128, 1, 1, 4)  # one column tile
-    assert peel.peel_shape(64, 1056, 4096) == (64, 16, 3, 8)  # GLM-5 prefill: 1056 row tiles, 1024 columns
-    few = peel.peel_shape(64, 40, 4096).steps  # few row tiles: spans shrink to keep the SMs busy
+def test_peel_shape_fills_the_gpu_at_prefill():
+    assert peel.peel_shape(1056, 4096) == (64, 16, 3, 8)  # GLM-5 prefill: 1056 row tiles, 1024 columns
+    few = peel.peel_shape(40, 4096).steps  # few row tiles: spans shrink to keep the SMs busy
     assert 40 * (4096 // (few * 64)) >= peel._PEEL_MIN_PROGRAMS > 40 * (4096 // (2 * few * 64))
 
 

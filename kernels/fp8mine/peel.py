@@ -39,13 +39,10 @@ _A_PEEL_WIDE_FROM = 64 * 128  # rows from which the wide block is used
 _A_PEEL_PROGRAMS = 128  # split k until row blocks × splits reaches this (H200: 132 SMs)
 _A_PEEL_DECODE_ROWS = 256  # rows up to which the A peel is a decode one (64-row blocks, few programs)
 _A_PEEL_DECODE_PROGRAMS = 16  # decode: few programs, k split 16 ways (side work beside the lagged GEMM)
-_PEEL_COLS = 128  # decode: one 128-column tile a program
+_PEEL_ROWS = 64  # row-tile height of the prefill pass (experts averaging ≥ 64 rows)
 _PEEL_WIDE_COLS = 64  # prefill: 64-column steps, 3-stage cp.async prefetch (82 KB smem, 112 regs: 2 an SM)
 _PEEL_SPAN = 1024  # most columns one prefill program walks
 _PEEL_MIN_PROGRAMS = 4 * 132  # keep ≥ 4 programs per H200 SM when widening spans
-_PEEL_DECODE_STEPS = 4  # most 128-column steps a decode program walks
-_PEEL_DECODE_MIN_PROGRAMS = 256  # ~2 programs an H200 SM (3 fit), one wave
-_PEEL_BY_EXPERT = True  # decode: `_expert_peel_kernel` (False: the row-tile kernel's decode shape, round F1b)
 _EXPERT_PEEL_COLS = 128  # decode: columns a program (one B-peel load, kept for all its expert's rows)
 _EXPERT_PEEL_WARPS = 4
 
@@ -191,15 +188,6 @@ def b_peel(side: NoisySide, noise: torch.Tensor, f_a: torch.Tensor) -> torch.Ten
     return torch.cat([left, right], dim=1)
 
 
-def _peel_rows(rows: int, experts: int) -> int:
-    """Row-tile height of the peel pass: 64 once experts average 64 rows or more (prefill); 32
-    once they average 16 or more (GLM-5 decode: one tile an expert, so each expert's B peel is
-    read once, not once per 16-row tile); else 16."""
-    if rows >= 64 * experts:
-        return 64
-    return 32 if rows >= 16 * experts else 16
-
-
 class PeelShape(NamedTuple):
     """Launch shape of the peel pass: columns per step, steps per program, pipeline stages of
     the step loop (accumulator and B-peel tiles prefetched by cp.async), warps."""
@@ -210,23 +198,10 @@ class PeelShape(NamedTuple):
     warps: int
 
 
-def peel_shape(block_rows: int, row_tiles_: int, n: int) -> PeelShape:
-    """Decode (16- or 32-row tiles): 128-column steps, a program walking up to
-    _PEEL_DECODE_STEPS of them (2-stage cp.async pipeline) while that leaves at least
-    _PEEL_DECODE_MIN_PROGRAMS programs: the row-side chain of dependent loads (tile map → shift
-    and bounds → Rflat → A-peel rows and α_A, ~4 L2 round trips) is paid once per program in one
-    wave instead of once per 128 columns over ~3 waves (GLM-5 decode: 32 tiles × 32 column tiles
-    = 1024 one-step programs at 3 an SM → 256 programs of 4 steps). Prefill (64-row tiles): a
-    program walks its row tile across up to _PEEL_SPAN columns in 64-column steps (3 stages);
-    spans halve while they would leave fewer than _PEEL_MIN_PROGRAMS programs. The decode shapes
-    serve only `_PEEL_BY_EXPERT = False` (decode otherwise runs `_expert_peel_kernel`)."""
-    if block_rows < 64:
-        col_tiles = triton.cdiv(n, _PEEL_COLS)
-        steps = 1
-        while steps * 2 <= min(col_tiles, _PEEL_DECODE_STEPS) and \
-                row_tiles_ * triton.cdiv(col_tiles, steps * 2) >= _PEEL_DECODE_MIN_PROGRAMS:
-            steps *= 2
-        return PeelShape(_PEEL_COLS, steps, 2 if steps > 1 else 1, 4)
+def peel_shape(row_tiles_: int, n: int) -> PeelShape:
+    """The prefill pass (64-row tiles): a program walks its row tile across up to _PEEL_SPAN
+    columns in 64-column steps (3 stages); spans halve while they would leave fewer than
+    _PEEL_MIN_PROGRAMS programs. (Decode runs `_expert_peel_kernel` instead.)"""
     col_tiles = triton.cdiv(n, _PEEL_WIDE_COLS)
     steps = 1
     while steps * 2 <= min(col_tiles, _PEEL_SPAN // _PEEL_WIDE_COLS) and \
@@ -245,9 +220,9 @@ def _peel_unscale_kernel(acc_ptr, shift_ptr, rflat_ptr, a_peel_ptr, alpha_a_ptr,
     time (STEPS = 1: no loop; STAGES: the loop's cp.async pipeline depth). SHIFTED: output row i of
     expert w reads accumulator row i + shift[w]. RIGHT_ONLY: the A peel's left half is zero (clean
     rows), so only the right halves of the A and B peels are read (half the B-peel bytes).
-    Accumulator loads are masked by the expert's end when SHIFTED or at decode (BR < 64: the end
-    loads beside the shift, and short experts leave most of a tile unused); the prefill loop masks
-    them by the accumulator's row count only (no dependent load before the pipeline starts)."""
+    Accumulator loads are masked by the expert's end when SHIFTED (the end loads beside the
+    shift), otherwise by the accumulator's row count only (no dependent load before the pipeline
+    starts)."""
     row0 = tl.load(tile_row_ptr + tl.program_id(0))
     if row0 >= 0:
         rows = row0 + tl.arange(0, BR)
@@ -259,7 +234,7 @@ def _peel_unscale_kernel(acc_ptr, shift_ptr, rflat_ptr, a_peel_ptr, alpha_a_ptr,
         row_end = tl.load(bounds_ptr + expert + 1)
         live_r = rows < row_end
         in_acc = source < acc_rows
-        if SHIFTED or BR < 64:
+        if SHIFTED:
             in_acc = in_acc & live_r
         token = tl.load(rflat_ptr + rows, mask=live_r, other=0).to(tl.int64)
         if RIGHT_ONLY:
@@ -352,15 +327,15 @@ def _expert_rows(rows: int, experts: int) -> int:
 
 
 def reads_tiles(table: RoutingTable) -> bool:
-    """Whether `peel_and_unscale` on this routing reads a row-tile map (prefill, or the F1b
-    decode kernel); the decode peel by expert walks the experts' bounds instead."""
-    return _peel_rows(table.rflat.shape[0], table.experts) >= 64 or not _PEEL_BY_EXPERT
+    """Whether `peel_and_unscale` on this routing reads a row-tile map: prefill (experts average
+    ≥ 64 rows); the decode peel by expert walks the experts' bounds instead."""
+    return table.rflat.shape[0] >= _PEEL_ROWS * table.experts
 
 
 def peel_tiles(table: RoutingTable) -> RowTiles:
     """The peel pass's row-tile map of a routing table: one small kernel that a caller may run
     ahead (e.g. on a side stream before the GEMM) so it is not on the launch's tail."""
-    return row_tiles(table, _peel_rows(table.rflat.shape[0], table.experts), partial=True)
+    return row_tiles(table, _PEEL_ROWS, partial=True)
 
 
 def peel_and_unscale(acc: torch.Tensor, a_peel_: torch.Tensor, alpha_a: torch.Tensor,
@@ -391,7 +366,6 @@ def peel_and_unscale(acc: torch.Tensor, a_peel_: torch.Tensor, alpha_a: torch.Te
     operands = (acc, acc if row_shift is None else row_shift, table.rflat, a_peel_.contiguous().view(torch.int16),
                 alpha_a.contiguous().view(torch.int16), b_peel_.contiguous().view(torch.int16),
                 alpha_b.contiguous().view(torch.int16))
-    block_rows = _peel_rows(rows, experts)
     if not reads_tiles(table):
         _expert_peel_kernel[(experts, triton.cdiv(n, _EXPERT_PEEL_COLS))](
             *operands, table.bounds, out, n, acc.shape[0], BR=_expert_rows(rows, experts), BN=_EXPERT_PEEL_COLS,
@@ -399,9 +373,9 @@ def peel_and_unscale(acc: torch.Tensor, a_peel_: torch.Tensor, alpha_a: torch.Te
             num_stages=1)  # the loop prefetches by hand
         return out.view(torch.bfloat16)
     tiles = tiles if tiles is not None else peel_tiles(table)
-    shape = peel_shape(block_rows, tiles.row_start.shape[0], n)
+    shape = peel_shape(tiles.row_start.shape[0], n)
     grid = (tiles.row_start.shape[0], triton.cdiv(n, shape.steps * shape.cols))
     _peel_unscale_kernel[grid](*operands, tiles.row_start, tiles.expert, table.bounds, out, n, acc.shape[0],
-                               BR=block_rows, BN=shape.cols, STEPS=shape.steps, STAGES=shape.stages,
+                               BR=_PEEL_ROWS, BN=shape.cols, STEPS=shape.steps, STAGES=shape.stages,
                                SHIFTED=row_shift is not None, RIGHT_ONLY=a_left_zero, num_warps=shape.warps)
     return out.view(torch.bfloat16)
