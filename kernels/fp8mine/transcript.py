@@ -190,7 +190,8 @@ def _forest_kernel(key_ptr, p0, p1, p2, p3, w0, w1, w2, w3, n0, n1, n2, n3, g1, 
                         size = tl.minimum(groups - b * LANES, LANES)
                         d0, d1, d2, d3, d4, d5, d6, d7 = _load_words8_l2(
                             nodes_ptr + (first + b * LANES + lane).to(tl.int64) * 8, lane < size)
-                        d0, d1, d2, d3, d4, d5, d6, d7 = _fold_lanes(d0, d1, d2, d3, d4, d5, d6, d7, size, size < 0,
+                        partial = size < 0  # False: a block is never the whole tree (no ROOT flag)
+                        d0, d1, d2, d3, d4, d5, d6, d7 = _fold_lanes(d0, d1, d2, d3, d4, d5, d6, d7, size, partial,
                                                                      k0, k1, k2, k3, k4, k5, k6, k7, LEVELS)
                         store_words8(nodes_ptr + (first + b).to(tl.int64) * 8 + lane * 0,
                                      d0, d1, d2, d3, d4, d5, d6, d7, lane == 0)
