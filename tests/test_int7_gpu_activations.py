@@ -154,12 +154,9 @@ def test_quantiser_clears_the_split_a_times_p_b_accumulator(rank):
     assert torch.equal(q.cpu(), _reference(x)[0].view(q.shape))
 
 
-@pytest.mark.parametrize("fused, dtype", [(True, torch.bfloat16), (True, torch.float16),
-                                          (True, torch.float32), (False, torch.bfloat16)])
-def test_prepare_rows_at_decode_matches(monkeypatch, fused, dtype):
-    """16 rows per instance: quantise + A·P_B as one launch (rank blocks of 16 here, each storing
-    a quarter of the codes), or the quantiser zeroing a k-split A·P_B's accumulator."""
-    monkeypatch.setattr(activations, "DECODE_FUSED", fused)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_prepare_rows_at_decode_matches(dtype):
+    """16 rows per instance: the quantiser zeroing a k-split A·P_B's accumulator, then A·P_B."""
     gen = torch.Generator().manual_seed(5)
     rank, k = 64, 1024
     first = torch.randint(0, rank, (2, k), dtype=torch.int32, generator=gen)
@@ -170,7 +167,7 @@ def test_prepare_rows_at_decode_matches(monkeypatch, fused, dtype):
     x[0, 7] = 0.0  # an all-zero row: scale 1
     x = x.to(dtype).to(DEVICE)
     plan = activations._apb_plan(x.shape, p_b, 16)
-    assert activations._fuses(plan) == fused and plan.splits > 1
+    assert plan.splits > 1
     forked = []  # after_codes sees q once (the lagged pass forks its side chain there)
     q, scale, apb = activations.prepare_rows(x, p_b, rows_per_instance=16, after_codes=forked.append)
     assert len(forked) == 1 and forked[0] is q
@@ -182,3 +179,20 @@ def test_prepare_rows_at_decode_matches(monkeypatch, fused, dtype):
     p = _dense(first, second, rank)
     for i in range(2):
         assert np.array_equal(apb[i].cpu().numpy(), expected_q[i].numpy().astype(np.int64) @ p[i])
+
+
+def test_prepare_rows_makes_int8_codes_contiguous_before_a_times_p_b():
+    """int8 codes pass through, but a strided view is copied before A·P_B's launch: the lagged
+    GEMM overlaps A·P_B and reads q before waiting for it, so no copy may come between them."""
+    gen = torch.Generator().manual_seed(8)
+    rank, k = 16, 128
+    first = torch.randint(0, rank, (1, k), dtype=torch.int32, generator=gen)
+    second = (first + torch.randint(1, rank, first.shape, dtype=torch.int32, generator=gen)) % rank
+    p_b = dense_sparse_factor(first.to(DEVICE), second.to(DEVICE), rank)
+    codes = torch.randint(-64, 65, (1, 16, 2 * k), dtype=torch.int8, generator=gen).to(DEVICE)
+    strided = codes[:, :, ::2]
+    scale = torch.ones((1, 16), device=DEVICE)
+    q, _, apb = activations.prepare_rows(strided, p_b, rows_per_instance=16, scale=scale)
+    assert q.is_contiguous() and torch.equal(q.cpu(), strided.cpu())
+    expected = strided[0].cpu().numpy().astype(np.int64) @ _dense(first, second, rank)[0]
+    assert np.array_equal(apb[0].cpu().numpy(), expected)

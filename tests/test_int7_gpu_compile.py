@@ -20,7 +20,7 @@ def test_kernels_compile_for_sm90a_and_spills_stay_within_the_measured_defaults(
     activations = {"activations_quantise_decode", "activations_quantise_k7168",
                    "activations_quantise_prefill_k4096", "activations_quantise_two_pass",
                    "activations_quantise_fp32", "activations_apb_decode", "activations_apb_prefill",
-                   "activations_apb_mid", "activations_quantise_apb_decode"}
+                   "activations_apb_mid"}
     assert activations | {"blake3_chunks", "blake3_parents", "blake3_upper_levels", "seeds_salted1_fold1",
                           "noised", "noise_factors", "a_side_commit_seed", "a_side_noise_apply_m16",
                           "a_side_noise_apply_m64", "retain"} <= set(results)
@@ -31,6 +31,13 @@ def test_kernels_compile_for_sm90a_and_spills_stay_within_the_measured_defaults(
     # loop, is a regression to re-measure.
     assert decode["stack_bytes"] <= 16 and decode["local_accesses_in_loops"] == 0
     assert prefill["stack_bytes"] <= 256 and prefill["local_accesses_in_loops"] <= 64
+    # The lagged pass's GEMM starts beside A·P_B (programmatic dependent launch): A·P_B lets it
+    # start, the GEMM waits for A·P_B's end once, before its peel, and still does not spill.
+    lagged = results["gemm_decode_mined_lagged_16x128x128"]
+    assert results["activations_apb_decode"]["pdl_triggers"] >= 1
+    assert lagged["pdl_waits"] >= 1 and lagged["stack_bytes"] == 0 and lagged["local_accesses_in_loops"] == 0
+    assert decode["pdl_waits"] == 0 and prefill["pdl_waits"] == 0
+    assert results["retain_lagged"]["pdl_waits"] >= 1 and results["publish"]["pdl_waits"] >= 1
     assert results["gemm_decode_unmined_16x128x128"]["stack_bytes"] == 0
     assert results["gemm_prefill_unmined_64x128x128"]["stack_bytes"] == 0
     assert all(r["registers"] <= 255 for r in results.values())
@@ -39,7 +46,7 @@ def test_kernels_compile_for_sm90a_and_spills_stay_within_the_measured_defaults(
     split = [name for name in results if name.startswith(("gemm_prefill_raw", "gemm_noise_product", "split_peel"))]
     assert len(split) == 4 and all(results[name]["stack_bytes"] == 0 for name in split)
     assert all(results[name]["stack_bytes"] == 0
-               for name in ("noised", "noised_mma_64", "noised_mma_64_r256", "noised_mma_128"))
+               for name in ("noised", "noised_mma_64", "noised_mma_64_r256"))
     # The bandwidth-bound A-side kernels keep everything in registers: a spill would be traffic.
     assert all(results[name]["stack_bytes"] == 0 for name in activations)
     # A whole decode row (8192 values) in registers still leaves 4 programs of 8 warps per SM.
@@ -55,6 +62,14 @@ def test_kernels_compile_for_sm90a_and_spills_stay_within_the_measured_defaults(
     gemm_registers = -(-decode["registers"] // 8) * 8 * 32 * decode["num_warps"]
     side = results[f"a_side_side_chain_m16_w{SIDE_WARPS}"]
     assert 3 * gemm_registers + -(-side["registers"] // 8) * 8 * 32 * SIDE_WARPS <= 65536
+
+
+def test_grid_dependency_counts_the_trigger_and_the_wait():
+    from kernels.int7.compile_check import grid_dependency
+    sass = ("        /*0000*/                   PREEXIT ;\n"
+            "        /*0010*/                   ACQBULK ;\n"
+            "        /*0020*/                   ACQBULK ;\n")
+    assert grid_dependency(sass) == {"pdl_triggers": 1, "pdl_waits": 2}
 
 
 def test_local_accesses_counts_only_those_inside_backward_branch_ranges():

@@ -6,7 +6,7 @@ import torch
 
 from kernels.int7.mined_gemm import MinedGemmError, Tiling
 from kernels.int7.noise import dense_sparse_factor
-from kernels.int7.split_peel import noise_product, q_limbs, split_peel
+from kernels.int7.split_peel import noise_product, peel_digits, peel_operands, q_limbs, split_peel
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 E, M, N, K, R = 2, 32, 64, 512, 64
@@ -81,5 +81,10 @@ def test_bad_shapes_are_named(operands):
         split_peel(raw, operands["u_a"], q_t[:, :, :32], *args[2:], k=K, out=out)
     with pytest.raises(MinedGemmError, match="not a multiple of the peel block 48"):
         split_peel(raw, *args, k=K, out=out, tiling=Tiling(16, 48, 32))
+    left, right = peel_operands(E, M, N, R, K, DEVICE)
+    with pytest.raises(MinedGemmError, match="digit columns for rank"):
+        peel_digits(raw, left[:, :, :R], right, operands["scale_a"], operands["scale_b"], rank=R, out=out)
+    with pytest.raises(MinedGemmError, match="right must be contiguous"):
+        peel_digits(raw, left, right[:, :M], operands["scale_a"], operands["scale_b"], rank=R, out=out)
     with pytest.raises(MinedGemmError, match="nothing would be written"):
         noise_product(operands["bt_noised"], operands["p_a_t"], None)

@@ -22,6 +22,7 @@ import triton.language as tl
 
 from kernels.int7._jit import jit
 from kernels.int7.blake3 import compress, store_words8, words_from_bytes
+from kernels.int7.winner import publish_record
 from proof.fp8.lottery import threshold, threshold_bytes
 
 from .routing import RowTiles
@@ -297,9 +298,8 @@ class LotteryLatch:
                                          BLOCK=_PAYLOAD_BLOCK)
 
     def publish(self) -> None:
-        """Copy the record to the host: the body first, STATUS last (stream-ordered)."""
-        self.host[1:].copy_(self.record[1:], non_blocking=True)
-        self.host[:1].copy_(self.record[:1], non_blocking=True)
+        """Write the record into the pinned host copy: the body first, STATUS last (one kernel)."""
+        publish_record(self.record, self.host, self.host, first=1)
 
     def poll(self) -> WinnerRecord | None:
         """The published winner, or None; raises LotteryError on a malformed record."""

@@ -6,6 +6,7 @@ exact code the H200 compiles. PEARL_INT7_INTERPRET=1/0 overrides the choice (set
 """
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -28,3 +29,25 @@ def jit(fn):
     if INTERPRETING:
         return InterpretedFunction(fn)
     return triton.jit(fn)
+
+
+# Programmatic dependent launch (sm_90+): a kernel launched with `pdl_launch()` may start while the
+# kernel before it on the stream still runs, once every program of that one has called
+# `gdc_launch_dependents`; it must call `gdc_wait` before reading anything that kernel writes.
+# False turns it off everywhere (a lever for measuring it; the kernels take the same branches).
+PDL = True
+
+
+@functools.cache
+def _sm90_or_newer() -> bool:
+    return torch.cuda.get_device_capability() >= (9, 0)
+
+
+def pdl_enabled() -> bool:
+    """Whether launches overlap through programmatic dependent launch: compiled kernels on sm_90+."""
+    return PDL and not INTERPRETING and _sm90_or_newer()
+
+
+def pdl_launch(enabled: bool) -> dict:
+    """The launch keyword for a programmatic dependent launch, or none."""
+    return {"launch_pdl": True} if enabled else {}

@@ -40,8 +40,9 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents
 
-from ._jit import jit
+from ._jit import jit, pdl_enabled
 
 INT7_LIMIT = 64
 ROWS = 16  # rows per instance must be a multiple of this (the smallest MMA M)
@@ -52,14 +53,6 @@ _PREFILL_ROWS = 4096  # quantise: from this many rows, programs take ≥ 8192 va
 _SMS = 132  # H200 streaming multiprocessors: a grid below one program per SM leaves SMs idle
 _RANK_BLOCK = 128
 _TARGET_PROGRAMS = 264  # decode A·P_B programs to aim for: two per SM
-# Decode (16-row blocks): quantise + A·P_B as one launch (`_quantise_apb_kernel`) instead of the
-# quantiser (zeroing the accumulator) + the k-split A·P_B. Off until the H200 measures it faster:
-# each of its programs streams its rows' x twice and a P_B slice with only ~16–32 KB in flight,
-# where the two launches spread the same bytes over 512 + 256 programs (docs/kernels-int7.md).
-DECODE_FUSED = False
-_FUSED_PROGRAMS = 128  # fused decode programs to aim for (row blocks × rank blocks): ~one per SM
-_FUSED_MAX_STEP = 512  # fused decode's max|x| pass: 16 × 512 bf16 (16 KB) per step, 3 stages
-_FUSED_WARPS = 8
 # (a global read inside a kernel must be constexpr)
 _MAGIC = tl.constexpr(12582912.0)  # 1.5·2^23: v + _MAGIC rounds v to an integer, half to even (|v| < 2^22)
 _TINY = tl.constexpr(2.0 ** -60)  # below this max|x| the reciprocal of the scale would overflow
@@ -177,8 +170,11 @@ def apb_partial(q_ptr, pb_ptr, rows, ts, k_begin, steps, K, R: tl.constexpr, BK:
 @jit
 def _apb_kernel(q_ptr, pb_ptr, pb_stride, apb_ptr, rows_per_instance, K, steps_per_split,
                 R: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr, RB: tl.constexpr,
-                ATOMIC: tl.constexpr, PB_KMAJOR: tl.constexpr):
-    """apb[rows, rank block] (+)= q[rows, k-split] · P_B[instance][k-split, rank block]."""
+                ATOMIC: tl.constexpr, PB_KMAJOR: tl.constexpr, DEPENDENTS: tl.constexpr = 0):
+    """apb[rows, rank block] (+)= q[rows, k-split] · P_B[instance][k-split, rank block].
+    DEPENDENTS: let the next kernel (a programmatic dependent launch) start now, beside this one."""
+    if DEPENDENTS:
+        gdc_launch_dependents()
     block = tl.program_id(0)
     rows = (block * BR + tl.arange(0, BR)).to(tl.int64)
     inst = ((block * BR) // rows_per_instance).to(tl.int64)  # BR divides rows_per_instance
@@ -190,45 +186,6 @@ def _apb_kernel(q_ptr, pb_ptr, pb_stride, apb_ptr, rows_per_instance, K, steps_p
         tl.atomic_add(at, acc, sem="relaxed")  # ordered by the kernel boundary
     else:
         tl.store(at, acc)
-
-
-@jit
-def _quantise_apb_kernel(x_ptr, q_ptr, scale_ptr, pb_ptr, pb_stride, apb_ptr, rows_per_instance, K,
-                         R: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr, RB: tl.constexpr,
-                         BKM: tl.constexpr, RECIPROCAL: tl.constexpr, BF16_BITS: tl.constexpr):
-    """Decode's quantise + A·P_B in one launch: rows [BR·program_id(0), +BR) (one instance), rank
-    block program_id(1). Pass 1 reduces max|x| over all of K in wide BKM steps (masked, pipelined);
-    pass 2 re-reads x (L2) in BK steps (BK divides K), forms the codes exactly as `_quantise_kernel`
-    does and multiplies them by the step's K-major P_B slice on the tensor cores. Every rank block computes the same codes; rank block b stores
-    the codes of the steps ≡ b (mod rank blocks) and block 0 the scales. Plain stores: no k-split,
-    so no zeroed accumulator and no atomics."""
-    block = tl.program_id(0)
-    rb = tl.program_id(1)
-    rows = (block * BR + tl.arange(0, BR)).to(tl.int64)
-    inst = ((block * BR) // rows_per_instance).to(tl.int64)  # BR divides rows_per_instance
-    at = rows[:, None] * K
-    wide = tl.arange(0, BKM)[None, :]
-    peak = tl.full((BR, BKM), 0.0, tl.float32)
-    for k0 in tl.range(0, K, BKM, num_stages=3):  # pipelined: the next steps' loads are in flight
-        x = tl.load(x_ptr + at + k0 + wide, mask=k0 + wide < K, other=0)
-        peak = tl.maximum(peak, tl.abs(_widen(x, BF16_BITS)))
-    amax = tl.reduce(peak, 1, _max_combine)
-    ks = tl.arange(0, BK)
-    scale = tl.where(amax > 0.0, amax * 0.015625, 1.0)  # / 64, exactly (a power of two)
-    tl.store(scale_ptr + rows, scale, mask=(rows * 0 + rb) == 0)
-    boost = tl.where(amax < _TINY, _BOOST, 1.0)
-    inv = tl.math.div_rn(tl.full((BR,), 1.0, tl.float32), scale * boost)
-    scale, boost, inv = scale[:, None], boost[:, None], inv[:, None]
-    ts = rb * RB + tl.arange(0, RB)
-    p_rows = pb_ptr + inst * pb_stride + ts.to(tl.int64)[:, None] * K
-    blocks = tl.num_programs(1)
-    acc = tl.full((BR, RB), 0, tl.int32)
-    for step in range(0, K // BK):
-        kk = step * BK + ks
-        q = _codes(_widen(tl.load(x_ptr + at + kk[None, :]), BF16_BITS), scale, boost, inv, RECIPROCAL)
-        tl.store(q_ptr + at + kk[None, :], q, mask=(kk[None, :] * 0 + step % blocks) == rb)
-        acc = tl.dot(q, tl.trans(tl.load(p_rows + kk[None, :])), acc, out_dtype=tl.int32)
-    tl.store(apb_ptr + rows[:, None] * R + ts[None, :], acc)
 
 
 def _splits(k_steps: int, programs: int) -> int:
@@ -333,7 +290,7 @@ def _apb_launch(q: torch.Tensor, apb: torch.Tensor, plan: _ApbPlan) -> None:
         q, p_b, 0 if p_b.shape[0] == 1 else k * plan.rank, apb, plan.rows_per_instance, k,
         k // plan.block_k // plan.splits, R=plan.rank, BR=plan.block_rows, BK=plan.block_k,
         RB=plan.rank_block, ATOMIC=int(plan.splits > 1), PB_KMAJOR=int(plan.k_major),
-        num_warps=plan.warps, num_stages=3)
+        DEPENDENTS=int(pdl_enabled()), num_warps=plan.warps, num_stages=3)
 
 
 def a_times_p_b(q: torch.Tensor, p_b: torch.Tensor, *, rows_per_instance: int) -> torch.Tensor:
@@ -364,49 +321,22 @@ def prepare_rows(x: torch.Tensor, p_b: torch.Tensor, *, rows_per_instance: int,
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(q, scale, A·P_B) for rows x (..., K): floating x is quantised; int8 x is taken as int7 codes
     (then `scale` is passed through). A·P_B: int32 (*x.shape[:-1], r); p_b as in `a_times_p_b`.
-    Two launches for floating x: the quantiser also zeroes a k-split A·P_B's accumulator.
+    Two launches for floating x: the quantiser also zeroes a k-split A·P_B's accumulator. The
+    last launch is always A·P_B's, which writes only the result (`mined_gemm(after_apb=True)`
+    relies on it: that GEMM overlaps A·P_B and waits for it only before its peel).
     after_codes(q) is called once q's launch is enqueued and before A·P_B's (the lagged pass forks
     its side chain there, so it is dispatched while A·P_B runs, ahead of the GEMM)."""
     fork = after_codes if after_codes is not None else (lambda q: None)
     if not x.is_floating_point():
         q, scale = int7_codes(x, scale)
+        q = q.contiguous()  # any copy comes before A·P_B, never between it and the GEMM
         fork(q)
         return q, scale, a_times_p_b(q, p_b, rows_per_instance=rows_per_instance)
     plan = _apb_plan(x.shape, p_b, rows_per_instance)
     q = torch.empty(x.shape, dtype=torch.int8, device=x.device)
     scale = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
     apb = torch.empty((*x.shape[:-1], plan.rank), dtype=torch.int32, device=x.device)
-    if _fuses(plan):
-        _quantise_apb_launch(x.contiguous(), q, scale, apb, plan)
-        fork(q)
-        return q, scale, apb
     _quantise_into(x.contiguous(), q, scale, apb if plan.splits > 1 else None)
     fork(q)
     _apb_launch(q, apb, plan)
     return q, scale, apb
-
-
-def _fuses(plan: _ApbPlan) -> bool:
-    """Decode's one-launch quantise + A·P_B: 16-row blocks (decode), P_B K-major, a power-of-two
-    rank (its blocks are power-of-two tiles)."""
-    return (DECODE_FUSED and plan.block_rows == ROWS and plan.k_major
-            and plan.rank & (plan.rank - 1) == 0)
-
-
-def _quantise_apb_launch(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, apb: torch.Tensor,
-                         plan: _ApbPlan) -> None:
-    """`_quantise_apb_kernel` over (16-row blocks × rank blocks): rank blocks halve (≥ 16 wide)
-    until the grid reaches _FUSED_PROGRAMS; each re-reads its rows' x, so no more than that."""
-    k = x.shape[-1]
-    row_blocks = x.numel() // k // ROWS
-    rank_block = plan.rank
-    while rank_block > 16 and row_blocks * (plan.rank // rank_block) < _FUSED_PROGRAMS:
-        rank_block //= 2
-    bf16 = x.dtype == torch.bfloat16
-    p_b = plan.p_b
-    _quantise_apb_kernel[(row_blocks, plan.rank // rank_block)](
-        x.view(torch.int16) if bf16 else x, q, scale, p_b, 0 if p_b.shape[0] == 1 else k * plan.rank, apb,
-        plan.rows_per_instance, k, R=plan.rank, BR=ROWS, BK=plan.block_k,
-        RB=rank_block, BKM=min(_FUSED_MAX_STEP, triton.next_power_of_2(k)),
-        RECIPROCAL=int(bf16 or x.dtype == torch.float16), BF16_BITS=int(bf16), num_warps=_FUSED_WARPS,
-        num_stages=3)

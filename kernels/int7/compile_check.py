@@ -31,7 +31,7 @@ _GEMM_SIGNATURE = {
     "sa_ptr": "*fp32", "sb_ptr": "*fp32", "out_ptr": "*bf16", "out32_ptr": "*i32", "dump_ptr": "*i32",
     "phase_ptr": "*i32", "phase_words": "i32", "M": "i32", "N": "i32", "K": "i32", "NC": "i32",
     **{name: "constexpr" for name in ("R", "BM", "BN", "BK", "H", "MINE", "PEEL", "WRITE_I32", "DUMP",
-                                       "PHASED", "WRITE_BF16")},
+                                       "PHASED", "WRITE_BF16", "WAIT_APB", "DEPENDENTS")},
 }
 
 
@@ -80,15 +80,9 @@ def _variants() -> list[tuple[str, object, dict, dict, int, int]]:
                     {"q_ptr": "*i8", "pb_ptr": "*i8", "pb_stride": "i32", "apb_ptr": "*i32",
                      "rows_per_instance": "i32", "K": "i32", "steps_per_split": "i32", "R": "constexpr",
                      "BR": "constexpr", "BK": "constexpr", "RB": "constexpr", "ATOMIC": "constexpr",
-                     "PB_KMAJOR": "constexpr"},
-                    {"R": 128, "BR": rows, "BK": 128, "RB": 128, "ATOMIC": atomic, "PB_KMAJOR": 1}, warps, 3))
-    out.append(("activations_quantise_apb_decode", activations._quantise_apb_kernel,  # GLM-5: 32 × 4 programs
-                {"x_ptr": "*i16", "q_ptr": "*i8", "scale_ptr": "*fp32", "pb_ptr": "*i8", "pb_stride": "i32",
-                 "apb_ptr": "*i32", "rows_per_instance": "i32", "K": "i32", "R": "constexpr", "BR": "constexpr",
-                 "BK": "constexpr", "RB": "constexpr", "BKM": "constexpr", "RECIPROCAL": "constexpr",
-                 "BF16_BITS": "constexpr"},
-                {"R": 128, "BR": 16, "BK": 128, "RB": 32, "BKM": activations._FUSED_MAX_STEP, "RECIPROCAL": 1,
-                 "BF16_BITS": 1}, activations._FUSED_WARPS, 3))
+                     "PB_KMAJOR": "constexpr", "DEPENDENTS": "constexpr"},
+                    {"R": 128, "BR": rows, "BK": 128, "RB": 128, "ATOMIC": atomic, "PB_KMAJOR": 1,
+                     "DEPENDENTS": 1}, warps, 3))  # as sm_90 launches it: the next kernel may start
     out.append(("noised", noise._noised_kernel,
                 {"x_ptr": "*i8", "u_ptr": "*i8", "first_ptr": "*i32", "second_ptr": "*i32", "out_ptr": "*i8",
                  "rows_per_instance": "i32", "factor_stride": "i32", "K": "i32", "R": "constexpr",
@@ -99,8 +93,8 @@ def _variants() -> list[tuple[str, object, dict, dict, int, int]]:
             out.append((f"noised_mma_{rows}" + ("" if rank == 128 else f"_r{rank}"), noise._noised_mma_kernel,
                         {"x_ptr": "*i8", "u_ptr": "*i8", "first_ptr": "*i32", "second_ptr": "*i32",
                          "out_ptr": "*i8", "rows_per_instance": "i32", "factor_stride": "i32", "K": "i32",
-                         "R": "constexpr", "BR": "constexpr", "BC": "constexpr"},
-                        {"R": rank, "BR": rows, "BC": noise._MMA_COLS}, warps, 1))
+                         "R": "constexpr", "BR": "constexpr", "BC": "constexpr", "STAGES": "constexpr"},
+                        {"R": rank, "BR": rows, "BC": noise._MMA_COLS, "STAGES": noise._MMA_STAGES}, warps, 1))
     out.append(("noise_factors", noise._prng_kernel,
                 {"key_ptr": "*i32", "label_ptr": "*i32", "u_ptr": "*i8", "first_ptr": "*i32",
                  "second_ptr": "*i32", "u_blocks": "i32", "u_total": "i32", "u_limit": "i32",
@@ -138,14 +132,19 @@ def _variants() -> list[tuple[str, object, dict, dict, int, int]]:
         out.append((f"retain{label}", winner._retain_kernel,
                     {"record_ptr": "*i32", "src_ptr": "*i32", "dst_ptr": "*i32", "per_instance": "i32",
                      "phase_ptr": "*i32", "phase_words": "i32", "USE_INDEX": "constexpr",
-                     "PHASED": "constexpr", "BLOCK": "constexpr"},
-                    {"USE_INDEX": 1, "PHASED": phased, "BLOCK": 1024}, 4, 1))
+                     "PHASED": "constexpr", "BLOCK": "constexpr", "WAIT_PRIOR": "constexpr"},
+                    {"USE_INDEX": 1, "PHASED": phased, "BLOCK": 1024, "WAIT_PRIOR": 1}, 4, 1))
+    out.append(("publish", winner._publish_kernel,
+                {"record_ptr": "*i32", "body_ptr": "*i32", "doorbell_ptr": "*i32", "WORDS": "constexpr",
+                 "FIRST": "constexpr", "MARK": "constexpr", "WAIT_PRIOR": "constexpr"},
+                {"WORDS": mined_gemm.RECORD_WORDS, "FIRST": 0, "MARK": 12, "WAIT_PRIOR": 1}, 1, 1))
     for regime, rows in (("decode", 16), ("prefill", 2048)):  # the default tilings, GLM-5's shape
         t = mined_gemm.default_tiling(rows, 4096, 6144, 128)
         kinds = [("mined", 1, 0), ("unmined", 0, 0)] + ([("mined_lagged", 1, 1)] if regime == "decode" else [])
-        for label, mine, phased in kinds:  # decode also as the lagged pass launches it (phase word)
+        for label, mine, phased in kinds:  # decode also as the lagged pass launches it (phase word, after A·P_B)
             constexprs = {"R": 128, "BM": t.block_m, "BN": t.block_n, "BK": t.block_k, "H": mined_gemm.TILE_H,
-                          "MINE": mine, "PEEL": mine, "WRITE_I32": 0, "DUMP": 0, "PHASED": phased, "WRITE_BF16": 1}
+                          "MINE": mine, "PEEL": mine, "WRITE_I32": 0, "DUMP": 0, "PHASED": phased, "WRITE_BF16": 1,
+                          "WAIT_APB": phased, "DEPENDENTS": mine}
             out.append((f"gemm_{regime}_{label}_{t.block_m}x{t.block_n}x{t.block_k}",
                         mined_gemm._mined_gemm_kernel, _GEMM_SIGNATURE, constexprs, t.num_warps, t.num_stages))
     out.extend(_split_peel_variants())
@@ -155,7 +154,8 @@ def _variants() -> list[tuple[str, object, dict, dict, int, int]]:
 def _split_peel_variants() -> list[tuple[str, object, dict, dict, int, int]]:
     """The prefill pass with the peel on its own (GLM-5's shape): the mined GEMM writing A'·B' as
     int32, Qᵀ = B'·P_A through the plain kernel, and the peel kernel."""
-    gemm = {"R": 128, "H": mined_gemm.TILE_H, "DUMP": 0, "PHASED": 0, "WRITE_I32": 1, "WRITE_BF16": 0}
+    gemm = {"R": 128, "H": mined_gemm.TILE_H, "DUMP": 0, "PHASED": 0, "WRITE_I32": 1, "WRITE_BF16": 0,
+            "WAIT_APB": 0}  # DEPENDENTS: the mined GEMM as `mined_gemm` launches it, the plain one as `plain_gemm`
     t = mined_gemm.default_tiling(2048, 4096, 6144, 128)
     q = mined_gemm.default_tiling(4096, 128, 6144, 128)
     p = split_peel.default_peel_tiling(2048, 4096, 128)
@@ -165,9 +165,11 @@ def _split_peel_variants() -> list[tuple[str, object, dict, dict, int, int]]:
     digits = split_peel.q_limbs(6144)
     return [
         (f"gemm_prefill_raw_{t.block_m}x{t.block_n}x{t.block_k}", mined_gemm._mined_gemm_kernel, _GEMM_SIGNATURE,
-         dict(gemm, BM=t.block_m, BN=t.block_n, BK=t.block_k, MINE=1, PEEL=0), t.num_warps, t.num_stages),
+         dict(gemm, BM=t.block_m, BN=t.block_n, BK=t.block_k, MINE=1, PEEL=0, DEPENDENTS=1), t.num_warps,
+         t.num_stages),
         (f"gemm_noise_product_{q.block_m}x{q.block_n}x{q.block_k}", mined_gemm._mined_gemm_kernel,
-         _GEMM_SIGNATURE, dict(gemm, R=q.block_k, BM=q.block_m, BN=q.block_n, BK=q.block_k, MINE=0, PEEL=0),
+         _GEMM_SIGNATURE, dict(gemm, R=q.block_k, BM=q.block_m, BN=q.block_n, BK=q.block_k, MINE=0, PEEL=0,
+                               DEPENDENTS=0),
          q.num_warps, q.num_stages),
         (f"split_peel_{p.block_m}x{p.block_n}x{p.block_k}", split_peel._split_peel_kernel, peel_signature,
          {"DEPTH": digits * 256, "SEGMENT": 256, "BM": p.block_m, "BN": p.block_n, "BK": p.block_k,
@@ -213,8 +215,16 @@ def _resources(cubin: bytes) -> dict[str, int]:
     found = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", text)
     if found is None:
         raise RuntimeError(f"cuobjdump printed no resource usage: {text[:300]}")
+    sass = _cuobjdump(cubin, "-sass")
     return {"registers": int(found[1]), "stack_bytes": int(found[2]), "local_bytes": int(found[4]),
-            **local_accesses(_cuobjdump(cubin, "-sass"))}
+            **local_accesses(sass), **grid_dependency(sass)}
+
+
+def grid_dependency(sass: str) -> dict[str, int]:
+    """Programmatic-dependent-launch instructions in SASS: PREEXIT (griddepcontrol.launch_dependents:
+    the next kernel may start) and ACQBULK (griddepcontrol.wait: the kernel before has ended)."""
+    return {"pdl_triggers": len(re.findall(r"\bPREEXIT\b", sass)),
+            "pdl_waits": len(re.findall(r"\bACQBULK\b", sass))}
 
 
 def compile_all() -> list[dict]:

@@ -23,10 +23,11 @@ from dataclasses import dataclass
 
 import torch
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from proof.int7.config import MAX_WORKER_INPUT
 
-from ._jit import jit
+from ._jit import jit, pdl_enabled, pdl_launch
 from .blake3 import compress
 
 TILE_H = 2  # lottery tile rows: the protocol's smallest even height, so a tile spans the block width
@@ -171,11 +172,16 @@ def _mined_gemm_kernel(an_ptr, ac_ptr, bt_ptr, apb_ptr, ub_ptr, key_ptr, bound_p
                        R: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                        H: tl.constexpr, MINE: tl.constexpr, PEEL: tl.constexpr,
                        WRITE_I32: tl.constexpr, DUMP: tl.constexpr, PHASED: tl.constexpr,
-                       WRITE_BF16: tl.constexpr):
+                       WRITE_BF16: tl.constexpr, WAIT_APB: tl.constexpr = 0, DEPENDENTS: tl.constexpr = 0):
     """PHASED: an_ptr, key_ptr (s_A) and mvalid_ptr are set 0 of a LagPhase pair; the program
     reads the READY set (the shift is applied twice, before the k loop and in the epilogue, so no
     extra pointer lives across the loop). WRITE_BF16 = 0 writes only the int32 result (the raw
-    A'·B' for the split peel, or Q for it)."""
+    A'·B' for the split peel, or Q for it). WAIT_APB: launched as the programmatic dependent of the
+    A·P_B kernel, so apb is read only after waiting for that kernel's end (`mined_gemm(after_apb=)`).
+    DEPENDENTS: the next kernel (the winner snapshot, which waits for this one's end before reading)
+    may be dispatched as soon as every program has started, so it is resident when the GEMM ends."""
+    if DEPENDENTS:
+        gdc_launch_dependents()
     an_ptr += lag_set(phase_ptr, PHASED, 0) * (4 * phase_words)
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -256,6 +262,8 @@ def _mined_gemm_kernel(an_ptr, ac_ptr, bt_ptr, apb_ptr, ub_ptr, key_ptr, bound_p
                 for i in tl.static_range(8):
                     tl.store(record_ptr + 4 + i, _pick(ticket[i], selected).to(tl.int32, bitcast=True))
     if PEEL:  # A·B' from the second accumulator
+        if WAIT_APB:
+            gdc_wait()
         result = acc_clean
         # − (A·P_B)·U_Bᵀ; A·P_B (int32) is split here into three signed base-256 int8 limbs
         # (|A·P_B| ≤ 64·k ≤ 2^22, so the top limb stays within ±65).
@@ -356,7 +364,7 @@ def mined_gemm(a_noised: torch.Tensor, a_clean: torch.Tensor, bt_noised: torch.T
                scale_a: torch.Tensor, scale_b: torch.Tensor, *, rank: int, tile_h: int,
                tile_w: int, out: torch.Tensor | None, out_i32: torch.Tensor | None = None,
                dump: torch.Tensor | None = None, tiling: Tiling | None = None,
-               peel: bool = True, lag: LagPhase | None = None) -> None:
+               peel: bool = True, lag: LagPhase | None = None, after_apb: bool = False) -> None:
     """Mined GEMM of E instances: out[e] = dequant(A_e·B_e) from the noised operands.
 
     a_noised/a_clean: (E, M, K) int8 (A' and A); bt_noised: (E, N, K) int8 (B'ᵀ); apb:
@@ -369,6 +377,10 @@ def mined_gemm(a_noised: torch.Tensor, a_clean: torch.Tensor, bt_noised: torch.T
     tile_h rows × tile_w = block_n columns. peel=False skips the peel (the output is then
     A'·B', which `split_peel` peels in its own pass at prefill). lag: a_noised, s_a and rows_valid are set 0
     of a LagPhase pair and the kernel reads the READY set (pipeline.MinedPass(lagged=True)).
+    after_apb: the caller's last launch on this stream was the A·P_B that wrote apb and nothing
+    else (`activations.prepare_rows`); the GEMM then starts beside it (programmatic dependent
+    launch, sm_90) and waits for it only where the peel reads apb, so the weight stream is not
+    held back by A·P_B. Every other operand must be complete before that A·P_B launch.
     """
     e, m, k = a_noised.shape
     n = bt_noised.shape[1]
@@ -391,6 +403,7 @@ def mined_gemm(a_noised: torch.Tensor, a_clean: torch.Tensor, bt_noised: torch.T
     tiling = tiling or default_tiling(m, n, k, rank, tile_h, tile_w)
     _check_tiling(tiling, m, n, k, rank, (tile_h, tile_w))
     grid = (n // tiling.block_n, m // tiling.block_m, e)
+    overlap = after_apb and peel and pdl_enabled()
     _mined_gemm_kernel[grid](
         a_noised, a_clean, bt_noised, apb, u_b, s_a, bound_words, rows_valid, record,
         scale_a, scale_b, _either(out, out_i32), _either(out_i32, out), _either(dump, out_i32, out),
@@ -398,8 +411,9 @@ def mined_gemm(a_noised: torch.Tensor, a_clean: torch.Tensor, bt_noised: torch.T
         m, n, k, k // rank,
         R=rank, BM=tiling.block_m, BN=tiling.block_n, BK=tiling.block_k, H=tile_h,
         MINE=1, PEEL=int(peel), WRITE_I32=int(out_i32 is not None), DUMP=int(dump is not None),
-        PHASED=int(lag is not None), WRITE_BF16=int(out is not None),
-        num_warps=tiling.num_warps, num_stages=tiling.num_stages)
+        PHASED=int(lag is not None), WRITE_BF16=int(out is not None), WAIT_APB=int(overlap),
+        DEPENDENTS=int(pdl_enabled()),
+        num_warps=tiling.num_warps, num_stages=tiling.num_stages, **pdl_launch(overlap))
 
 
 def plain_gemm(a: torch.Tensor, bt: torch.Tensor, scale_a: torch.Tensor | None,

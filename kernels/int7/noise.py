@@ -9,8 +9,8 @@ dense for the A·P_B kernel). Applying them is a second kernel, the same rule fo
 and for Bᵀ (rows = output columns): X' = X + U·Pᵀ, i.e. X + U[:, first] − U[:, second].
 
 Two kernels apply it. With 64 or more rows per instance (prefill, B' per job) `_noised_mma_kernel`
-computes U·Pᵀ on the tensor cores: a program holds 64/128 rows' U (its A operand, loaded once)
-and walks K in 128-column steps, building that step's ±1 one-hot block of P from the two index
+computes U·Pᵀ on the tensor cores: a program holds 64 rows' U (its A operand, loaded once)
+and walks K in 128-column steps (pipelined), building that step's ±1 one-hot block of P from the two index
 vectors in registers (two compares per one-hot byte, amortised over 64–128 rows) — no per-element
 gathers, x and x' stream as 16-byte rows. With fewer rows (decode's 16) the one-hot build would
 cost more than the product, and `_noised_kernel` gathers U[i, first[l]] and U[i, second[l]]
@@ -32,9 +32,12 @@ _ROWS = 16  # rows per program of the noised-operand kernel (at most; a divisor 
 _COLS = 512  # k per program (masked at the end)
 _NOISED_WARPS = 8  # 16 × 512 bytes over 256 threads: 32 per thread (64 registers, no spills)
 _MMA_COLS = 128  # k per step of the tensor-core kernel (wgmma N)
-# Tensor-core programs: (rows, warps, largest rank) — wgmma M is 64 per warpgroup; 128 rows at
-# rank 256 spill (sm_90a: 136 bytes, in the k loop), 64 rows do not; larger ranks gather.
-_MMA_ROWS = ((128, 8, 128), (64, 4, 256))
+# Tensor-core programs: (rows, warps, largest rank) — one wgmma warpgroup of 64 rows; larger ranks
+# gather. Measured on the H200 (GLM-5 prefill A, 65536 × 6144, r 128): 64 rows with a 3-stage
+# pipelined k loop 405 µs, 128 rows of 8 warps 546 (unpipelined 670 and 509); B' (131072 rows)
+# 789 vs 1308 µs for the former default (128 rows, unpipelined).
+_MMA_ROWS = ((64, 4, 256),)
+_MMA_STAGES = 3  # k steps in flight: x and both index vectors arrive by cp.async
 _SINGLE_BLOCK_KEYED = tl.constexpr(1 | 2 | 8 | 16)  # a global read inside a kernel must be constexpr
 
 
@@ -210,10 +213,12 @@ def _noised_kernel(x_ptr, u_ptr, first_ptr, second_ptr, out_ptr, rows_per_instan
 
 @jit
 def _noised_mma_kernel(x_ptr, u_ptr, first_ptr, second_ptr, out_ptr, rows_per_instance, factor_stride, K,
-                       R: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr):
+                       R: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr, STAGES: tl.constexpr):
     """X' = X + U·Pᵀ for BR rows of one instance over all of K, BC columns per step: U's rows are
     the loop-invariant A operand, the step's one-hot block of P (BC × R, +1 at first, −1 at
-    second) the B operand; int32 sums wrap to int8 like the gather kernel's int16 ones."""
+    second) the B operand; int32 sums wrap to int8 like the gather kernel's int16 ones. The k
+    loop is pipelined (STAGES): a step's x block and index vectors are loaded while earlier
+    steps build their one-hot blocks and multiply, so no step waits on a global load."""
     row0 = tl.program_id(0) * BR
     rows = (row0 + tl.arange(0, BR)).to(tl.int64)
     inst = (row0 // rows_per_instance).to(tl.int64)  # BR divides rows_per_instance
@@ -223,12 +228,10 @@ def _noised_mma_kernel(x_ptr, u_ptr, first_ptr, second_ptr, out_ptr, rows_per_in
     second_inst = second_ptr + inst * factor_stride
     cs = tl.arange(0, BC)
     row_at = rows[:, None] * K
-    x = tl.load(x_ptr + row_at + cs[None, :], mask=cs[None, :] < K, other=0)
-    for c0 in range(0, K, BC):
+    for c0 in tl.range(0, K, BC, num_stages=STAGES):
         ks = c0 + cs
         live = ks < K
-        after = ks + BC  # the next step's x, loaded now so its latency hides behind this step
-        x_next = tl.load(x_ptr + row_at + after[None, :], mask=after[None, :] < K, other=0)
+        x = tl.load(x_ptr + row_at + ks[None, :], mask=live[None, :], other=0)
         first = tl.load(first_inst + ks, mask=live, other=0)  # a dead column: +1 − 1 at 0 = 0
         second = tl.load(second_inst + ks, mask=live, other=0)
         # Pᵀ's block (R × BC), built in this orientation so a thread compares few columns (4
@@ -236,7 +239,6 @@ def _noised_mma_kernel(x_ptr, u_ptr, first_ptr, second_ptr, out_ptr, rows_per_in
         one_hot = (ts[:, None] == first[None, :]).to(tl.int8) - (ts[:, None] == second[None, :]).to(tl.int8)
         noise = tl.dot(u, one_hot, out_dtype=tl.int32)
         tl.store(out_ptr + row_at + ks[None, :], (x.to(tl.int32) + noise).to(tl.int8), mask=live[None, :])
-        x = x_next
 
 
 def noised(x: torch.Tensor, uniform: torch.Tensor, first: torch.Tensor,
@@ -256,7 +258,7 @@ def noised(x: torch.Tensor, uniform: torch.Tensor, first: torch.Tensor,
     for block_rows, warps, max_rank in _MMA_ROWS:
         if rows % block_rows == 0 and rank <= max_rank:
             _noised_mma_kernel[(instances * rows // block_rows,)](
-                *args, R=rank, BR=block_rows, BC=_MMA_COLS, num_warps=warps, num_stages=1)
+                *args, R=rank, BR=block_rows, BC=_MMA_COLS, STAGES=_MMA_STAGES, num_warps=warps)
             return out
     block_rows = math.gcd(rows, _ROWS)  # a program's rows share one instance
     block_k = min(_COLS, triton.next_power_of_2(k))

@@ -42,7 +42,7 @@ from .blake3 import KeyedTrees, bytes_from_words, keyed_trees, words_from_bytes
 from .mined_gemm import TILE_WIDTHS, LagPhase, Tiling, mined_gemm
 from .noise import dense_sparse_factor, noise_factors, noised
 from .seeds import noise_seed_a, noise_seed_b
-from .split_peel import noise_product, peel_operands, split_peel
+from .split_peel import digit_operands, noise_product, peel_digits, peel_operands, q_limbs
 from .winner import INSTANCE, TICKET, TILE_COL, TILE_ROW, WinnerSlot, row_opening
 
 
@@ -391,7 +391,7 @@ class MinedPass:
                 self._noise_into(q.contiguous())
 
         q, scale, apb = prepare_rows(x, self.job.p_b, rows_per_instance=self.rows, scale=scale, after_codes=fork)
-        self._gemm(ready.a_noised, q, apb, ready.s_a, scale, ready.valid, lag)
+        self._gemm(ready.a_noised, q, apb, ready.s_a, scale, ready.valid, lag, after_apb=True)
         self.slot.retain("a", ready.q.view(ready.q.shape[0], -1).view(torch.int32), by_instance=True, lag=lag)
         self._flip_after_retain(main)
         self.slot.publish()
@@ -443,14 +443,15 @@ class MinedPass:
         return noised(q, u_a, first_a, second_a), s_a, _AFactors(u_a, first_a, second_a)
 
     def _gemm(self, a_noised: torch.Tensor, a_clean: torch.Tensor, apb: torch.Tensor, s_a: torch.Tensor,
-              scale: torch.Tensor, rows_valid: torch.Tensor, lag: LagPhase | None = None) -> None:
+              scale: torch.Tensor, rows_valid: torch.Tensor, lag: LagPhase | None = None,
+              after_apb: bool = False) -> None:
         job = self.job
         config = job.config
         mined_gemm(a_noised.contiguous(), a_clean.contiguous(), job.bt_noised, apb.contiguous(),
                    job.u_b, s_a, job.bound, rows_valid, self.slot.record,
                    scale.float().contiguous(), job.scale_b, rank=config.rank, tile_h=config.h,
                    tile_w=config.w, out=self.out, out_i32=self.out_i32, dump=self.dump,
-                   tiling=self.tiling, lag=lag)
+                   tiling=self.tiling, lag=lag, after_apb=after_apb)
 
     def _gemm_split(self, a_noised: torch.Tensor, a_clean: torch.Tensor, apb: torch.Tensor,
                     s_a: torch.Tensor, scale: torch.Tensor, factors: _AFactors) -> None:
@@ -461,18 +462,20 @@ class MinedPass:
         instances = factors.first.shape[0]  # MoE: one instance over the stacked experts
         scale = scale.float().contiguous()
         main = torch.cuda.current_stream(a_noised.device) if self._q_stream is not None else None
+        left, right = self._peel_operands
         with _on_side(self._q_stream, main):  # memory-bound, beside the compute-bound GEMM
             p_a_t = dense_sparse_factor(factors.first, factors.second, config.rank).transpose(1, 2)
             noise_product(job.bt_noised.view(instances, -1, k), p_a_t, self._q_t.view(instances, -1, config.rank))
+            digit_operands(factors.u_rows.contiguous(), apb.contiguous(), self._q_t, job.u_b,
+                           digits=q_limbs(k), left=left, right=right)
         mined_gemm(a_noised.contiguous(), a_clean.contiguous(), job.bt_noised, apb.contiguous(),
                    job.u_b, s_a, job.bound, self.rows_valid, self.slot.record, scale, job.scale_b,
                    rank=config.rank, tile_h=config.h, tile_w=config.w, out=None, out_i32=self._raw,
                    dump=self.dump, tiling=self.tiling, peel=False)
         if main is not None:
             main.wait_stream(self._q_stream)
-        split_peel(self._raw, factors.u_rows.contiguous(), self._q_t, apb.contiguous(), job.u_b, scale,
-                   job.scale_b, k=k, out=self.out, exact_in_place=self.out_i32 is not None,
-                   operands=self._peel_operands)
+        peel_digits(self._raw, left, right, scale, job.scale_b, rank=config.rank, out=self.out,
+                    exact_in_place=self.out_i32 is not None)
 
     def winner_record(self) -> dict[str, int] | None:
         """The published record if the doorbell rang (call after the launch completed).

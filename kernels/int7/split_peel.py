@@ -129,29 +129,39 @@ def split_peel(raw: torch.Tensor, u_a: torch.Tensor, q_t: torch.Tensor, apb: tor
     Qᵀ (E, N, r) int32, A·P_B (E, M, r) int32, U_B (E, N, r) int8, scale_a (E, M), scale_b (E, N)
     float32; K is the GEMM depth (it bounds Q). exact_in_place: raw is overwritten with A·B.
     operands: the (left, right) digit buffers to reuse ((E, M, D·2r) and (E, N, D·2r) int8, D =
-    q_limbs(k)); allocated here when None."""
+    q_limbs(k)); allocated here when None. `digit_operands` then `peel_digits`, in one call."""
     e, m, n = raw.shape
     rank = u_a.shape[-1]
-    depth = q_limbs(k) * 2 * rank
-    check_operand("raw", raw, (e, m, n), torch.int32)
     check_operand("u_a", u_a, (e, m, rank), torch.int8)
     check_operand("q_t", q_t, (e, n, rank), torch.int32)
     check_operand("apb", apb, (e, m, rank), torch.int32)
     check_operand("u_b", u_b, (e, n, rank), torch.int8)
+    left, right = operands if operands is not None else peel_operands(e, m, n, rank, k, raw.device)
+    digit_operands(u_a, apb, q_t, u_b, digits=q_limbs(k), left=left, right=right)
+    peel_digits(raw, left, right, scale_a, scale_b, rank=rank, out=out, exact_in_place=exact_in_place,
+                tiling=tiling)
+
+
+def peel_digits(raw: torch.Tensor, left: torch.Tensor, right: torch.Tensor, scale_a: torch.Tensor,
+                scale_b: torch.Tensor, *, rank: int, out: torch.Tensor, exact_in_place: bool = False,
+                tiling: Tiling | None = None) -> None:
+    """The peel GEMM on digit operands built ahead by `digit_operands` (the pipeline builds them on
+    its side stream beside the mined GEMM, so only this pass follows the GEMM)."""
+    e, m, n = raw.shape
+    depth = left.shape[-1] if left.dim() == 3 else 0
+    if depth == 0 or depth % (2 * rank):
+        raise MinedGemmError(f"left must be (E, M, D·2r) digit columns for rank {rank}, got {tuple(left.shape)}")
+    check_operand("raw", raw, (e, m, n), torch.int32)
+    check_operand("left", left, (e, m, depth), torch.int8)
+    check_operand("right", right, (e, n, depth), torch.int8)
     check_operand("scale_a", scale_a, (e, m), torch.float32)
     check_operand("scale_b", scale_b, (e, n), torch.float32)
     check_operand("out", out, (e, m, n), torch.bfloat16)
-    if operands is None:
-        operands = peel_operands(e, m, n, rank, k, raw.device)
-    left, right = operands
-    check_operand("left", left, (e, m, depth), torch.int8)
-    check_operand("right", right, (e, n, depth), torch.int8)
     tiling = tiling or default_peel_tiling(m, n, rank)
     for extent, block, what in ((m, tiling.block_m, "M"), (n, tiling.block_n, "N"),
                                 (2 * rank, tiling.block_k, "2·rank")):
         if extent % block:
             raise MinedGemmError(f"{what}={extent} is not a multiple of the peel block {block}")
-    digit_operands(u_a, apb, q_t, u_b, digits=q_limbs(k), left=left, right=right)
     grid = (n // tiling.block_n, m // tiling.block_m, e)
     _split_peel_kernel[grid](raw, left, right, scale_a, scale_b, out, raw, m, n, DEPTH=depth,
                              SEGMENT=2 * rank, BM=tiling.block_m, BN=tiling.block_n, BK=tiling.block_k,

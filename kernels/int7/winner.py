@@ -4,9 +4,9 @@ plain proof built from them.
 The mined GEMM's first winner claims record[0] with a CAS and writes (instance, tile row, tile
 column, ticket). After the GEMM, still on the serving stream and without host syncs:
 `retain` copies the winning instance's committed A bytes (and the MoE routing) into buffers that
-later launches leave alone (record[12] marks the snapshot taken), then the record is copied to
-pinned host memory and, in a second copy, its doorbell word, so the host never sees a doorbell
-before the record. The host polls the doorbell, builds the proof from the snapshot (re-hashing
+later launches leave alone (record[12] marks the snapshot taken), then one kernel stores the record
+into pinned host memory and, last, its doorbell word (a system-scope release), so the host never
+sees a doorbell before the record. The host polls the doorbell, builds the proof from the snapshot (re-hashing
 the small A on the CPU) and the job's B side (the kept device tree levels of the weights), and
 re-arms.
 """
@@ -18,11 +18,12 @@ from collections.abc import Sequence
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_wait
 
 from proof.blake3tree import _sibling_positions, leaves_for_rows
 from proof.int7.plain_proof import LEAF_SIZE, MatrixOpening, MerkleOpening
 
-from ._jit import jit
+from ._jit import jit, pdl_enabled, pdl_launch
 from .blake3 import bytes_from_words
 from .mined_gemm import RECORD_WORDS, LagPhase, check_lag, lag_set
 
@@ -33,9 +34,13 @@ _BLOCK = 1024
 
 @jit
 def _retain_kernel(record_ptr, src_ptr, dst_ptr, per_instance, phase_ptr, phase_words,
-                   USE_INDEX: tl.constexpr, PHASED: tl.constexpr, BLOCK: tl.constexpr):
+                   USE_INDEX: tl.constexpr, PHASED: tl.constexpr, BLOCK: tl.constexpr,
+                   WAIT_PRIOR: tl.constexpr = 0):
     """dst ← src[record's instance] once a winner is claimed and not yet snapshotted (PHASED: src
-    is set 0 of a LagPhase pair; the READY set is read)."""
+    is set 0 of a LagPhase pair; the READY set is read). WAIT_PRIOR: launched as a programmatic
+    dependent (it may start before the GEMM ends), so it waits for that kernel before any read."""
+    if WAIT_PRIOR:
+        gdc_wait()
     src_ptr += lag_set(phase_ptr, PHASED, 0) * phase_words
     claimed = tl.load(record_ptr)
     taken = tl.load(record_ptr + 12)
@@ -50,9 +55,37 @@ def _retain_kernel(record_ptr, src_ptr, dst_ptr, per_instance, phase_ptr, phase_
 
 
 @jit
-def _mark_kernel(record_ptr):
-    if tl.load(record_ptr) == 1:
-        tl.store(record_ptr + 12, 1)
+def _publish_kernel(record_ptr, body_ptr, doorbell_ptr, WORDS: tl.constexpr, FIRST: tl.constexpr,
+                    MARK: tl.constexpr, WAIT_PRIOR: tl.constexpr = 0):
+    """Store record words [FIRST, WORDS) into the pinned host body (mapped: the GPU writes host
+    memory, no copy launches), then record[0] into the host doorbell with release semantics at
+    system scope, so a host polling the doorbell never sees it before the body. MARK ≥ 0:
+    record[MARK] = 1 once record[0] == 1, on the device and in what is published."""
+    if WAIT_PRIOR:
+        gdc_wait()
+    words = tl.arange(0, WORDS)
+    claimed = tl.load(record_ptr)
+    record = tl.load(record_ptr + words)
+    if MARK >= 0:
+        record = tl.where((words == MARK) & (claimed == 1), 1, record)
+        tl.store(record_ptr + words, record, mask=words == MARK)
+    tl.store(body_ptr + words, record, mask=words >= FIRST)
+    tl.debug_barrier()
+    tl.atomic_xchg(doorbell_ptr, claimed, sem="release", scope="sys")
+
+
+def publish_record(record: torch.Tensor, body: torch.Tensor, doorbell: torch.Tensor, *, first: int,
+                   mark: int = -1) -> None:
+    """One launch that publishes a device winner record to pinned host memory: body[first:] ←
+    record[first:], then doorbell[0] ← record[0] (shared by the INT7 slot and the FP8 latch; on
+    the H200 the two copy launches it replaces took ~7 µs of a decode launch's critical path)."""
+    words = record.numel()
+    if (record.dtype != torch.int32 or body.dtype != torch.int32 or doorbell.dtype != torch.int32
+            or body.numel() < words or doorbell.numel() < 1 or words & (words - 1) or not 0 <= first < words):
+        raise ValueError(f"publish: record {record.dtype} {tuple(record.shape)}, body {body.dtype} "
+                         f"{tuple(body.shape)}, doorbell {tuple(doorbell.shape)}, first {first} do not fit")
+    _publish_kernel[(1,)](record, body, doorbell, WORDS=words, FIRST=first, MARK=mark,
+                          WAIT_PRIOR=int(pdl_enabled()), num_warps=1, **pdl_launch(pdl_enabled()))
 
 
 class WinnerSlot:
@@ -81,13 +114,12 @@ class WinnerSlot:
         _retain_kernel[(triton.cdiv(per_instance, _BLOCK),)](
             self.record, src, dst, per_instance, self.record if lag is None else lag.phase,
             0 if lag is None else lag.words, USE_INDEX=int(by_instance), PHASED=int(lag is not None),
-            BLOCK=_BLOCK)
+            BLOCK=_BLOCK, WAIT_PRIOR=int(pdl_enabled()), **pdl_launch(pdl_enabled()))
 
     def publish(self) -> None:
-        """Mark the snapshot taken, then copy the record and, last, the doorbell to the host."""
-        _mark_kernel[(1,)](self.record)
-        self.host_record.copy_(self.record, non_blocking=True)
-        self.host_doorbell.copy_(self.record[:1], non_blocking=True)
+        """Mark the snapshot taken, then write the record and, last, the doorbell to the host (one
+        kernel storing into the pinned mirrors)."""
+        publish_record(self.record, self.host_record, self.host_doorbell, first=0, mark=12)
 
     def rang(self) -> bool:
         """Whether the doorbell is set (read after the launch's stream work is complete)."""
