@@ -1,6 +1,10 @@
 """kernels.int7.activations: the int7 quantiser (reciprocal with exact tie repair, one read per
 row, several rows per program) and A·P_B (K-major or row-major P_B, every block shape), against
 literal references (IEEE division and torch.round; an int64 dense product)."""
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -196,3 +200,20 @@ def test_prepare_rows_makes_int8_codes_contiguous_before_a_times_p_b():
     assert q.is_contiguous() and torch.equal(q.cpu(), strided.cpu())
     expected = strided[0].cpu().numpy().astype(np.int64) @ _dense(first, second, rank)[0]
     assert np.array_equal(apb[0].cpu().numpy(), expected)
+
+
+
+def test_programmatic_dependent_launch_is_an_opt_out_lever(monkeypatch):
+    """The launch keyword appears only when enabled; the interpreter never enables it, and
+    PEARL_PDL=0 at import turns it off on a GPU too."""
+    from kernels.int7 import _jit
+    assert _jit.pdl_launch(True) == {"launch_pdl": True} and _jit.pdl_launch(False) == {}
+    if _jit.INTERPRETING:
+        assert not _jit.pdl_enabled()
+    monkeypatch.setattr(_jit, "PDL", False)
+    assert not _jit.pdl_enabled()
+    code = "from kernels.int7 import _jit; print(_jit.PDL)"
+    for value, expected in (("0", "False"), ("1", "True")):
+        run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             env={**os.environ, "PEARL_PDL": value}, timeout=120)
+        assert run.stdout.strip() == expected, run.stderr[-500:]

@@ -34,8 +34,9 @@ def jit(fn):
 # Programmatic dependent launch (sm_90+): a kernel launched with `pdl_launch()` may start while the
 # kernel before it on the stream still runs, once every program of that one has called
 # `gdc_launch_dependents`; it must call `gdc_wait` before reading anything that kernel writes.
-# False turns it off everywhere (a lever for measuring it; the kernels take the same branches).
-PDL = True
+# False turns it off everywhere (a lever for measuring it, and for drivers that refuse the launch
+# attribute: PEARL_PDL=0 in the environment); the results are the same bits either way.
+PDL = os.environ.get("PEARL_PDL", "1") not in ("", "0")
 
 
 @functools.cache
