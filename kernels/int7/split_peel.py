@@ -114,6 +114,13 @@ def digit_operands(u_a: torch.Tensor, apb: torch.Tensor, q_t: torch.Tensor, u_b:
                    digits: int, left: torch.Tensor, right: torch.Tensor) -> None:
     """The peel GEMM's operands: left (E, M, D·2r) = per digit [U_A | (A·P_B)_d], right
     (E, N, D·2r) = per digit [Q_d | U_B], top digit first (two launches)."""
+    e, m, rank = u_a.shape
+    n, depth = u_b.shape[1], digits * 2 * rank
+    for name, t, shape, dtype in (("u_a", u_a, (e, m, rank), torch.int8), ("apb", apb, (e, m, rank), torch.int32),
+                                  ("q_t", q_t, (e, n, rank), torch.int32), ("u_b", u_b, (e, n, rank), torch.int8),
+                                  ("left", left, (e, m, depth), torch.int8),
+                                  ("right", right, (e, n, depth), torch.int8)):
+        check_operand(name, t, shape, dtype)
     for small, wide, out, wide_first in ((u_a, apb, left, False), (u_b, q_t, right, True)):
         rows = small.shape[0] * small.shape[1]
         rank = small.shape[2]
@@ -132,10 +139,6 @@ def split_peel(raw: torch.Tensor, u_a: torch.Tensor, q_t: torch.Tensor, apb: tor
     q_limbs(k)); allocated here when None. `digit_operands` then `peel_digits`, in one call."""
     e, m, n = raw.shape
     rank = u_a.shape[-1]
-    check_operand("u_a", u_a, (e, m, rank), torch.int8)
-    check_operand("q_t", q_t, (e, n, rank), torch.int32)
-    check_operand("apb", apb, (e, m, rank), torch.int32)
-    check_operand("u_b", u_b, (e, n, rank), torch.int8)
     left, right = operands if operands is not None else peel_operands(e, m, n, rank, k, raw.device)
     digit_operands(u_a, apb, q_t, u_b, digits=q_limbs(k), left=left, right=right)
     peel_digits(raw, left, right, scale_a, scale_b, rank=rank, out=out, exact_in_place=exact_in_place,

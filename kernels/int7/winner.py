@@ -84,8 +84,9 @@ def publish_record(record: torch.Tensor, body: torch.Tensor, doorbell: torch.Ten
             or body.numel() < words or doorbell.numel() < 1 or words & (words - 1) or not 0 <= first < words):
         raise ValueError(f"publish: record {record.dtype} {tuple(record.shape)}, body {body.dtype} "
                          f"{tuple(body.shape)}, doorbell {tuple(doorbell.shape)}, first {first} do not fit")
+    pdl = pdl_enabled()
     _publish_kernel[(1,)](record, body, doorbell, WORDS=words, FIRST=first, MARK=mark,
-                          WAIT_PRIOR=int(pdl_enabled()), num_warps=1, **pdl_launch(pdl_enabled()))
+                          WAIT_PRIOR=int(pdl), num_warps=1, **pdl_launch(pdl))
 
 
 class WinnerSlot:
@@ -111,10 +112,11 @@ class WinnerSlot:
                              f"{per_instance} words per instance")
         if lag is not None:
             check_lag(lag)
+        pdl = pdl_enabled()
         _retain_kernel[(triton.cdiv(per_instance, _BLOCK),)](
             self.record, src, dst, per_instance, self.record if lag is None else lag.phase,
             0 if lag is None else lag.words, USE_INDEX=int(by_instance), PHASED=int(lag is not None),
-            BLOCK=_BLOCK, WAIT_PRIOR=int(pdl_enabled()), **pdl_launch(pdl_enabled()))
+            BLOCK=_BLOCK, WAIT_PRIOR=int(pdl), **pdl_launch(pdl))
 
     def publish(self) -> None:
         """Mark the snapshot taken, then write the record and, last, the doorbell to the host (one
