@@ -85,10 +85,11 @@ def test_prequantize_and_norms_match_reference():
         assert np.array_equal(u16(values), ref_prequant.open_values(want_codes, want_scales))
 
 
-@pytest.mark.parametrize("rows, k", [(40, 256), (3, 6144), (2, 16)])
+@pytest.mark.parametrize("rows, k", [(40, 256), (3, 6144), (2, 16), (130, 64)])
 def test_prepare_rows_matches_reference(rows, k):
-    """The fused decode row kernel (planes, values, norms, α/β in one launch; programs walk rows
-    when rows > 32; k = 6144 leaves a quarter of the 1024-block row dead) against the reference."""
+    """The fused row kernel (planes, values, norms, α/β in one launch; 32 programs walk up to 2
+    rows at decode, beyond 64 rows a program per 4 rows with a partial last one; k = 6144 leaves
+    a quarter of the 1024-block row dead) against the reference."""
     rng = np.random.default_rng(k + rows)
     x = (rng.standard_normal((rows, k)) * np.exp2(rng.integers(-30, 30, (rows, 1)))).astype(np.float32)
     x[0] = 0  # an all-zero row: l2 = 0
@@ -103,6 +104,14 @@ def test_prepare_rows_matches_reference(rows, k):
     want = [ref_quant.row_scales("hopper", int(a), int(b)) for a, b in zip(l2, linf)]
     assert same_bf16(u16(got.alpha), np.array([w[0] for w in want], dtype=np.uint16))
     assert same_bf16(u16(got.beta), np.array([w[1] for w in want], dtype=np.uint16))
+
+
+def test_row_programs_grow_with_the_rows():
+    """≤ 32 programs at decode; beyond 64 rows one per 4 rows (prefill's 8192 rows: 2048, not the
+    32 programs of 256 rows each that made the prefill A side 2.6× its stages)."""
+    from kernels.fp8mine.prequant_kernel import row_programs
+    assert [row_programs(r) for r in (1, 16, 32, 64)] == [1, 16, 32, 32]
+    assert row_programs(65) == 17 and row_programs(8192) == 2048 and row_programs(8192, 16) == 512
 
 
 @pytest.mark.parametrize("k, shape", [(16, None), (1024, None), (64, (16, 4)), (1024, (4, 32))])
@@ -182,12 +191,15 @@ def test_keys_and_seeds_match_reference():
         seed = ref_transcript.seed_a(hash_a, sb, ref_transcript.key_a(header76), p, routing)
         assert [digest(keys[i:i + 1]) for i in range(4)] == [
             hash_a, seed, ref_transcript.noise_line_key(seed), ref_transcript.jackpot_key(seed)]
-        lines = 70 if routing else 3  # the fused E_A: more lines than one 64-lane step, and fewer
-        fused, e_a = dev_transcript.launch_keys_and_noise(
-            message, len(p), (words(root_codes), words(root_scales)), tuple(map(words, routing)) if routing else None,
-            lines)
-        assert torch.equal(fused, keys)
-        assert np.array_equal(e_a.view(torch.uint8).numpy(), ref_noise.noise_lines(seed, "A", "E", np.arange(lines)))
+        # E_A drawn in the keys' launch (more lines than one 64-lane step, and fewer) and, past
+        # two steps, by a launch of its own
+        for lines in ((70, 129) if routing else (3,)):
+            fused, e_a = dev_transcript.launch_keys_and_noise(
+                message, len(p), (words(root_codes), words(root_scales)),
+                tuple(map(words, routing)) if routing else None, lines)
+            assert torch.equal(fused, keys)
+            assert np.array_equal(e_a.view(torch.uint8).numpy(),
+                                  ref_noise.noise_lines(seed, "A", "E", np.arange(lines)))
     with pytest.raises(ValueError, match="seedA message"):
         dev_transcript.launch_keys(message, 13, (words(root_codes), words(root_scales)), None)
 

@@ -46,16 +46,20 @@ def test_fused_a_side_matches_reference(experts, rows, k, rank, salted, seed):
         assert np.array_equal(apb[e].cpu().numpy(), acts[e].astype(np.int64) @ p_b)
 
 
-@pytest.mark.parametrize("experts, rows, k, rank, salted, seed, warps", [
-    (2, 16, 576, 32, True, 5, 4),    # 256-column steps and a 64-column tail
-    (1, 32, 320, 64, False, 6, 2),   # 64-column steps, unsalted, two rounds of chunk lanes
-    (1, 64, 192, 128, True, 7, 8),   # 128 + 64
-    (2, 16, 64, 32, False, 8, 4),    # only the tail; a one-chunk tree (its leaf is the root)
+@pytest.mark.parametrize("experts, rows, k, rank, salted, seed, warps, split", [
+    (2, 16, 576, 32, True, 5, 4, 1),    # 256-column steps and a 64-column tail
+    (1, 32, 320, 64, False, 6, 2, 1),   # 64-column steps, unsalted, two rounds of chunk lanes
+    (1, 64, 192, 128, True, 7, 8, 1),   # 128 + 64
+    (2, 16, 64, 32, False, 8, 4, 1),    # only the tail; a one-chunk tree (its leaf is the root)
+    (2, 16, 576, 32, True, 9, 4, 3),    # three programs an instance: 256 + 256 + a 64-column tail
+    (1, 32, 320, 64, False, 10, 2, 2),  # two: 192 + 128 columns
+    (2, 16, 64, 32, False, 11, 4, 4),   # four, three of them with no columns
 ])
-def test_side_chain_kernel_matches_reference(experts, rows, k, rank, salted, seed, warps):
+def test_side_chain_kernel_matches_reference(experts, rows, k, rank, salted, seed, warps, split):
     """The lagged pass's one-kernel side chain (`noised_a_side`) into static buffers: s_A and A'
     against proof.int7, K ending in a tail of the kernel's column loop; it also copies the rows
-    and stores the row count (the lagged state), at every program width it takes."""
+    and stores the row count (the lagged state), at every program width it takes, and with an
+    instance's columns split over several programs (their hand-off words end zeroed)."""
     rng = np.random.default_rng(seed)
     key = rng.bytes(32)
     acts = rng.integers(-64, 65, (experts, rows, k), dtype=np.int8)
@@ -66,9 +70,11 @@ def test_side_chain_kernel_matches_reference(experts, rows, k, rank, salted, see
     s_a = torch.zeros((experts, 8), dtype=torch.int32, device=DEVICE)
     q_copy = torch.zeros_like(a_noised)
     valid = torch.zeros((experts,), dtype=torch.int32, device=DEVICE)
+    sync = torch.zeros((2, experts), dtype=torch.int32, device=DEVICE)
     noised_a_side(torch.from_numpy(acts).to(DEVICE), _words([s for s, _ in seeds]), _words([key]),
                   rank=rank, salted=salted, a_noised=a_noised, s_a=s_a, q_copy=q_copy, valid=valid,
-                  valid_rows=rows - 2, warps=warps)
+                  valid_rows=rows - 2, warps=warps, split=split, sync=sync)
+    assert not sync.any()
     for e, (_, seed_a) in enumerate(seeds):
         assert bytes_from_words(s_a[e]) == seed_a
         expected = noised(acts[e], noise_a_rows(seed_a, k, rank, range(rows)))
@@ -91,6 +97,11 @@ def test_noised_a_side_refuses_bad_buffers():
                       q_copy=a_noised[:1])
     with pytest.raises(ASideError, match="takes"):
         noised_a_side(a_noised, s_a, s_a[:1], rank=rank, salted=True, a_noised=a_noised, s_a=s_a, warps=16)
+    with pytest.raises(ASideError, match="split must be"):
+        noised_a_side(a_noised, s_a, s_a[:1], rank=rank, salted=True, a_noised=a_noised, s_a=s_a, split=0)
+    with pytest.raises(ASideError, match="sync must be"):
+        noised_a_side(a_noised, s_a, s_a[:1], rank=rank, salted=True, a_noised=a_noised, s_a=s_a, split=2,
+                      sync=torch.zeros((2, experts + 1), dtype=torch.int32, device=DEVICE))
 
 
 def test_fused_a_side_shapes_and_bad_input():

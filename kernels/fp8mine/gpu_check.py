@@ -7,7 +7,8 @@ Sections (each runs on its own; a failure is recorded and the next section still
   same comparison for torch._scaled_mm per 128-k window with promotion (use_fast_accum True and
   False) and for one unwindowed _scaled_mm;
 - stages: a dense and an MoE launch on the GPU against the CPU reference (planes, norms, E_A
-  lines, α/β, A′ codes, the accumulator per expert, every tile's ticket);
+  lines, α/β, A′ codes, the accumulator per expert, every tile's ticket), and a dense launch of
+  200 rows (the A side's prefill-sized kernel paths);
 - planted: planted winners (dense, MoE) → record → PlainProofV4 → CPU verifier (policy included);
 - graph: the decode mined pass captured in a CUDA graph, replayed on new inputs, vs eager; the
   lagged pass (MinedGemm(lagged=True)) captured, replayed three times: the third replay's planted
@@ -226,7 +227,10 @@ def _sync() -> None:
 
 def check_stages() -> dict:
     out = {}
-    for name, args in (("dense", (1, 256, 1024, 32, 1)), ("moe", (4, 128, 1024, 32, 2))):
+    # 200 rows: the A side's prefill-sized paths (the row kernel a program per 4 rows, E_A in a
+    # launch of its own) beside the decode-sized 32
+    for name, args in (("dense", (1, 256, 1024, 32, 1)), ("moe", (4, 128, 1024, 32, 2)),
+                       ("dense 200 rows", (1, 256, 1024, 200, 1))):
         gemm, _, x, topk, _ = _setup(*args, seed=3)
         result = gemm.forward(x, topk)
         _sync()

@@ -3,8 +3,8 @@ s = bf16(max(amax, 2^-100) · f32(1/127)), q = RNE(x · rcp_rn(s)) clamped to ±
 value RNE_bf16(q · s). Rounding to an integer uses the 1.5·2^23 magic constant (|x · rcp| ≤ 128,
 far inside its exact range) with FP fusion disabled; bf16 rounding is integer arithmetic.
 
-`prequantize_rows` (decode activations, k ≤ 8192) also computes the row norms and (α, β) in the
-same pass: one launch instead of three, the norms read the planes from registers.
+`prequantize_rows` (activations, k ≤ 8192) also computes the row norms and (α, β) in the same
+pass: one launch instead of three, the norms read the planes from registers.
 """
 from __future__ import annotations
 
@@ -115,17 +115,30 @@ def prequantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
 
 
 MAX_ROW_BLOCKS = 1024  # the fused row kernel holds a whole row: k ≤ 8192
-_ROW_PROGRAMS = 32  # one wave beside the lagged GEMM
+_ROW_PROGRAMS = 32  # decode (≤ 64 rows): one wave beside the lagged GEMM
+# Beyond decode a program walks this many rows. 32 programs for any row count (the first form)
+# walked 256 rows each at prefill (8192 rows): the A side took 1500 µs on the H200 where its
+# stages took 585, so the program count now grows with the rows.
+ROWS_PER_PROGRAM = 4
 # 8 warps (~100 registers): a program fits in the 32K registers the shared-SM lagged GEMM leaves
 # an SM (16 warps x 88 did not, and waited for the GEMM's end: 285.6 vs 238.6 us a pass on the
 # H200); alone 8.1 vs 8.3 us at 16 warps (GLM-5 decode, 64 tokens)
 _ROW_WARPS = 8
 
 
-def prequantize_rows(x: torch.Tensor, wl2: int, delta_r: float, delta_over_std: float) -> tuple[torch.Tensor, ...]:
-    """bf16 x (rows, k ≤ 8192) → (codes, scales, values, l2, linf, α, β) in one launch of at most
-    32 programs (each walks rows; decode: 64 rows, 2 a program). wl2: the l2 frame width of k;
-    delta_r, delta_over_std: the device's scale constants as floats."""
+def row_programs(rows: int, rows_per_program: int | None = None) -> int:
+    """Programs of the fused row kernel: ≤ 32 at decode (≤ 64 rows: 2 a program at most), else
+    one per `rows_per_program` rows (default ROWS_PER_PROGRAM)."""
+    if rows <= 2 * _ROW_PROGRAMS:
+        return max(1, min(rows, _ROW_PROGRAMS))
+    return triton.cdiv(rows, rows_per_program or ROWS_PER_PROGRAM)
+
+
+def prequantize_rows(x: torch.Tensor, wl2: int, delta_r: float, delta_over_std: float,
+                     rows_per_program: int | None = None) -> tuple[torch.Tensor, ...]:
+    """bf16 x (rows, k ≤ 8192) → (codes, scales, values, l2, linf, α, β) in one launch
+    (`row_programs`; each program walks its rows). wl2: the l2 frame width of k; delta_r,
+    delta_over_std: the device's scale constants as floats."""
     rows, k = x.shape
     blocks = triton.next_power_of_2(k // 8)
     device = x.device
@@ -133,7 +146,7 @@ def prequantize_rows(x: torch.Tensor, wl2: int, delta_r: float, delta_over_std: 
     values = torch.empty((rows, k), dtype=torch.int16, device=device)
     scales = torch.empty((rows, k // 8), dtype=torch.int16, device=device)
     per_row = torch.empty((4, rows), dtype=torch.int16, device=device)  # l2, linf, α, β
-    _rows_kernel[(max(1, min(rows, _ROW_PROGRAMS)),)](
+    _rows_kernel[(row_programs(rows, rows_per_program),)](
         x.contiguous().view(torch.int16), codes, scales, values, per_row[0], per_row[1], per_row[2], per_row[3],
         rows, k, wl2, _RECIP_127, _MAGIC, delta_r, delta_over_std, BB=blocks, num_warps=_ROW_WARPS,
         enable_fp_fusion=False)

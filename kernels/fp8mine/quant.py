@@ -54,8 +54,8 @@ class Rows:
 
 def prepare_rows(x: torch.Tensor) -> Rows:
     """prequant.prequantize_and_open + prequant.row_norms + row_scales of bf16 x (rows, k): one
-    launch of ≤ 32 programs when k ≤ 8192 (decode: the lagged side stream has ~16 SMs; three
-    launches of 96, 64 and 1 programs took 2 waves each there), the three launches otherwise."""
+    launch when k ≤ 8192 (`prequant_kernel.row_programs`; decode: three launches of 96, 64 and 1
+    programs took 2 waves each on the lagged side stream's ~16 SMs), the three launches otherwise."""
     if x.dtype == torch.bfloat16 and x.dim() == 2 and x.shape[1] % BLOCK_SIZE == 0 \
             and 0 < x.shape[1] <= 8 * prequant_kernel.MAX_ROW_BLOCKS:
         return Rows(*prequant_kernel.prequantize_rows(x, l2_frame_width(x.shape[1]), noisy_kernel.bf16_value(DELTA_R),

@@ -31,6 +31,10 @@ from .noise import noise_codes
 _DIGEST_WORDS = 8
 _MAX_P_A = 32  # pA is padded to one digest slot of the seedA message
 _LINE_LANES = 64  # the launch-keys program's width: noise lines a step (decode: 64 rows, one step)
+# The launch-keys program draws E_A itself up to this many lines (two steps); beyond, one program
+# walking the lines was the prefill A side's slowest part (8192 rows: 128 steps, ~200 µs on the
+# H200 against 3.5 µs for noise.noise_lines' full grid), so E_A gets its own launch there.
+_FUSED_LINES = 2 * _LINE_LANES
 
 DEVICE_LEAF = HashId.CHUNK_1024
 
@@ -388,7 +392,8 @@ def launch_keys_and_noise(message: torch.Tensor, p_a_len: int, roots: tuple[torc
                           routing: tuple[torch.Tensor, torch.Tensor] | None,
                           lines: int) -> tuple[torch.Tensor, torch.Tensor]:
     """`launch_keys` and E_A = noise.noise_lines(keys[2:3], "A", "E", lines) in the same launch
-    (the noise-line key never leaves the program): (keys (4, 8) int32, E_A (lines, 32) e4m3)."""
+    (the noise-line key never leaves the program) up to _FUSED_LINES lines, E_A in a launch of its
+    own beyond: (keys (4, 8) int32, E_A (lines, 32) e4m3)."""
     routed = routing is not None
     words = seed_a_message_words(routed)
     if message.dtype != torch.int32 or tuple(message.shape) != (1, words):
@@ -400,13 +405,16 @@ def launch_keys_and_noise(message: torch.Tensor, p_a_len: int, roots: tuple[torc
         raise HashError(f"pA is at most {_MAX_P_A} bytes, got {p_a_len}")
     seed_bytes = (message.shape[1] - _MAX_P_A // 4) * 4 + p_a_len
     out = torch.empty((4, _DIGEST_WORDS), dtype=torch.int32, device=device)
-    e_lines = torch.empty((lines, 32), dtype=torch.uint8, device=device)
+    fused = lines if lines <= _FUSED_LINES else 0
+    e_lines = torch.empty((fused, 32), dtype=torch.uint8, device=device)
     hr, ho = routing if routed else roots
     _launch_keys_kernel[(1,)](
         roots[0].contiguous(), roots[1].contiguous(), hr.contiguous(), ho.contiguous(), message,
         _key_a_offset(message),
         constant_words(subkey("seed-A"), device), labels,
         len(LABEL_PREFIX) + len("noise-line"), len(LABEL_PREFIX) + len("jackpot"),
-        seed_bytes, out, e_lines, lines, noise.address("A", "E"), noise.TARGET,
+        seed_bytes, out, e_lines, fused, noise.address("A", "E"), noise.TARGET,
         ROUTED=routed, LANES=_LINE_LANES, num_warps=_LINE_LANES // 32, enable_fp_fusion=False)
+    if fused < lines:
+        return out, noise.noise_lines(out[2:3], "A", "E", lines)
     return out, e_lines.view(torch.float8_e4m3fn)

@@ -19,11 +19,11 @@ them is latency-bound (16 rows per instance). Here:
    atomics into the rows zeroed by step 1).
 
 `noised_a_side`, the lagged pass's side chain (pipeline.MinedPass(lagged=True)), is s_A and A'
-without A·P_B in ONE kernel, `_side_chain_kernel`, one program per instance: step 1's hashing and
-seed, a CTA barrier, then step 2's factors over all of K and A' in a loop over column blocks. As
-one launch of E programs it is dispatched whole before the serving stream's GEMM fills the
-machine (a second launch would queue behind the GEMM's programs: docs/kernels-int7.md, "Lagged
-mining"). Both paths share `_commit_seed` (hash + seed of one instance) and `_noise_columns`
+without A·P_B in ONE kernel, `_side_chain_kernel`, `split` programs per instance: the first does
+step 1's hashing and seed and hands s_A to the others inside the kernel (`_hand_off`), then each
+takes its share of the columns for step 2's factors and A'. As one launch it is dispatched whole
+before the serving stream's GEMM fills the machine (a second launch would queue behind the GEMM's
+programs: docs/kernels-int7.md, "Lagged mining"). Both paths share `_commit_seed` (hash + seed of one instance) and `_noise_columns`
 (factors of a column range, barrier, A' over it).
 
 The tree levels of A are not kept for openings: a winner's A is retained by the winner slot and
@@ -60,6 +60,11 @@ _APPLY_STAGES = 3  # the A·P_B k loop's pipelining depth
 # (docs/kernels-int7.md, "Side chain footprint"). SIDE_WARPS_CHOICES are what noised_a_side takes.
 SIDE_WARPS = 4
 SIDE_WARPS_CHOICES = (2, 4, 8)
+# The side chain's programs in all (noised_a_side(split=) = this // E, 1..MAX_SIDE_SPLIT): on the
+# H200 (lagged pass, µs, split 1/2/4/8) GLM-5 decode (E 32) 257/251/278/281, DeepSeek-V3 (32)
+# 291/291/316/314, Qwen3 (16) 118/99/97/115 — 64 programs was best at both E.
+SIDE_PROGRAMS = 64
+MAX_SIDE_SPLIT = 4
 _SIDE_STEP_BYTES_PER_THREAD = 32
 _SIDE_REGISTER_BUDGET = 16384  # what three decode GEMM programs (2 warps × 256) leave of 64 K
 
@@ -100,8 +105,9 @@ def _noise_columns(q_ptr, sa_ptr, label_ptr, u_ptr, first_ptr, second_ptr, out_p
                    c_end, K, u_blocks, R: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr,
                    LANES: tl.constexpr, copy_ptr=None, COPY: tl.constexpr = 0, STAGES: tl.constexpr = 1):
     """Instance `inst`, columns [c_begin, c_end) (a multiple of 8 wide): the PRNG blocks of P_A
-    there and of U_A (into this program's scratch: U_A at u_ptr, P_A in the instance's K-long
-    first/second), a CTA barrier, then A' over its BR rows × those columns in BC-wide steps
+    there and of U_A (into this program's scratch: U_A transposed, (R, BR), at u_ptr, so A' reads
+    a column of it as one vector; P_A in the instance's K-long first/second), a CTA barrier,
+    then A' over its BR rows × those columns in BC-wide steps
     (COPY: the clean rows also to copy_ptr, laid out like q; STAGES 2: the next step's index
     vectors and x are prefetched (cp.async) while this step gathers U)."""
     lane = tl.arange(0, LANES)
@@ -116,13 +122,13 @@ def _noise_columns(q_ptr, sa_ptr, label_ptr, u_ptr, first_ptr, second_ptr, out_p
         w0, w1, w2, w3, w4, w5, w6, w7 = prng_block(sa_ptr + inst * 8 + lane * 0, label_ptr, block + 1,
                                                      sparse, live)
         store_sparse(first_inst, second_inst, block, K, R, live & sparse, w0, w1, w2, w3, w4, w5, w6, w7)
-        store_uniform(u_ptr, block, BR * R, live & (b >= p_blocks), w0, w1, w2, w3, w4, w5, w6, w7)
+        store_uniform(u_ptr, block, BR * R, live & (b >= p_blocks), w0, w1, w2, w3, w4, w5, w6, w7, R, BR)
     tl.debug_barrier()  # the factors this program wrote are read back by its other threads
     rows = tl.arange(0, BR).to(tl.int64)
     for c0 in tl.range(c_begin, c_end, BC, num_stages=STAGES):
         ks = c0 + tl.arange(0, BC)
         noised_rows(q_ptr + inst * BR * K, u_ptr, first_inst, second_inst, out_ptr + inst * BR * K, rows,
-                    ks, ks < K, K, R, copy_ptr + inst * BR * K, COPY)
+                    ks, ks < K, K, R, copy_ptr + inst * BR * K, COPY, BR)
 
 
 @jit
@@ -163,31 +169,64 @@ def _noise_apply_kernel(q_ptr, sa_ptr, label_ptr, u_ptr, first_ptr, second_ptr, 
 
 
 @jit
+def _hand_off(sync_ptr, inst, part, experts, SPLIT: tl.constexpr):
+    """Part 0 of an instance has stored s_A; parts 1.. wait for it. sync_ptr: (2, experts) int32,
+    zero between launches (flag, then count): part 0 raises the flag with release semantics, the
+    others spin on it with acquire loads (one thread, then a CTA barrier, as CUTLASS's semaphore
+    does); the last part through resets both, so the next launch finds zeros without a memset.
+    No deadlock: part 0 has the lowest program index of its instance, so it is dispatched first
+    and never waits (the interpreter runs programs in index order, so it never spins)."""
+    flag = sync_ptr + inst
+    count = sync_ptr + experts + inst
+    tl.debug_barrier()  # s_A (stored by one lane) before the release
+    if part == 0:
+        tl.atomic_xchg(flag, 1, sem="release")
+    else:
+        while tl.atomic_add(flag, 0, sem="acquire") == 0:
+            pass
+    tl.debug_barrier()  # every thread reads s_A after the acquire
+    if tl.atomic_add(count, 1, sem="relaxed") == SPLIT - 1:
+        tl.atomic_xchg(flag, 0, sem="relaxed")
+        tl.atomic_xchg(count, 0, sem="relaxed")
+
+
+@jit
 def _side_chain_kernel(q_words_ptr, q_ptr, key_ptr, sb_ptr, salt_ptr, nodes_ptr, sa_ptr, label_ptr,
                        u_ptr, first_ptr, second_ptr, out_ptr, copy_ptr, valid_ptr, valid_rows,
                        words_per_instance, chunks, nodes_per_instance, K, u_blocks, phase_ptr, phase_words,
+                       sync_ptr, experts, part_steps,
                        SALTED: tl.constexpr, R: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr,
-                       LANES: tl.constexpr, COPY: tl.constexpr, MARK: tl.constexpr, PHASED: tl.constexpr):
-    """The lagged pass's whole side chain, instance `program_id` (q_words_ptr: the int7 rows as
-    words for the hash, q_ptr: the same rows as bytes): commitment and s_A, a CTA barrier (s_A
-    is read back as the PRNG key by every thread), then P_A over all K, U_A, and A' over all K
-    in BC-wide steps. COPY: the clean rows also to copy_ptr; MARK: last, valid_rows to
-    valid_ptr[inst] (the lagged state's row count), so neither needs a copy launch behind it.
-    PHASED: out_ptr, sa_ptr, copy_ptr and valid_ptr are set 0 of a LagPhase pair; the chain writes
-    the PENDING set (the one this launch's GEMM does not read)."""
+                       LANES: tl.constexpr, COPY: tl.constexpr, MARK: tl.constexpr, PHASED: tl.constexpr,
+                       SPLIT: tl.constexpr = 1):
+    """The lagged pass's whole side chain of instance program_id // SPLIT (q_words_ptr: the int7
+    rows as words for the hash, q_ptr: the same rows as bytes): part 0 (program_id mod SPLIT)
+    computes the commitment and s_A, then every part — after `_hand_off` when SPLIT > 1, a CTA
+    barrier otherwise (s_A is read back as the PRNG key by every thread) — takes its
+    part_steps·BC columns: their P_A, its own copy of U_A, and A' there in
+    BC-wide steps. COPY: the clean rows also to copy_ptr; MARK: valid_rows to valid_ptr[inst] (the
+    lagged state's row count), so neither needs a copy launch behind it. PHASED: out_ptr, sa_ptr,
+    copy_ptr and valid_ptr are set 0 of a LagPhase pair; the chain writes the PENDING set (the
+    one this launch's GEMM does not read)."""
     pending = lag_set(phase_ptr, PHASED, 1) * phase_words
     out_ptr += 4 * pending
     copy_ptr += 4 * pending
     sa_ptr += pending
     valid_ptr += pending
-    inst = tl.program_id(0).to(tl.int64)
-    _commit_seed(q_words_ptr, key_ptr, sb_ptr, salt_ptr, nodes_ptr, sa_ptr, inst, words_per_instance,
-                 chunks, nodes_per_instance, BR, SALTED, LANES)
-    tl.debug_barrier()
-    _noise_columns(q_ptr, sa_ptr, label_ptr, u_ptr + inst * (BR * R), first_ptr, second_ptr, out_ptr,
-                   inst, 0, K, K, u_blocks, R, BR, BC, LANES, copy_ptr, COPY, 2)
-    if MARK:
-        tl.store(valid_ptr + inst, valid_rows)
+    inst = (tl.program_id(0) // SPLIT).to(tl.int64)
+    part = tl.program_id(0) % SPLIT
+    if part == 0:
+        _commit_seed(q_words_ptr, key_ptr, sb_ptr, salt_ptr, nodes_ptr, sa_ptr, inst, words_per_instance,
+                     chunks, nodes_per_instance, BR, SALTED, LANES)
+        if MARK:
+            tl.store(valid_ptr + inst, valid_rows)
+    if SPLIT > 1:
+        _hand_off(sync_ptr, inst, part, experts, SPLIT)
+    else:
+        tl.debug_barrier()
+    c_begin = tl.minimum(part * part_steps * BC, K)  # a multiple of BC: the JIT keeps 16-byte vectors
+    _noise_columns(q_ptr, sa_ptr, label_ptr, u_ptr + (inst * SPLIT + part) * (BR * R), first_ptr, second_ptr,
+                   out_ptr, inst, c_begin, tl.minimum(c_begin + part_steps * BC, K), K, u_blocks, R, BR, BC, LANES,
+                   copy_ptr, COPY, 2)
 
 
 def fused_applies(rows: int, k: int, rank: int) -> bool:
@@ -240,7 +279,7 @@ def _noise_apply_launch(q: torch.Tensor, s_a: torch.Tensor, a_noised: torch.Tens
     device = q.device
     block_cols = _BLOCK_BYTES // rows
     column_blocks = triton.cdiv(k, block_cols)
-    uniform = torch.empty((experts, column_blocks, rows, rank), dtype=torch.int8, device=device)
+    uniform = torch.empty((experts, column_blocks, rank, rows), dtype=torch.int8, device=device)  # U_Aᵀ
     first = torch.empty((experts, k), dtype=torch.int32, device=device)
     second = torch.empty_like(first)
     p_b_kmajor = p_b.transpose(1, 2).contiguous()  # no copy for the job's P_B
@@ -267,6 +306,12 @@ def fused_a_side(q: torch.Tensor, s_b: torch.Tensor, key_words: torch.Tensor, p_
     return a_noised, apb, s_a
 
 
+def side_chain_split(experts: int) -> int:
+    """Programs per instance of the lagged side chain: about SIDE_PROGRAMS in all, at most
+    MAX_SIDE_SPLIT (more split the columns finer than the hash part they wait for)."""
+    return max(1, min(MAX_SIDE_SPLIT, SIDE_PROGRAMS // max(experts, 1)))
+
+
 def side_columns(rows: int, warps: int) -> int:
     """The side chain's A' step width: 32 bytes per thread of `warps` warps over `rows` rows."""
     return max(32, 32 * warps * _SIDE_STEP_BYTES_PER_THREAD // rows)
@@ -275,15 +320,20 @@ def side_columns(rows: int, warps: int) -> int:
 def noised_a_side(q: torch.Tensor, s_b: torch.Tensor, key_words: torch.Tensor, *, rank: int,
                   salted: bool, a_noised: torch.Tensor, s_a: torch.Tensor,
                   q_copy: torch.Tensor | None = None, valid: torch.Tensor | None = None,
-                  valid_rows: int = 0, warps: int = SIDE_WARPS, lag: LagPhase | None = None) -> None:
+                  valid_rows: int = 0, warps: int = SIDE_WARPS, lag: LagPhase | None = None,
+                  split: int = 1, sync: torch.Tensor | None = None) -> None:
     """The fused A side without A·P_B, into given buffers: A' (E, M, K) int8 and s_A (E, 8) int32;
     also q into `q_copy` (E, M, K) and `valid_rows` into every entry of `valid` (E,) int32 where
     given (the lagged state, pipeline._LagState), so they need no copy launches after it.
 
     For the lagged pass (pipeline.MinedPass(lagged=True)): it runs on a side stream into static
-    buffers beside the serving stream's GEMM. One launch of E programs of `warps` warps
+    buffers beside the serving stream's GEMM. One launch of E·split programs of `warps` warps
     (`_side_chain_kernel`), so the whole chain is dispatched at once; no host syncs. lag: the four
-    buffers are set 0 of a LagPhase pair and the chain writes the PENDING set.
+    buffers are set 0 of a LagPhase pair and the chain writes the PENDING set. split > 1: an
+    instance's noise and A' are shared by `split` programs, which wait for its s_A inside the
+    kernel (a shorter chain where it outlasts a short GEMM); `sync` is their (2, E) int32 hand-off
+    word pair, zero before the first launch and left zero by every launch (static for CUDA
+    graphs; allocated zeroed here when not given).
     """
     _check_inputs(q, s_b, key_words, rank)
     experts, rows, k = q.shape
@@ -299,18 +349,27 @@ def noised_a_side(q: torch.Tensor, s_b: torch.Tensor, key_words: torch.Tensor, *
         raise ASideError(f"the side chain takes {SIDE_WARPS_CHOICES} warps, got {warps}")
     if lag is not None:
         check_lag(lag)
+    if split < 1:
+        raise ASideError(f"split must be a positive number of programs per instance, got {split}")
+    if sync is None:
+        sync = torch.zeros((2, experts), dtype=torch.int32, device=q.device)
+    _check_tensor("sync", sync, (2, experts), torch.int32)
+    if not sync.is_contiguous():
+        raise ASideError("sync must be contiguous (the kernel resets it in place)")
     nodes, sizes = _tree_scratch(q)
-    uniform = torch.empty((experts, rows, rank), dtype=torch.int8, device=q.device)
+    uniform = torch.empty((experts, split, rank, rows), dtype=torch.int8, device=q.device)  # U_Aᵀ per part
     first = torch.empty((experts, k), dtype=torch.int32, device=q.device)
     second = torch.empty_like(first)
-    _side_chain_kernel[(experts,)](
+    step = side_columns(rows, warps)
+    _side_chain_kernel[(experts * split,)](
         q.view(torch.int32), q, key_words.contiguous(), s_b.contiguous(),
         constant_words(SEED_SALT_A, q.device), nodes, s_a, constant_words(LABEL_A, q.device), uniform, first,
         second, a_noised, a_noised if q_copy is None else q_copy, s_a if valid is None else valid, valid_rows,
         sizes["words_per_instance"], sizes["chunks"], sizes["nodes_per_instance"], k, rows * rank // 32,
         s_a if lag is None else lag.phase, 0 if lag is None else lag.words,
-        SALTED=int(salted), R=rank, BR=rows, BC=side_columns(rows, warps), LANES=32 * warps,
-        COPY=int(q_copy is not None), MARK=int(valid is not None), PHASED=int(lag is not None),
+        sync, experts, triton.cdiv(triton.cdiv(k, split), step),
+        SALTED=int(salted), R=rank, BR=rows, BC=step, LANES=32 * warps,
+        COPY=int(q_copy is not None), MARK=int(valid is not None), PHASED=int(lag is not None), SPLIT=split,
         num_warps=warps, num_stages=1,
         maxnreg=_side_registers(warps))
 

@@ -120,14 +120,17 @@ def _variants() -> list[tuple[str, object, dict, dict, int, int]]:
                   "u_ptr": "*i8", "first_ptr": "*i32", "second_ptr": "*i32", "out_ptr": "*i8", "copy_ptr": "*i8",
                   "valid_ptr": "*i32", "valid_rows": "i32", "words_per_instance": "i32", "chunks": "i32",
                   "nodes_per_instance": "i32", "K": "i32", "u_blocks": "i32", "phase_ptr": "*i32",
-                  "phase_words": "i32", "SALTED": "constexpr", "R": "constexpr", "BR": "constexpr",
+                  "phase_words": "i32", "sync_ptr": "*i32", "experts": "i32", "part_steps": "i32",
+                  "SALTED": "constexpr", "R": "constexpr", "BR": "constexpr",
                   "BC": "constexpr", "LANES": "constexpr", "COPY": "constexpr", "MARK": "constexpr",
-                  "PHASED": "constexpr"}
+                  "PHASED": "constexpr", "SPLIT": "constexpr"}
     for rows in a_side.FUSED_ROWS:  # the lagged pass's side chain: one kernel, a program per instance
         for warps in a_side.SIDE_WARPS_CHOICES:  # as the lagged pass launches it (q copy, row count, phase)
-            out.append((f"a_side_side_chain_m{rows}_w{warps}", a_side._side_chain_kernel, side_chain,
-                        {"SALTED": 1, "R": 128, "BR": rows, "BC": a_side.side_columns(rows, warps),
-                         "LANES": 32 * warps, "COPY": 1, "MARK": 1, "PHASED": 1}, warps, 1))
+            for split in (1, 4):  # one program an instance, or four sharing it (the in-kernel hand-off)
+                out.append((f"a_side_side_chain_m{rows}_w{warps}" + (f"_s{split}" if split > 1 else ""),
+                            a_side._side_chain_kernel, side_chain,
+                            {"SALTED": 1, "R": 128, "BR": rows, "BC": a_side.side_columns(rows, warps),
+                             "LANES": 32 * warps, "COPY": 1, "MARK": 1, "PHASED": 1, "SPLIT": split}, warps, 1))
     for label, phased in (("", 0), ("_lagged", 1)):
         out.append((f"retain{label}", winner._retain_kernel,
                     {"record_ptr": "*i32", "src_ptr": "*i32", "dst_ptr": "*i32", "per_instance": "i32",

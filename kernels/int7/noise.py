@@ -61,14 +61,20 @@ def prng_block(key_ptr, label_ptr, index, sparse, live):
 
 
 @jit
-def store_uniform(out_ptr, block, limit, ok, w0, w1, w2, w3, w4, w5, w6, w7):
-    """U bytes 32·block .. 32·block+31 (below limit) of PRNG block `block`: 6 bits each − 32."""
+def store_uniform(out_ptr, block, limit, ok, w0, w1, w2, w3, w4, w5, w6, w7,
+                  R: tl.constexpr = 0, ROWS_T: tl.constexpr = 0):
+    """U bytes 32·block .. 32·block+31 (below limit) of PRNG block `block`: 6 bits each − 32.
+    Byte p is U[p // R][p mod R]; ROWS_T > 0 stores U transposed, (R, ROWS_T) for ROWS_T rows,
+    so a column of U is ROWS_T contiguous bytes (`noised_rows(U_T=)`)."""
     words = (w0, w1, w2, w3, w4, w5, w6, w7)
     for j in tl.static_range(8):
         for byte in tl.static_range(4):
             value = ((words[j] >> (8 * byte)) & 0x3F).to(tl.int32) - 32
             pos = block * 32 + 4 * j + byte
-            tl.store(out_ptr + pos, value.to(tl.int8), mask=ok & (pos < limit))
+            at = pos
+            if ROWS_T:
+                at = (pos % R) * ROWS_T + pos // R
+            tl.store(out_ptr + at, value.to(tl.int8), mask=ok & (pos < limit))
 
 
 @jit
@@ -176,17 +182,25 @@ def dense_sparse_factor(first: torch.Tensor, second: torch.Tensor, rank: int) ->
 
 @jit
 def noised_rows(x_ptr, u_ptr, first_ptr, second_ptr, out_ptr, rows, ks, live, K, R: tl.constexpr,
-                copy_ptr=None, COPY: tl.constexpr = 0):
+                copy_ptr=None, COPY: tl.constexpr = 0, U_T: tl.constexpr = 0):
     """out[i][l] = x[i][l] + U[i][first[l]] − U[i][second[l]] for rows i (int64 vector, one
     instance whose index vectors start at first_ptr/second_ptr; u_ptr at U's row 0 of the rows'
     numbering) and columns ks (masked by live). Shared by the noised kernel and the fused A side.
     COPY: x is also stored at copy_ptr (same offsets), so a caller that keeps the clean rows
-    needs no copy launch of its own (the lagged side chain)."""
+    needs no copy launch of its own (the lagged side chain). U_T > 0: U is stored transposed for
+    U_T rows (`store_uniform(ROWS_T=)`), rows = 0 .. U_T − 1: a column's U_T bytes are one vector
+    load instead of U_T byte gathers (the fused A side at decode, where the gathers were the
+    side chain's bulk)."""
     first = tl.load(first_ptr + ks, mask=live, other=0)
     second = tl.load(second_ptr + ks, mask=live, other=0)
-    row_u = u_ptr + rows[:, None] * R
-    plus = tl.load(row_u + first[None, :]).to(tl.int16)
-    minus = tl.load(row_u + second[None, :]).to(tl.int16)
+    if U_T:
+        col_u = u_ptr + rows[:, None]
+        plus = tl.load(col_u + first[None, :] * U_T).to(tl.int16)
+        minus = tl.load(col_u + second[None, :] * U_T).to(tl.int16)
+    else:
+        row_u = u_ptr + rows[:, None] * R
+        plus = tl.load(row_u + first[None, :]).to(tl.int16)
+        minus = tl.load(row_u + second[None, :]).to(tl.int16)
     at = rows[:, None] * K + ks[None, :]
     x = tl.load(x_ptr + at, mask=live[None, :], other=0)
     if COPY:

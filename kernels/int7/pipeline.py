@@ -36,7 +36,8 @@ from proof.int7.plain_proof import LEAF_SIZE
 from proof.int7.routing import end_offsets, expert_start, flatten, open_entries
 from proof.int7.seeds import job_key, salted_for
 
-from .a_side import SIDE_WARPS, SIDE_WARPS_CHOICES, fused_a_side, fused_applies, noised_a_side
+from .a_side import (SIDE_WARPS, SIDE_WARPS_CHOICES, fused_a_side, fused_applies, noised_a_side,
+                     side_chain_split)
 from .activations import int7_codes, prepare_rows
 from .blake3 import KeyedTrees, bytes_from_words, keyed_trees, words_from_bytes
 from .mined_gemm import TILE_WIDTHS, LagPhase, Tiling, mined_gemm
@@ -244,6 +245,8 @@ class MinedPass:
     job key, s_B and the bound live in the job, and a new job takes a new MinedPass.
     side_warps (lagged, fused A side): warps of each side-chain program (`a_side.SIDE_WARPS_CHOICES`);
     fewer leave the GEMM's programs their SM slots, more shorten the chain (docs/kernels-int7.md).
+    side_split (lagged, fused A side): programs an instance's side chain is shared by
+    (`a_side.noised_a_side(split=)`); None picks `a_side.side_chain_split(E)` (measured per E).
     split_peel: the mined GEMM writes A'·B' and `split_peel` peels it in its own pass (no second MMA
     over the weights); None picks it from SPLIT_PEEL_FROM_ROWS rows per expert (prefill), where
     the stacked peel's second MMA doubles a compute-bound GEMM. Not with the fused or lagged A side.
@@ -252,7 +255,7 @@ class MinedPass:
     def __init__(self, job: MiningJob, rows: int, *, tokens: int | None = None,
                  tiling: Tiling | None = None, write_i32: bool = False,
                  fused_a: bool | None = None, lagged: bool = False, side_warps: int = SIDE_WARPS,
-                 split_peel: bool | None = None) -> None:
+                 split_peel: bool | None = None, side_split: int | None = None) -> None:
         if job.ready is not None:  # the job's B side ran on a side stream: order it before us
             torch.cuda.current_stream(job.bt.device).wait_event(job.ready)
         self.job = job
@@ -302,8 +305,12 @@ class MinedPass:
         if side_warps not in SIDE_WARPS_CHOICES:
             raise PipelineError(f"side_warps must be one of {SIDE_WARPS_CHOICES}, got {side_warps}")
         self.side_warps = side_warps
+        self.side_split = side_chain_split(experts) if side_split is None else side_split
+        if self.side_split < 1:
+            raise PipelineError(f"side_split must be a positive number of programs, got {side_split}")
         if lagged:
             self._lag = _LagPair.zeros(experts, rows, k, device)
+            self._side_sync = torch.zeros((2, experts), dtype=torch.int32, device=device)  # left zero by each launch
             # the staged A side writes PENDING through a copy of this (its kernels take no phase)
             self._staging = (_LagState.within(torch.zeros(4 * self._lag.lag.words, dtype=torch.uint8, device=device),
                                               experts, rows, k) if not self.fused_a else None)
@@ -422,7 +429,8 @@ class MinedPass:
         if self.fused_a:
             noised_a_side(q, job.s_b, job.key_words, rank=job.config.rank, salted=job.salted,
                           a_noised=target.a_noised, s_a=target.s_a, q_copy=target.q, valid=target.valid,
-                          valid_rows=valid, warps=self.side_warps, lag=lag)
+                          valid_rows=valid, warps=self.side_warps, lag=lag, split=self.side_split,
+                          sync=self._side_sync)
             return
         staged = self._staging
         a_noised, s_a, _ = self._staged_noise(q)
