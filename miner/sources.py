@@ -58,22 +58,29 @@ class GatewaySource:
         except (gateway.GatewayError, gateway.SchemaError) as exc:
             raise SubmissionRefused(str(exc)) from exc
 
-    def block_status(self, job: MiningJob, depth: int = 6) -> bool | None:
-        """True when one of the chain's last ``depth`` blocks was mined on ``job``; None if unknown."""
+    def block_status(self, job: MiningJob) -> bool | None:
+        """Whether the main chain's block on the job's parent was mined on ``job``: True or False
+        once the parent has a successor (False too when the parent left the main chain), None
+        while it has none or pearld cannot tell.
+
+        The parent's `nextblockhash` answers however far the chain has moved on. (The first
+        form searched the tip's last 6 blocks: on a devnet at its pow limit, where blocks come
+        every second, included blocks fell out of that window and were counted as rejected.)"""
         if self.pearld is None:
             return None
         try:
-            tip = self.pearld.getbestblockhash()
-            for _ in range(depth):
-                raw = self.pearld.getblockheader(tip, False)
-                if not isinstance(raw, bytes) or len(raw) != 108:
-                    return None
-                if raw[:76] == job.header76:
-                    return True
-                tip = raw[4:36][::-1].hex()
+            parent = self.pearld.getblockheader(job.header76[4:36][::-1].hex(), True)
+            if not isinstance(parent, dict):
+                return None
+            if isinstance(parent.get("confirmations"), int) and parent["confirmations"] < 0:
+                return False  # pearld marks a block off the main chain with −1 confirmations
+            successor = parent.get("nextblockhash")
+            if not isinstance(successor, str):
+                return None
+            raw = self.pearld.getblockheader(successor, False)
         except (PearldError, OSError, ValueError):
             return None
-        return False
+        return isinstance(raw, bytes) and raw[:76] == job.header76
 
     def close(self) -> None:
         self.client.close()

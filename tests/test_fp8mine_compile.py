@@ -111,13 +111,13 @@ SCRIPT = textwrap.dedent("""
             "ROUTED": "constexpr", "LANES": "constexpr"},
             constexprs={"ROUTED": routed, "LANES": transcript._LINE_LANES}),
             target=target, options={"enable_fp_fusion": False, "num_warps": transcript._LINE_LANES // 32})
-    for store, tiles in ((False, 32), (True, 32), (False, 128)):
+    for store in (True, False):  # as launched: TILES_PER_PROGRAM tiles a program; the PTX kept is the mining one
         mined = triton.compile(ASTSource(fn=lottery._lottery_kernel, signature={
             "acc_ptr": "*i64", "n": "i32", "tile_row_ptr": "*i32", "tile_expert_ptr": "*i32",
             "tile_local_ptr": "*i32", "num_tiles": "i32", "key_ptr": "*i32", "thr_ptr": "*i32",
             "seed_b_ptr": "*i32", "lock_ptr": "*i32", "record_ptr": "*i32", "fresh_ptr": "*i32",
             "header_ptr": "*i32", "tickets_ptr": "*i32", "BT": "constexpr", "STORE_TICKETS": "constexpr"},
-            constexprs={"BT": tiles, "STORE_TICKETS": store}), target=target)
+            constexprs={"BT": lottery.TILES_PER_PROGRAM, "STORE_TICKETS": store}), target=target)
     print("LOTTERY-BEGIN")
     print(mined.asm["ptx"])
     print("LOTTERY-END")

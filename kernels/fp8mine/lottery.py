@@ -39,6 +39,10 @@ TARGET, HASH_A, HASH_B, MAGIC_AT, GROUP_ID, TICKET = 12, 20, 28, 36, 38, 40
 _PAYLOAD_COPIES = 4  # word ranges per payload launch
 _PAYLOAD_PROGRAMS = 32  # the payload programs stride over the words (decode: 3 steps, only on a win)
 _PAYLOAD_BLOCK = 1024
+# Row tiles per lottery program, at every size. 128 at prefill (one tile per thread of the
+# compression) measured slower on the H200: GLM-5 prefill (16384 row tiles × 64 columns) 542 µs at
+# 128 against 433 / 412 / 409 at 64 / 32 / 16 (256 spilled: 18 ms), same tickets.
+TILES_PER_PROGRAM = 32
 
 
 class LotteryError(ValueError):
@@ -218,13 +222,6 @@ class WinnerRecord:
     payload_bytes: tuple[int, int]
 
 
-def tiles_per_program(row_tiles: int) -> int:
-    """Row tiles per lottery program: 32 for decode-sized launches (more programs to spread), 128
-    once there are many (one tile per thread of the 4 warps in the compression, where 32 tiles
-    leave three quarters of the threads computing copies)."""
-    return 32 if row_tiles <= 1024 else 128
-
-
 def threshold_words(target: int, k: int, device: torch.device | str) -> torch.Tensor:
     """The 4×64 tile's threshold min(target·4·64·k, 2²⁵⁶−1) as 8 LE int32 words."""
     return words_from_bytes(threshold_bytes(threshold(target, TILE_ROWS, TILE_COLS, k)), device)
@@ -268,12 +265,11 @@ class LotteryLatch:
         if acc.dtype != torch.float32 or acc.dim() != 2 or acc.shape[1] % TILE_COLS:
             raise LotteryError(f"acc must be fp32 (rows, n_e) with n_e % 64 == 0, got {acc.dtype} {tuple(acc.shape)}")
         num_tiles = tiles.row_start.shape[0]
-        per_program = tiles_per_program(num_tiles)
-        grid = (max(1, triton.cdiv(num_tiles, per_program)), acc.shape[1] // TILE_COLS)
+        grid = (max(1, triton.cdiv(num_tiles, TILES_PER_PROGRAM)), acc.shape[1] // TILE_COLS)
         tile_args = (acc.contiguous().view(torch.int64), acc.shape[1], tiles.row_start, tiles.expert,
                      tiles.local, num_tiles)
         tail = (*self.mining_args(pow_key, threshold_, seed_b), self.record if tickets is None else tickets)
-        _lottery_kernel[grid](*tile_args, *tail, BT=per_program, STORE_TICKETS=tickets is not None)
+        _lottery_kernel[grid](*tile_args, *tail, BT=TILES_PER_PROGRAM, STORE_TICKETS=tickets is not None)
         self.capture(sources)
 
     def mining_args(self, pow_key: torch.Tensor, threshold_: torch.Tensor,
