@@ -9,7 +9,7 @@ import triton.language as tl
 
 from kernels.fp8mine import noisy_kernel, peel
 from kernels.fp8mine import routing as dev_routing
-from kernels.int7._jit import jit
+from kernels.triton_jit import jit
 from proof.fp8 import bf16 as ref_bf16
 from proof.fp8 import e4m3 as ref_e4m3
 from proof.fp8 import quantization as ref_quant

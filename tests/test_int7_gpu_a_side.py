@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from kernels.int7.a_side import ASideError, fused_a_side, fused_applies, noised_a_side
+from kernels.int7.a_side import ASideError, fused_a_side, fused_applies, noised_a_side, side_chain_split
 from kernels.int7.blake3 import bytes_from_words, words_from_bytes
 from kernels.int7.noise import dense_sparse_factor, sparse_factor as device_sparse_factor
 from proof.int7 import LABEL_B, commitment, noise_a_rows, noise_seeds, noised
@@ -81,6 +81,12 @@ def test_side_chain_kernel_matches_reference(experts, rows, k, rank, salted, see
         assert np.array_equal(a_noised[e].cpu().numpy(), expected)
     assert np.array_equal(q_copy.cpu().numpy(), acts)
     assert valid.tolist() == [rows - 2] * experts
+
+
+def test_side_chain_split_keeps_about_64_programs():
+    """2 programs an instance at E = 32 (GLM-5, DeepSeek-V3), 4 at E = 16 (Qwen3): the H200's best;
+    at most 4, at least 1."""
+    assert [side_chain_split(e) for e in (1, 8, 16, 32, 48, 64, 256)] == [4, 4, 4, 2, 1, 1, 1]
 
 
 def test_noised_a_side_refuses_bad_buffers():

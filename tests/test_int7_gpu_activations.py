@@ -206,13 +206,13 @@ def test_prepare_rows_makes_int8_codes_contiguous_before_a_times_p_b():
 def test_programmatic_dependent_launch_is_an_opt_out_lever(monkeypatch):
     """The launch keyword appears only when enabled; the interpreter never enables it, and
     PEARL_PDL=0 at import turns it off on a GPU too."""
-    from kernels.int7 import _jit
+    from kernels import triton_jit as _jit
     assert _jit.pdl_launch(True) == {"launch_pdl": True} and _jit.pdl_launch(False) == {}
     if _jit.INTERPRETING:
         assert not _jit.pdl_enabled()
     monkeypatch.setattr(_jit, "PDL", False)
     assert not _jit.pdl_enabled()
-    code = "from kernels.int7 import _jit; print(_jit.PDL)"
+    code = "from kernels import triton_jit; print(triton_jit.PDL)"
     for value, expected in (("0", "False"), ("1", "True")):
         run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                              env={**os.environ, "PEARL_PDL": value}, timeout=120)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from kernels.int7.a_side import side_chain_split
 from kernels.int7.pipeline import MinedPass, PipelineError, bound_words, prepare_job
 from proof.int7 import MiningConfig, commit_instance, instance_tickets, ticket_value, verify_plain_proof
 
@@ -85,6 +86,7 @@ def test_lagged_pass_serves_now_and_mines_the_previous_launch(job_and_weights):
     launches = _launches(32, 3)
     lagged = MinedPass(job, M, lagged=True, write_i32=True)
     assert lagged.fused_a
+    assert lagged.side_split == side_chain_split(EXPERTS) > 1  # the side chain's in-kernel hand-off
     for t, (acts, scale) in enumerate(launches):
         if t == 0:  # nothing is ready: every row count is 0, so not even this bound can win
             job.bound.copy_(bound_words(EVERY_TICKET, DEVICE))
@@ -95,6 +97,7 @@ def test_lagged_pass_serves_now_and_mines_the_previous_launch(job_and_weights):
         # the phase word flipped: the next launch's READY set is the one this launch's chain wrote
         assert int(lagged._lag.lag.phase) == (t + 1) % 2
         assert np.array_equal(lagged._lag.states[(t + 1) % 2].q.cpu().numpy(), acts)
+        assert not lagged._side_sync.any()  # every launch leaves its hand-off words zero
         if t == 1:  # bf16 as the same-launch pass on the same rows (ready rows are A_1 ≠ A_2 here)
             same_launch = MinedPass(job, M, fused_a=False)
             assert torch.equal(out, _run(same_launch, acts, scale))

@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.int7._jit import jit
+from kernels.triton_jit import jit
 from kernels.int7.blake3 import IV, compress_block, load_words8, store_words8, words_from_bytes
 
 MAX_SHORT_BYTES = 1024

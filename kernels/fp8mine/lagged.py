@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.int7._jit import jit
+from kernels.triton_jit import jit
 
 from .noisy_kernel import _bf16_of_bits, _e4m3_code, _rne_bf16
 from .peel import a_peel
@@ -313,7 +313,7 @@ def build_operand(clean: CleanRows, ready: LagSlot) -> Operand:
     through Rflat) copied into the combined operand, and the combined bounds; one program a
     combined row."""
     table = clean.table
-    (m, k), rows, experts = clean.codes.shape, table.rflat.shape[0], table.experts
+    k, rows, experts = clean.codes.shape[1], table.rflat.shape[0], table.experts
     _operand_args(ready, rows, k, experts)
     operand, bounds = _operand_buffers(rows, k, experts, clean.codes.device)
     _operand_kernel[(2 * rows,)](

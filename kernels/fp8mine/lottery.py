@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.int7._jit import jit
+from kernels.triton_jit import jit
 from kernels.int7.blake3 import compress, store_words8, words_from_bytes
 from kernels.int7.winner import publish_record
 from proof.fp8.lottery import threshold, threshold_bytes

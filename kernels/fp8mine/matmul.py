@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.int7._jit import jit
+from kernels.triton_jit import jit
 from proof.fp8.mma import fp8_matmul as model_matmul
 
 from .routing import RoutingTable, dense_table, row_tiles

@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.int7._jit import jit
+from kernels.triton_jit import jit
 from kernels.int7.blake3 import compress_block, load_words8
 from proof.fp8.noise import NOISE_TARGET_NORM
 

@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.int7._jit import jit
+from kernels.triton_jit import jit
 
 _BLOCK = 1024  # rows per row-scales program
 _NOISY_ROWS = 4  # noisy-codes tile: α, β once per row, 16-byte vector loads along k

@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.int7._jit import jit
+from kernels.triton_jit import jit
 
 from .noisy_kernel import _rne_bf16
 

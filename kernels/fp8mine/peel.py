@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.int7._jit import jit
+from kernels.triton_jit import jit
 
 from .noisy_kernel import _bf16_of_bits, _rne_bf16
 from .numerics import bf16_fma

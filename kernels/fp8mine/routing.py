@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.int7._jit import jit
+from kernels.triton_jit import jit
 
 _MAP_BLOCK = 256
 _MAP_CELLS = 4096  # (slot, expert) cells a tile-map program compares

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 import triton.language as tl
 
-from kernels.int7._jit import jit
+from kernels.triton_jit import jit
 from kernels.int7.blake3 import (chunk_chaining_value, compress, compress_block, keyed_trees, load_words8,
                                  store_words8)
 from proof.fp8.params import HashId

@@ -40,7 +40,7 @@ import triton.language as tl
 from proof.int7.noise import LABEL_A
 from proof.int7.seeds import SEED_SALT_A
 
-from ._jit import jit
+from kernels.triton_jit import jit
 from .activations import apb_partial
 from .mined_gemm import LagPhase, check_lag, lag_set
 from .blake3 import (chunk_chaining_value, constant_words, level_counts, load_words8,

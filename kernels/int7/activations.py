@@ -42,7 +42,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents
 
-from ._jit import jit, pdl_enabled
+from kernels.triton_jit import jit, pdl_enabled
 
 INT7_LIMIT = 64
 ROWS = 16  # rows per instance must be a multiple of this (the smallest MMA M)

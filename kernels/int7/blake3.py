@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._jit import jit
+from kernels.triton_jit import jit
 
 CHUNK_START = 1
 CHUNK_END = 2

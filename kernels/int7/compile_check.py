@@ -22,7 +22,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from . import a_side, activations, blake3, mined_gemm, noise, seeds, split_peel, winner
-from ._jit import INTERPRETING
+from kernels.triton_jit import INTERPRETING
 
 TARGET = GPUTarget("cuda", 90, 32)
 _GEMM_SIGNATURE = {

@@ -27,7 +27,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from proof.int7.config import MAX_WORKER_INPUT
 
-from ._jit import jit, pdl_enabled, pdl_launch
+from kernels.triton_jit import jit, pdl_enabled, pdl_launch
 from .blake3 import compress
 
 TILE_H = 2  # lottery tile rows: the protocol's smallest even height, so a tile spans the block width

@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._jit import jit
+from kernels.triton_jit import jit
 from .blake3 import compress, constant_words, load_words8
 
 _LANES = 128  # PRNG blocks per program: one per thread of 4 warps

@@ -15,7 +15,7 @@ import triton.language as tl
 
 from proof.int7.seeds import SEED_SALT_A, SEED_SALT_B
 
-from ._jit import jit
+from kernels.triton_jit import jit
 from .blake3 import compress, constant_words, load_words8, store_words8
 
 _LANES = 32

@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 import triton.language as tl
 
-from ._jit import jit
+from kernels.triton_jit import jit
 from .mined_gemm import MinedGemmError, Tiling, check_operand, plain_gemm, split_limb
 
 # |A·P_B| ≤ 64·K < 2^23 takes three signed base-256 digits; a fourth (when Q needs one) is 0

@@ -23,7 +23,7 @@ from triton.language.extra.cuda import gdc_wait
 from proof.blake3tree import _sibling_positions, leaves_for_rows
 from proof.int7.plain_proof import LEAF_SIZE, MatrixOpening, MerkleOpening
 
-from ._jit import jit, pdl_enabled, pdl_launch
+from kernels.triton_jit import jit, pdl_enabled, pdl_launch
 from .blake3 import bytes_from_words
 from .mined_gemm import RECORD_WORDS, LagPhase, check_lag, lag_set
 

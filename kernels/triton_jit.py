@@ -1,8 +1,12 @@
-"""Triton entry point for kernels.int7: compiled on a CUDA machine, interpreted elsewhere.
+"""Triton entry point for the mining kernels (kernels.int7, kernels.fp8mine): compiled on a CUDA
+machine, interpreted elsewhere.
 
-Every kernel in this package is decorated with `jit`. Without a CUDA device (CI, this CPU machine)
-the same kernel source runs in Triton's interpreter on CPU tensors, so the CPU tests exercise the
-exact code the H200 compiles. PEARL_INT7_INTERPRET=1/0 overrides the choice (set before import).
+Every Triton kernel of those packages is decorated with `jit`. Without a CUDA device (CI, this CPU
+machine) the same kernel source runs in Triton's interpreter on CPU tensors, so the CPU tests
+exercise the exact code the H200 compiles. PEARL_INT7_INTERPRET=1/0 overrides the choice for both
+packages (set before import; the name is older than the second package). The interpreter wrapper
+does not patch Triton's jit'd standard library (`tl.sum`, `tl.max`, ...): kernels use `tl.reduce`
+with their own combine functions instead.
 """
 from __future__ import annotations
 
