@@ -17,6 +17,17 @@ def _words(rows: list[bytes]) -> torch.Tensor:
     return torch.stack([words_from_bytes(r, DEVICE) for r in rows])
 
 
+def _instances(seed, experts, rows, k, salted):
+    """A job key, random int7 rows (E, M, K) and each instance's (s_B, s_A) by proof.int7."""
+    rng = np.random.default_rng(seed)
+    key = rng.bytes(32)
+    acts = rng.integers(-64, 65, (experts, rows, k), dtype=np.int8)
+    hashes_b = [rng.bytes(32) for _ in range(experts)]
+    seeds = [noise_seeds(key, commitment(key, acts[e].tobytes()), hashes_b[e], salted=salted, m=rows, n=48)
+             for e in range(experts)]
+    return key, acts, seeds
+
+
 @pytest.mark.parametrize("experts, rows, k, rank, salted, seed", [
     (2, 16, 512, 32, True, 1),    # 8 chunks per instance, one column block
     (1, 32, 192, 64, False, 2),   # K not a multiple of 128 (k steps of 64), 6 chunks, unsalted
@@ -24,12 +35,7 @@ def _words(rows: list[bytes]) -> torch.Tensor:
     (2, 16, 64, 32, True, 4),     # a one-chunk tree (its leaf is the root)
 ])
 def test_fused_a_side_matches_reference(experts, rows, k, rank, salted, seed):
-    rng = np.random.default_rng(seed)
-    key = rng.bytes(32)
-    acts = rng.integers(-64, 65, (experts, rows, k), dtype=np.int8)
-    hashes_b = [rng.bytes(32) for _ in range(experts)]
-    seeds = [noise_seeds(key, commitment(key, acts[e].tobytes()), hashes_b[e], salted=salted, m=rows, n=48)
-             for e in range(experts)]
+    key, acts, seeds = _instances(seed, experts, rows, k, salted)
     s_b = _words([s for s, _ in seeds])
     first, second = device_sparse_factor(s_b, LABEL_B, k, rank)
     a_noised, apb, s_a = fused_a_side(torch.from_numpy(acts).to(DEVICE), s_b, _words([key]),
@@ -60,12 +66,7 @@ def test_side_chain_kernel_matches_reference(experts, rows, k, rank, salted, see
     against proof.int7, K ending in a tail of the kernel's column loop; it also copies the rows
     and stores the row count (the lagged state), at every program width it takes, and with an
     instance's columns split over several programs (their hand-off words end zeroed)."""
-    rng = np.random.default_rng(seed)
-    key = rng.bytes(32)
-    acts = rng.integers(-64, 65, (experts, rows, k), dtype=np.int8)
-    hashes_b = [rng.bytes(32) for _ in range(experts)]
-    seeds = [noise_seeds(key, commitment(key, acts[e].tobytes()), hashes_b[e], salted=salted, m=rows, n=48)
-             for e in range(experts)]
+    key, acts, seeds = _instances(seed, experts, rows, k, salted)
     a_noised = torch.zeros((experts, rows, k), dtype=torch.int8, device=DEVICE)
     s_a = torch.zeros((experts, 8), dtype=torch.int32, device=DEVICE)
     q_copy = torch.zeros_like(a_noised)
