@@ -88,13 +88,15 @@ def test_lagged_decode_knob_reaches_the_backends():
 
 
 _GLM5_FC1 = (32, 4096, 6144)  # 805 MB of int8 weights a launch: the GEMM hides the side chain
-_QWEN3_FC1 = (16, 3072, 4096)  # 201 MB: the side chain outlasts the GEMM
+_QWEN3_FC1 = (16, 3072, 4096)  # 192 MiB: the split side chain (~41 µs) ends inside a 62 µs GEMM
+_QWEN3_FC2 = (16, 4096, 1536)  # 96 MiB: not measured, stays same-launch
 
 
 @pytest.mark.parametrize("moe,rows,shape,lagged", [(False, 16, _GLM5_FC1, True), (False, 64, _GLM5_FC1, True),
                                                    (False, 128, _GLM5_FC1, False),  # prefill: same-launch
                                                    (False, 48, _GLM5_FC1, False),  # no fused A side at M 48
-                                                   (False, 16, _QWEN3_FC1, False),  # too few weight bytes
+                                                   (False, 16, _QWEN3_FC1, True),
+                                                   (False, 16, _QWEN3_FC2, False),  # too few weight bytes
                                                    (True, 16, _GLM5_FC1, False)])  # MoE: the pipeline refuses lagged
 def test_int7_lags_dense_decode_shapes_only(moe, rows, shape, lagged):
     assert int7_lagged_applies(moe, rows, shape) == lagged

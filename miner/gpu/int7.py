@@ -50,15 +50,17 @@ MAX_PASSES = 8  # launch shapes kept per job (each holds static buffers)
 INT7_LIMIT = 64  # operands in [-64, 64] so that A + E_A fits int8
 
 
-LAGGED_MIN_WEIGHT_BYTES = 512 << 20  # the GEMM must outlast the side chain it hides (~130 µs)
+LAGGED_MIN_WEIGHT_BYTES = 192 << 20  # the GEMM must outlast the side chain it hides (~41–67 µs)
 
 
 def lagged_applies(moe: bool, rows: int, weights_shape: tuple[int, int, int]) -> bool:
     """Whether a launch of ``rows`` per expert over (E, N, K) int8 weights mines lagged: dense
     decode shapes only (the fused A side's row counts; the pipeline refuses lagged MoE), and only
-    where the GEMM streams enough weight bytes to hide the side stream's serial hash chain. On the
-    H200 the chain alone takes ~130 µs; GLM-5 FC1 (805 MB, GEMM 205 µs) gains (280 vs 305 µs),
-    Qwen3-235B FC1 (201 MB, GEMM 62 µs) loses (158 vs 122 µs) (docs/perf/int7-h200.md)."""
+    where the GEMM streams enough weight bytes to hide the side stream's hash chain. H200, eighth
+    session (docs/perf/int7-h200.md): with the chain split over ~64 programs (~67 µs alone at
+    GLM-5, ~41 at Qwen3) GLM-5 FC1 (805 MB) lags at 259.6 vs 274.8 µs same-launch and Qwen3-235B
+    FC1 (192 MiB, a 62 µs GEMM) at 96.2 vs 111.8; smaller launches were not measured and stay
+    same-launch (the one-program chain of the seventh session, ~130 µs, lost at Qwen3)."""
     experts, n, k = weights_shape
     return not moe and fused_applies(rows, k, RANK) and experts * n * k >= LAGGED_MIN_WEIGHT_BYTES
 
