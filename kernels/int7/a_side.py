@@ -23,8 +23,8 @@ without A·P_B in ONE kernel, `_side_chain_kernel`, `split` programs per instanc
 step 1's hashing and seed and hands s_A to the others inside the kernel (`_hand_off`), then each
 takes its share of the columns for step 2's factors and A'. As one launch it is dispatched whole
 before the serving stream's GEMM fills the machine (a second launch would queue behind the GEMM's
-programs: docs/kernels-int7.md, "Lagged mining"). Both paths share `_commit_seed` (hash + seed of one instance) and `_noise_columns`
-(factors of a column range, barrier, A' over it).
+programs: docs/kernels-int7.md, "Lagged mining"). Both paths share `_commit_seed` (hash + seed of
+one instance) and `_noise_columns` (factors of a column range, barrier, A' over it).
 
 The tree levels of A are not kept for openings: a winner's A is retained by the winner slot and
 re-hashed on the host (pipeline.MinedPass._build_proof); they live in a scratch buffer here.
@@ -202,9 +202,9 @@ def _side_chain_kernel(q_words_ptr, q_ptr, key_ptr, sb_ptr, salt_ptr, nodes_ptr,
     rows as words for the hash, q_ptr: the same rows as bytes): part 0 (program_id mod SPLIT)
     computes the commitment and s_A, then every part — after `_hand_off` when SPLIT > 1, a CTA
     barrier otherwise (s_A is read back as the PRNG key by every thread) — takes its
-    part_steps·BC columns: their P_A, its own copy of U_A, and A' there in
-    BC-wide steps. COPY: the clean rows also to copy_ptr; MARK: valid_rows to valid_ptr[inst] (the
-    lagged state's row count), so neither needs a copy launch behind it. PHASED: out_ptr, sa_ptr,
+    part_steps·BC columns: their P_A, its own copy of U_A, and A' there in BC-wide steps.
+    COPY: the clean rows also to copy_ptr; MARK: valid_rows to valid_ptr[inst] (the lagged
+    state's row count), so neither needs a copy launch behind it. PHASED: out_ptr, sa_ptr,
     copy_ptr and valid_ptr are set 0 of a LagPhase pair; the chain writes the PENDING set (the
     one this launch's GEMM does not read)."""
     pending = lag_set(phase_ptr, PHASED, 1) * phase_words
