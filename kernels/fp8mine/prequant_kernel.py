@@ -126,16 +126,16 @@ ROWS_PER_PROGRAM = 4
 _ROW_WARPS = 8
 
 
-def row_programs(rows: int, rows_per_program: int | None = None) -> int:
+def row_programs(rows: int) -> int:
     """Programs of the fused row kernel: ≤ 32 at decode (≤ 64 rows: 2 a program at most), else
-    one per `rows_per_program` rows (default ROWS_PER_PROGRAM)."""
+    one per ROWS_PER_PROGRAM rows."""
     if rows <= 2 * _ROW_PROGRAMS:
         return max(1, min(rows, _ROW_PROGRAMS))
-    return triton.cdiv(rows, rows_per_program or ROWS_PER_PROGRAM)
+    return triton.cdiv(rows, ROWS_PER_PROGRAM)
 
 
-def prequantize_rows(x: torch.Tensor, wl2: int, delta_r: float, delta_over_std: float,
-                     rows_per_program: int | None = None) -> tuple[torch.Tensor, ...]:
+def prequantize_rows(x: torch.Tensor, wl2: int, delta_r: float,
+                     delta_over_std: float) -> tuple[torch.Tensor, ...]:
     """bf16 x (rows, k ≤ 8192) → (codes, scales, values, l2, linf, α, β) in one launch
     (`row_programs`; each program walks its rows). wl2: the l2 frame width of k; delta_r,
     delta_over_std: the device's scale constants as floats."""
@@ -146,7 +146,7 @@ def prequantize_rows(x: torch.Tensor, wl2: int, delta_r: float, delta_over_std: 
     values = torch.empty((rows, k), dtype=torch.int16, device=device)
     scales = torch.empty((rows, k // 8), dtype=torch.int16, device=device)
     per_row = torch.empty((4, rows), dtype=torch.int16, device=device)  # l2, linf, α, β
-    _rows_kernel[(row_programs(rows, rows_per_program),)](
+    _rows_kernel[(row_programs(rows),)](
         x.contiguous().view(torch.int16), codes, scales, values, per_row[0], per_row[1], per_row[2], per_row[3],
         rows, k, wl2, _RECIP_127, _MAGIC, delta_r, delta_over_std, BB=blocks, num_warps=_ROW_WARPS,
         enable_fp_fusion=False)
