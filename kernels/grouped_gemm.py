@@ -122,19 +122,27 @@ def launch(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, out: torch.T
     variant follows from x's dtype and the scales, as in `grouped_gemm`). max_sms caps the
     persistent grid (a runtime argument: no recompile); side_smem is compiled in."""
     from quack.gemm_default_epi import GemmDefaultEpiMixin
-    from quack.gemm_tvm_ffi_utils import make_scheduler_args, make_varlen_args
 
     from kernels.grouped_gemm_sm90 import compile_grouped_gemm
 
     precision = precision_of(x)
     fn = compile_grouped_gemm(precision, config, output_for(precision, x_scale is not None), side_smem)
+    epi_args = GemmDefaultEpiMixin.EpilogueArguments(
+        alpha=None, beta=None, mRowVecBroadcast=w_scale, mColVecBroadcast=x_scale,
+        add_to_output=None, rounding_mode=None, sr_seed=None)
+    launch_variant(fn, x, w, offsets, out, config, epi_args, max_sms)
+
+
+def launch_variant(fn, x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, out: torch.Tensor,
+                   config: GroupedGemmConfig, epi_args, max_sms: int | None = None) -> None:
+    """Launch compiled kernel `fn` (any epilogue) with its epilogue arguments on the current
+    stream, the persistent grid on at most max_sms SMs (whole clusters)."""
+    from quack.gemm_tvm_ffi_utils import make_scheduler_args, make_varlen_args
+
     cluster_size = config.cluster_m * config.cluster_n
     clusters = _max_active_clusters(cluster_size, x.device.index or 0)
     if max_sms is not None:
         clusters = max(1, min(clusters, max_sms // cluster_size))
-    epi_args = GemmDefaultEpiMixin.EpilogueArguments(
-        alpha=None, beta=None, mRowVecBroadcast=w_scale, mColVecBroadcast=x_scale,
-        add_to_output=None, rounding_mode=None, sr_seed=None)
     fn(x, w, out, None, epi_args, make_scheduler_args(clusters, config.swizzle, None),
        make_varlen_args(offsets, None, None), None, None)
 

@@ -285,18 +285,27 @@ def _compile(precision: Precision, output: Output, config: GroupedGemmConfig, si
     The returned TVM-FFI function takes (A, B, D, C, epilogue args, scheduler args, varlen args,
     SFA, SFB) with A (total_M, K), B (E, N, K), D (total_M, N), C None, SFA/SFB None.
     """
-    ab_dtype, d_dtype = AB_DTYPES[precision], D_DTYPES[output]
     scaled = is_scaled(precision, output)
     cls = _KERNEL_CLASSES[(precision, output)]
     cls = _sharing(cls, side_smem) if side_smem else cls
+
+    def scales(m, n, num_experts):
+        return cls.EpilogueArguments(
+            mRowVecBroadcast=(make_fake_tensor(Float32, (num_experts, n), leading_dim=1, divisibility=4)
+                              if scaled else None),
+            mColVecBroadcast=(make_fake_tensor(Float32, (m,), leading_dim=0, divisibility=4)
+                              if scaled else None),
+        )
+    return compile_variant(cls, precision, output, config, scales, side_smem)
+
+
+def compile_variant(cls: type, precision: Precision, output: Output, config: GroupedGemmConfig,
+                    epilogue: Callable, side_smem: int = 0) -> Callable:
+    """Compile kernel class `cls` (a GemmSm90 with its epilogue) for one config;
+    `epilogue(total_M, N, E)` builds its fake epilogue arguments from the GEMM's symbolic sizes."""
+    ab_dtype, d_dtype = AB_DTYPES[precision], D_DTYPES[output]
     mA, mB, mD, mC, m, n, _k, num_experts = make_fake_gemm_tensors(
         ab_dtype, ab_dtype, d_dtype, None, "k", "k", "n", None, varlen_m=True)
-    epi_args = cls.EpilogueArguments(
-        mRowVecBroadcast=(make_fake_tensor(Float32, (num_experts, n), leading_dim=1, divisibility=4)
-                          if scaled else None),
-        mColVecBroadcast=(make_fake_tensor(Float32, (m,), leading_dim=0, divisibility=4)
-                          if scaled else None),
-    )
     scheduler_args = TileSchedulerOptions(
         max_active_clusters=Int32(1), max_swizzle_size=Int32(8),
         raster_order=RasterOrderOption.AlongM if config.raster_along_m else RasterOrderOption.Heuristic)
@@ -305,4 +314,4 @@ def _compile(precision: Precision, output: Output, config: GroupedGemmConfig, si
         return compile_gemm_kernel(
             cls, ab_dtype, (config.tile_m, config.tile_n, config.tile_k),
             (config.cluster_m, config.cluster_n, 1), config.pingpong, True, False, False, SM90,
-            mA, mB, mD, mC, epi_args, scheduler_args, varlen_args)
+            mA, mB, mD, mC, epilogue(m, n, num_experts), scheduler_args, varlen_args)

@@ -80,3 +80,24 @@ def test_bad_tile_is_rejected_at_compile_time() -> None:
     # 192-row tiles need tile_n % 32 == 0: passes the config's own checks, must fail the build.
     with pytest.raises(Exception):
         compile_grouped_gemm(Precision.BF16, GroupedGemmConfig(192, 240, 64))
+
+
+FP8_CONFIGS = [c for p, c in CASES if p is Precision.FP8]
+
+
+@pytest.mark.parametrize("config", FP8_CONFIGS, ids=[c.key for c in FP8_CONFIGS])
+def test_lottery_epilogue_compiles_where_it_fits(config: GroupedGemmConfig) -> None:
+    """The FP8 mining GEMM with the lottery in its epilogue (kernels.fp8mine.lottery_epilogue):
+    every fp8 config that `fits` builds with its shuffles, lock CAS and release store, no spills;
+    the others (192-wide warpgroup tiles spill it; 160 splits a 64-column block) are refused."""
+    from kernels.fp8mine.lottery_epilogue import compile_lottery_gemm, fits
+
+    if not fits(config, 4 * config.tile_n * 3):
+        assert config.tile_n % 128 or config.tile_m == 192
+        return
+    for tickets in (False, True):
+        sass = compile_lottery_gemm(config, tickets).__sass__
+        assert set(re.findall(MMA_SASS[Precision.FP8], sass)) == {str(config.tile_n)}
+        assert len(re.findall(r"\bSHFL\.IDX\b", sass)) >= 64  # the half-warp transposes
+        assert re.search(r"\bATOMG\.E\.CAS\b", sass) and re.search(r"\bATOMG\.E\.EXCH\b", sass)
+        assert not re.search(r"\b(LDL|STL)\b", sass), "registers spilled to local memory"

@@ -41,7 +41,9 @@ from proof.fp8.mma import fp8_matmul
 from proof.fp8.params import TILE_4X64
 from proof.fp8.verify import evaluate_plain_proof, verify_plain_proof
 
-from .matmul import IMPLS, WINDOW_K, gemm_impl, grouped_matmul, matmul
+from . import matmul as matmul_module
+from .lottery import LotteryLatch
+from .matmul import IMPLS, WINDOW_K, gemm_impl, grouped_matmul, lottery_in_gemm, matmul
 from .pipeline import MinedGemm
 from .proofs import take_winner
 from .routing import RoutingTable, routing_table, row_tiles
@@ -217,7 +219,25 @@ def _stage_report(gemm: MinedGemm, x: torch.Tensor, result) -> dict:
             total += 1
             bad += tickets_np[slot, col].astype("<i4").tobytes() != ref_lottery.ticket_with_key(pow_key, message)
     report["tickets"] = {"tiles": total, "mismatches": int(bad)}
+    codes, b_dev = gemm.expert_rows(a.side.codes, table), gemm.b_codes()
+    if lottery_in_gemm(codes.shape[0], b_dev):
+        report["epilogue tickets"] = _epilogue_tickets(codes, b_dev, table, tiles, a.pow_key, gemm, tickets_np)
     return report
+
+
+def _epilogue_tickets(codes, b_codes, table: RoutingTable, tiles, pow_key, gemm: MinedGemm,
+                      want: np.ndarray) -> dict:
+    """The GEMM epilogue's tickets of every whole tile against the lottery pass's (`want`, checked
+    against proof.fp8 above), drawn into a latch of their own (a planted target may win)."""
+    latch = LotteryLatch(DEVICE, {})
+    got = torch.zeros((codes.shape[0], b_codes.shape[1] // 64, 8), dtype=torch.int32, device=DEVICE)
+    grouped_matmul(codes, b_codes, table, lottery=latch.buffers(pow_key, gemm.threshold, gemm.state.seed_b),
+                   tickets=got)
+    got_np, bad = got.cpu().numpy(), 0
+    starts = tiles.row_start.cpu().numpy()
+    for slot in np.flatnonzero(starts >= 0):
+        bad += int((got_np[starts[slot]] != want[slot]).any(axis=1).sum())
+    return {"tiles": int((starts >= 0).sum()) * got_np.shape[1], "mismatches": bad}
 
 
 def _sync() -> None:
@@ -391,10 +411,22 @@ def _parts(gemm: MinedGemm, x: torch.Tensor, topk, result) -> dict:
         **{f"GEMM ({impl})": functools.partial(grouped_matmul, codes, b_codes, table, impl) for impl in IMPLS},
         "lottery tile map + lottery": lambda: gemm.latch.run(result.acc, row_tiles(table), a.pow_key,
                                                              gemm.threshold, state.seed_b, {}),
+        **({"GEMM with the lottery epilogue": lambda: grouped_matmul(
+            codes, b_codes, table, lottery=gemm.latch.buffers(a.pow_key, gemm.threshold, state.seed_b))}
+           if lottery_in_gemm(codes.shape[0], b_codes) else {}),
         "peel + unscale": functools.partial(peel_and_unscale, *peel_args),
         "payload capture + publish": lambda: (gemm.latch.capture(sources), gemm.latch.publish()),
     }
     return _time_each(stages)
+
+
+def _with_lottery_pass(gemm: MinedGemm, x: torch.Tensor, topk) -> None:
+    """One same-launch pass with the lottery as its own pass after the GEMM (timing only)."""
+    matmul_module.LOTTERY_IN_EPILOGUE = False
+    try:
+        gemm.forward(x, topk)
+    finally:
+        matmul_module.LOTTERY_IN_EPILOGUE = True
 
 
 def _time_each(stages: dict) -> dict:
@@ -511,6 +543,8 @@ def check_timing() -> dict:
             ws = torch.ones(experts, n_e, device=DEVICE)
             label, unmined = _unmined(xq, wq, offsets, xs, ws)
             methods = {"mined": [lambda: gemm.forward(x, topk)], "unmined": [unmined]}
+            if lottery_in_gemm(xq.shape[0], gemm.b_codes()):  # the same pass with the lottery after the GEMM
+                methods["mined, lottery pass"] = [functools.partial(_with_lottery_pass, gemm, x, topk)]
             lag = None
             if "decode" in name:  # lagged mining is the decode design (64-row tiles, ~16 rows an expert)
                 lag = MinedGemm(weights, m=tokens, top_k=top_k, layer_id=1, lagged=True)
@@ -525,6 +559,8 @@ def check_timing() -> dict:
             entry.update({"GEMM implementation": gemm_impl(), "unmined": label,
                           "unmined median us": base_us, "mined median us": mined_us,
                           "mined graph": timings["mined"].graph, "slowdown": mined_us / base_us})
+            if "mined, lottery pass" in timings:
+                entry["mined with the lottery pass median us"] = _median_us(timings["mined, lottery pass"])
             best = ("mined", mined_us)
             if lag is not None:
                 lagged_us = _median_us(timings["mined lagged"])

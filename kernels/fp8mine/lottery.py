@@ -14,6 +14,7 @@ host never sees a doorbell before the fields.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -222,6 +223,18 @@ class WinnerRecord:
     payload_bytes: tuple[int, int]
 
 
+class LotteryBuffers(NamedTuple):
+    """The device words a launch's lottery reads and writes (int32), in `_mine_tiles` order."""
+
+    key: torch.Tensor  # (8,) the jackpot key
+    threshold: torch.Tensor  # (8,) LE threshold words
+    seed_b: torch.Tensor  # (8,)
+    lock: torch.Tensor  # (1,) taken by the first winner; only the host re-arms it
+    record: torch.Tensor  # (64,) Pearl's word layout, STATUS last
+    fresh: torch.Tensor  # (1,) raised by the winner for the payload copy
+    header: torch.Tensor  # (16,) the launch-shape words a winner copies
+
+
 def threshold_words(target: int, k: int, device: torch.device | str) -> torch.Tensor:
     """The 4×64 tile's threshold min(target·4·64·k, 2²⁵⁶−1) as 8 LE int32 words."""
     return words_from_bytes(threshold_bytes(threshold(target, TILE_ROWS, TILE_COLS, k)), device)
@@ -268,16 +281,15 @@ class LotteryLatch:
         grid = (max(1, triton.cdiv(num_tiles, TILES_PER_PROGRAM)), acc.shape[1] // TILE_COLS)
         tile_args = (acc.contiguous().view(torch.int64), acc.shape[1], tiles.row_start, tiles.expert,
                      tiles.local, num_tiles)
-        tail = (*self.mining_args(pow_key, threshold_, seed_b), self.record if tickets is None else tickets)
+        tail = (*self.buffers(pow_key, threshold_, seed_b), self.record if tickets is None else tickets)
         _lottery_kernel[grid](*tile_args, *tail, BT=TILES_PER_PROGRAM, STORE_TICKETS=tickets is not None)
         self.capture(sources)
 
-    def mining_args(self, pow_key: torch.Tensor, threshold_: torch.Tensor,
-                    seed_b: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """The lottery kernel's latch arguments, in `_mine_tiles` order:
-        jackpot key, threshold words, seedB, lock, record, fresh flag, header words."""
-        return (pow_key.contiguous(), threshold_.contiguous(), seed_b.contiguous(), self.lock,
-                self.record, self.fresh, self.header)
+    def buffers(self, pow_key: torch.Tensor, threshold_: torch.Tensor, seed_b: torch.Tensor) -> LotteryBuffers:
+        """This latch's words with a launch's key, threshold and seedB: what a lottery kernel
+        (the pass here, or the GEMM epilogue's) reads and writes."""
+        return LotteryBuffers(pow_key.contiguous().view(-1), threshold_.contiguous().view(-1),
+                              seed_b.contiguous().view(-1), self.lock, self.record, self.fresh, self.header)
 
     def capture(self, sources: dict[str, torch.Tensor]) -> None:
         """After a mining pass: snapshot `sources` into the payload if this launch's winner raised

@@ -8,7 +8,8 @@
 - `prepare_a` is the per-launch A side: planes, norms, HA, (HR, HO), seedA, noise and jackpot
   keys, E_A, A′ and the A peel — device tensors only, no host syncs.
 - `MinedGemm.forward` runs A side → grouped FP8 GEMM (128-k promotion) → the lottery (first
-  winner into the latch) → peel + unscale into the BF16 output, rows in expert order.
+  winner into the latch; in the CuTe GEMM's epilogue where its config allows, else a pass after
+  it) → peel + unscale into the BF16 output, rows in expert order.
   Dense V4 is one group.
 - `MinedGemm(lagged=True)` (decode): launch t serves x_t with clean rows and hashes launch t−1's
   A′ rows in the same GEMM; the A side runs on a side stream beside the GEMM, and the lottery,
@@ -27,7 +28,7 @@ from . import noise, prequant, quant, transcript
 from .hashing import constant_bytes
 from .lagged import LagSlot, MinedSlot, clean_peel, lagged_front
 from .lottery import LotteryLatch, threshold_words
-from .matmul import grouped_matmul
+from .matmul import grouped_matmul, lottery_in_gemm
 from .peel import a_peel, b_peel, peel_and_unscale, peel_tiles, reads_tiles
 from .routing import RoutingTable, dense_table, routing_table, row_tiles
 
@@ -274,9 +275,14 @@ class MinedGemm:
         table = self._table(topk_ids, x.device)
         state = self.state
         a = prepare_a(x, self.seed_message, self.p_a_len, state, table if self.moe else None)
-        acc = grouped_matmul(self.expert_rows(a.side.codes, table), self.b_codes(), table)
-        self.latch.run(acc, row_tiles(table), a.pow_key, self.threshold, state.seed_b,
-                       {"codes": a.codes, "scales": a.scales, "rflat": table.rflat, "offsets": table.offsets})
+        rows, b_codes = self.expert_rows(a.side.codes, table), self.b_codes()
+        sources = {"codes": a.codes, "scales": a.scales, "rflat": table.rflat, "offsets": table.offsets}
+        if lottery_in_gemm(rows.shape[0], b_codes):
+            acc = grouped_matmul(rows, b_codes, table, lottery=self.latch.buffers(a.pow_key, self.threshold, state.seed_b))
+            self.latch.capture(sources)
+        else:
+            acc = grouped_matmul(rows, b_codes, table)
+            self.latch.run(acc, row_tiles(table), a.pow_key, self.threshold, state.seed_b, sources)
         self.latch.publish()
         out = peel_and_unscale(acc, a.peel, a.side.alpha, state.peel.view(self.b.experts, self.b.n_e, -1),
                                state.side.alpha.view(self.b.experts, self.b.n_e), table)
