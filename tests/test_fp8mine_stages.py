@@ -492,6 +492,38 @@ def test_lottery_latches_the_planted_winner_and_matches_reference_tickets():
     assert latch.poll() is None
 
 
+def test_lottery_on_folded_lanes_draws_the_reference_tickets():
+    """`run_folded` (the lanes the GEMM epilogue folds, tile (row r, c) at [r // 4, c]): the same
+    tickets and planted winner as proof.fp8 on the accumulator; entries of no whole tile are
+    never read (filled with garbage here)."""
+    rng = np.random.default_rng(12)
+    topk = np.stack([rng.permutation(3)[:2] for _ in range(23)])
+    table = dev_routing.routing_table(torch.from_numpy(topk), 3)
+    tiles = dev_routing.row_tiles(table)
+    acc = rng.standard_normal((46, 128)).astype(np.float32)
+    key = rng.bytes(32)
+    lanes = torch.from_numpy(rng.integers(-2**31, 2**31, size=(46 // 4, 2, 16)).astype(np.int32))
+    for start in tiles.row_start.tolist():
+        for col in range(2) if start >= 0 else ():
+            message = ref_lottery.fold_message(acc[start:start + 4, 64 * col:64 * col + 64],
+                                               TILE_4X64.row_pattern, TILE_4X64.col_pattern)
+            lanes[start // 4, col] = torch.from_numpy(np.frombuffer(message, dtype="<i4").copy())
+    tickets = _reference_tickets(acc, tiles, key)
+    (expert, local, col), ticket = min(tickets.items(), key=lambda kv: int.from_bytes(kv[1], "little"))
+    latch = dev_lottery.LotteryLatch("cpu", {})
+    latch.set_header(23, 384, 1024, 5, 24, 6)
+    got = torch.zeros((tiles.row_start.shape[0], 2, 8), dtype=torch.int32)
+    latch.run_folded(lanes, tiles, words(key), words(ticket), words(PARENT), {}, tickets=got)
+    for slot, (w, t) in enumerate(zip(tiles.expert.tolist(), tiles.local.tolist())):
+        for c in range(2) if tiles.row_start[slot] >= 0 else ():
+            assert bytes(got[slot, c].view(torch.uint8).tolist()) == tickets[(w, t, c)]
+    latch.publish()
+    record = latch.poll()
+    assert (record.group_id, record.tile_row, record.tile_column, record.ticket) == (expert, local, col, ticket)
+    with pytest.raises(dev_lottery.LotteryError, match="lanes must be int32"):
+        latch.run_folded(lanes[..., :8], tiles, words(key), words(ticket), words(PARENT), {})
+
+
 def test_payload_copies_only_on_a_win_and_lowers_the_flag(monkeypatch):
     """Five sources (two payload launches), programs striding over more words than one step: no
     copy without a winner; on a win every word is copied, and the last program of the last

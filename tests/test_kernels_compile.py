@@ -86,18 +86,18 @@ FP8_CONFIGS = [c for p, c in CASES if p is Precision.FP8]
 
 
 @pytest.mark.parametrize("config", FP8_CONFIGS, ids=[c.key for c in FP8_CONFIGS])
-def test_lottery_epilogue_compiles_where_it_fits(config: GroupedGemmConfig) -> None:
-    """The FP8 mining GEMM with the lottery in its epilogue (kernels.fp8mine.lottery_epilogue):
-    every fp8 config that `fits` builds with its shuffles, lock CAS and release store, no spills;
-    the others (192-wide warpgroup tiles spill it; 160 splits a 64-column block) are refused."""
-    from kernels.fp8mine.lottery_epilogue import compile_lottery_gemm, fits
+def test_fold_epilogue_compiles_where_it_fits(config: GroupedGemmConfig) -> None:
+    """The FP8 mining GEMM that folds the lottery tiles in its epilogue
+    (kernels.fp8mine.fold_epilogue): every fp8 config that `fits` builds with one lane store per
+    64-column block a thread folds (the raw GEMM stores only through TMA) and no spills; the
+    others are refused (a 160-wide tile splits a 64-column block)."""
+    from kernels.fp8mine.fold_epilogue import compile_fold_gemm, fits
 
-    if not fits(config, 4 * config.tile_n * 3):
-        assert config.tile_n % 128 or config.tile_m == 192
+    if not fits(config, 4096):
+        assert config.tile_n % 64
         return
-    for tickets in (False, True):
-        sass = compile_lottery_gemm(config, tickets).__sass__
-        assert set(re.findall(MMA_SASS[Precision.FP8], sass)) == {str(config.tile_n)}
-        assert len(re.findall(r"\bSHFL\.IDX\b", sass)) >= 64  # the half-warp transposes
-        assert re.search(r"\bATOMG\.E\.CAS\b", sass) and re.search(r"\bATOMG\.E\.EXCH\b", sass)
-        assert not re.search(r"\b(LDL|STL)\b", sass), "registers spilled to local memory"
+    sass = compile_fold_gemm(config).__sass__
+    assert set(re.findall(MMA_SASS[Precision.FP8], sass)) == {str(config.tile_n)}
+    row_halves = 2 * (config.tile_m // 64 if config.pingpong else 1)
+    assert len(re.findall(r"\bSTG\.E\b", sass)) == row_halves * config.tile_n // 64
+    assert not re.search(r"\b(LDL|STL)\b", sass), "registers spilled to local memory"

@@ -43,7 +43,7 @@ from proof.fp8.verify import evaluate_plain_proof, verify_plain_proof
 
 from . import matmul as matmul_module
 from .lottery import LotteryLatch
-from .matmul import IMPLS, WINDOW_K, gemm_impl, grouped_matmul, lottery_in_gemm, matmul
+from .matmul import IMPLS, WINDOW_K, fold_in_gemm, folded_lanes, gemm_impl, grouped_matmul, matmul
 from .pipeline import MinedGemm
 from .proofs import take_winner
 from .routing import RoutingTable, routing_table, row_tiles
@@ -220,24 +220,23 @@ def _stage_report(gemm: MinedGemm, x: torch.Tensor, result) -> dict:
             bad += tickets_np[slot, col].astype("<i4").tobytes() != ref_lottery.ticket_with_key(pow_key, message)
     report["tickets"] = {"tiles": total, "mismatches": int(bad)}
     codes, b_dev = gemm.expert_rows(a.side.codes, table), gemm.b_codes()
-    if lottery_in_gemm(codes.shape[0], b_dev):
-        report["epilogue tickets"] = _epilogue_tickets(codes, b_dev, table, tiles, a.pow_key, gemm, tickets_np)
+    if fold_in_gemm(codes.shape[0], b_dev):
+        report["epilogue-folded tickets"] = _folded_tickets(codes, b_dev, table, tiles, a.pow_key, gemm, tickets_np)
     return report
 
 
-def _epilogue_tickets(codes, b_codes, table: RoutingTable, tiles, pow_key, gemm: MinedGemm,
-                      want: np.ndarray) -> dict:
-    """The GEMM epilogue's tickets of every whole tile against the lottery pass's (`want`, checked
-    against proof.fp8 above), drawn into a latch of their own (a planted target may win)."""
+def _folded_tickets(codes, b_codes, table: RoutingTable, tiles, pow_key, gemm: MinedGemm,
+                    want: np.ndarray) -> dict:
+    """Tickets drawn from the GEMM epilogue's folded lanes against the lottery pass's (`want`,
+    checked against proof.fp8 above), into a latch of their own (a planted target may win)."""
     latch = LotteryLatch(DEVICE, {})
-    got = torch.zeros((codes.shape[0], b_codes.shape[1] // 64, 8), dtype=torch.int32, device=DEVICE)
-    grouped_matmul(codes, b_codes, table, lottery=latch.buffers(pow_key, gemm.threshold, gemm.state.seed_b),
-                   tickets=got)
-    got_np, bad = got.cpu().numpy(), 0
-    starts = tiles.row_start.cpu().numpy()
-    for slot in np.flatnonzero(starts >= 0):
-        bad += int((got_np[starts[slot]] != want[slot]).any(axis=1).sum())
-    return {"tiles": int((starts >= 0).sum()) * got_np.shape[1], "mismatches": bad}
+    lanes = folded_lanes(codes.shape[0], b_codes.shape[1], codes.device)
+    grouped_matmul(codes, b_codes, table, fold_into=lanes)
+    got = torch.zeros_like(torch.from_numpy(want)).to(DEVICE)
+    latch.run_folded(lanes, tiles, pow_key, gemm.threshold, gemm.state.seed_b, {}, tickets=got)
+    live = tiles.row_start.cpu().numpy() >= 0
+    bad = int((got.cpu().numpy()[live] != want[live]).any(axis=2).sum())
+    return {"tiles": int(live.sum()) * want.shape[1], "mismatches": bad}
 
 
 def _sync() -> None:
@@ -411,22 +410,31 @@ def _parts(gemm: MinedGemm, x: torch.Tensor, topk, result) -> dict:
         **{f"GEMM ({impl})": functools.partial(grouped_matmul, codes, b_codes, table, impl) for impl in IMPLS},
         "lottery tile map + lottery": lambda: gemm.latch.run(result.acc, row_tiles(table), a.pow_key,
                                                              gemm.threshold, state.seed_b, {}),
-        **({"GEMM with the lottery epilogue": lambda: grouped_matmul(
-            codes, b_codes, table, lottery=gemm.latch.buffers(a.pow_key, gemm.threshold, state.seed_b))}
-           if lottery_in_gemm(codes.shape[0], b_codes) else {}),
+        **_folded_parts(gemm, codes, b_codes, table, a.pow_key),
         "peel + unscale": functools.partial(peel_and_unscale, *peel_args),
         "payload capture + publish": lambda: (gemm.latch.capture(sources), gemm.latch.publish()),
     }
     return _time_each(stages)
 
 
+def _folded_parts(gemm: MinedGemm, codes, b_codes, table: RoutingTable, pow_key) -> dict:
+    """The GEMM that folds in its epilogue and the lottery on its lanes (where the config fits)."""
+    if not fold_in_gemm(codes.shape[0], b_codes):
+        return {}
+    lanes = folded_lanes(codes.shape[0], b_codes.shape[1], codes.device)
+    tiles = row_tiles(table)
+    return {"GEMM folding the lottery tiles": lambda: grouped_matmul(codes, b_codes, table, fold_into=lanes),
+            "lottery on the folded lanes": lambda: gemm.latch.run_folded(lanes, tiles, pow_key, gemm.threshold,
+                                                                         gemm.state.seed_b, {})}
+
+
 def _with_lottery_pass(gemm: MinedGemm, x: torch.Tensor, topk) -> None:
-    """One same-launch pass with the lottery as its own pass after the GEMM (timing only)."""
-    matmul_module.LOTTERY_IN_EPILOGUE = False
+    """One same-launch pass with the fold in the lottery pass after the GEMM (timing only)."""
+    matmul_module.FOLD_IN_EPILOGUE = False
     try:
         gemm.forward(x, topk)
     finally:
-        matmul_module.LOTTERY_IN_EPILOGUE = True
+        matmul_module.FOLD_IN_EPILOGUE = True
 
 
 def _time_each(stages: dict) -> dict:
@@ -543,7 +551,7 @@ def check_timing() -> dict:
             ws = torch.ones(experts, n_e, device=DEVICE)
             label, unmined = _unmined(xq, wq, offsets, xs, ws)
             methods = {"mined": [lambda: gemm.forward(x, topk)], "unmined": [unmined]}
-            if lottery_in_gemm(xq.shape[0], gemm.b_codes()):  # the same pass with the lottery after the GEMM
+            if fold_in_gemm(xq.shape[0], gemm.b_codes()):  # the same pass, the lottery pass folding
                 methods["mined, lottery pass"] = [functools.partial(_with_lottery_pass, gemm, x, topk)]
             lag = None
             if "decode" in name:  # lagged mining is the decode design (64-row tiles, ~16 rows an expert)

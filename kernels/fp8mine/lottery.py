@@ -44,6 +44,9 @@ _PAYLOAD_BLOCK = 1024
 # compression) measured slower on the H200: GLM-5 prefill (16384 row tiles × 64 columns) 542 µs at
 # 128 against 433 / 412 / 409 at 64 / 32 / 16 (256 spilled: 18 ms), same tickets.
 TILES_PER_PROGRAM = 32
+# Tiles per program on folded lanes (`run_folded`): nothing is folded, so a program's 4 warps
+# compress one tile a thread.
+FOLDED_TILES_PER_PROGRAM = 128
 
 
 class LotteryError(ValueError):
@@ -104,13 +107,12 @@ def _pick(values, slot_ids, slot):
 
 
 @jit
-def _mine_tiles(acc_ptr, n, row_base, live, col_tile, local, expert, key_ptr, thr_ptr, seed_b_ptr,
+def _mine_tiles(lanes, live, col_tile, local, expert, key_ptr, thr_ptr, seed_b_ptr,
                 lock_ptr, record_ptr, fresh_ptr, header_ptr, BT: tl.constexpr):
-    """Fold, hash and compare BT tiles of the accumulator (`acc_ptr` as int64 word pairs; rows
-    row_base .. +3, columns 64·col_tile .. +63; `local` and `expert` per tile); the lowest winner among them CASes the lock and writes the record.
+    """Hash and compare BT tiles' folded lanes ((BT, 16) uint32; column tile col_tile, `local` and
+    `expert` per tile); the lowest winner among them CASes the lock and writes the record.
     Returns the tickets' 8 words."""
     slot_ids = tl.arange(0, BT)
-    lanes = _fold(acc_ptr, row_base, col_tile * 64, live, n, BT)
     m0, m1, m2, m3 = _lane(lanes, 0), _lane(lanes, 1), _lane(lanes, 2), _lane(lanes, 3)
     m4, m5, m6, m7 = _lane(lanes, 4), _lane(lanes, 5), _lane(lanes, 6), _lane(lanes, 7)
     m8, m9, m10, m11 = _lane(lanes, 8), _lane(lanes, 9), _lane(lanes, 10), _lane(lanes, 11)
@@ -156,11 +158,12 @@ def _mine_tiles(acc_ptr, n, row_base, live, col_tile, local, expert, key_ptr, th
 
 
 @jit
-def _lottery_kernel(acc_ptr, n, tile_row_ptr, tile_expert_ptr, tile_local_ptr, num_tiles,
+def _lottery_kernel(src_ptr, n, tile_row_ptr, tile_expert_ptr, tile_local_ptr, num_tiles,
                     key_ptr, thr_ptr, seed_b_ptr, lock_ptr, record_ptr, fresh_ptr, header_ptr,
-                    tickets_ptr, BT: tl.constexpr, STORE_TICKETS: tl.constexpr):
+                    tickets_ptr, BT: tl.constexpr, STORE_TICKETS: tl.constexpr, FOLDED: tl.constexpr):
     """BT slots of the row-tile map (a tile's row_start is its accumulator row) × the 64-column
-    tile program_id(1)."""
+    tile program_id(1). src: the accumulator as int64 word pairs, or (FOLDED) the tiles' folded
+    lanes, int32 (rows // 4, n / 64, 16), tile (row_start, c) at [row_start // 4, c]."""
     slots = tl.program_id(0) * BT + tl.arange(0, BT)
     in_range = slots < num_tiles
     row_start = tl.load(tile_row_ptr + slots, mask=in_range, other=-1)
@@ -168,8 +171,14 @@ def _lottery_kernel(acc_ptr, n, tile_row_ptr, tile_expert_ptr, tile_local_ptr, n
     row_base = tl.where(live, row_start, 0).to(tl.int64)
     local = tl.load(tile_local_ptr + slots, mask=live, other=0)
     expert = tl.load(tile_expert_ptr + slots, mask=live, other=0)
+    if FOLDED:
+        lane = tl.arange(0, 16)
+        words = ((row_base // 4) * tl.num_programs(1) + tl.program_id(1))[:, None] * 16 + lane[None, :]
+        lanes = tl.load(src_ptr + words, mask=live[:, None] & (lane[None, :] >= 0), other=0).to(tl.uint32, bitcast=True)
+    else:
+        lanes = _fold(src_ptr, row_base, tl.program_id(1) * 64, live, n, BT)
     h0, h1, h2, h3, h4, h5, h6, h7 = _mine_tiles(
-        acc_ptr, n, row_base, live, tl.program_id(1), local, expert, key_ptr, thr_ptr, seed_b_ptr,
+        lanes, live, tl.program_id(1), local, expert, key_ptr, thr_ptr, seed_b_ptr,
         lock_ptr, record_ptr, fresh_ptr, header_ptr, BT)
     if STORE_TICKETS:  # checks only: every tile's ticket at [slot, column tile, word]
         base = tickets_ptr + (slots.to(tl.int64) * tl.num_programs(1) + tl.program_id(1)) * 8
@@ -277,12 +286,28 @@ class LotteryLatch:
         """
         if acc.dtype != torch.float32 or acc.dim() != 2 or acc.shape[1] % TILE_COLS:
             raise LotteryError(f"acc must be fp32 (rows, n_e) with n_e % 64 == 0, got {acc.dtype} {tuple(acc.shape)}")
+        self._draw(acc.contiguous().view(torch.int64), acc.shape[1], False, tiles, pow_key, threshold_, seed_b,
+                   sources, tickets)
+
+    def run_folded(self, lanes: torch.Tensor, tiles: RowTiles, pow_key: torch.Tensor, threshold_: torch.Tensor,
+                   seed_b: torch.Tensor, sources: dict[str, torch.Tensor],
+                   tickets: torch.Tensor | None = None) -> None:
+        """`run` on tiles already folded (by the GEMM's epilogue): `lanes` int32 (rows // 4,
+        n_e / 64, 16), the 16 lanes of the tile whose first accumulator row is r at [r // 4, c]."""
+        if lanes.dtype != torch.int32 or lanes.dim() != 3 or lanes.shape[2] != 16:
+            raise LotteryError(f"lanes must be int32 (rows // 4, n_e / 64, 16), got {lanes.dtype} {tuple(lanes.shape)}")
+        self._draw(lanes.contiguous(), lanes.shape[1] * TILE_COLS, True, tiles, pow_key, threshold_, seed_b,
+                   sources, tickets)
+
+    def _draw(self, src: torch.Tensor, n: int, folded: bool, tiles: RowTiles, pow_key: torch.Tensor,
+              threshold_: torch.Tensor, seed_b: torch.Tensor, sources: dict[str, torch.Tensor],
+              tickets: torch.Tensor | None) -> None:
         num_tiles = tiles.row_start.shape[0]
-        grid = (max(1, triton.cdiv(num_tiles, TILES_PER_PROGRAM)), acc.shape[1] // TILE_COLS)
-        tile_args = (acc.contiguous().view(torch.int64), acc.shape[1], tiles.row_start, tiles.expert,
-                     tiles.local, num_tiles)
+        per_program = FOLDED_TILES_PER_PROGRAM if folded else TILES_PER_PROGRAM
+        grid = (max(1, triton.cdiv(num_tiles, per_program)), n // TILE_COLS)
         tail = (*self.buffers(pow_key, threshold_, seed_b), self.record if tickets is None else tickets)
-        _lottery_kernel[grid](*tile_args, *tail, BT=TILES_PER_PROGRAM, STORE_TICKETS=tickets is not None)
+        _lottery_kernel[grid](src, n, tiles.row_start, tiles.expert, tiles.local, num_tiles, *tail,
+                              BT=per_program, STORE_TICKETS=tickets is not None, FOLDED=folded)
         self.capture(sources)
 
     def buffers(self, pow_key: torch.Tensor, threshold_: torch.Tensor, seed_b: torch.Tensor) -> LotteryBuffers:

@@ -35,15 +35,14 @@ import triton.language as tl
 from kernels.triton_jit import jit
 from proof.fp8.mma import fp8_matmul as model_matmul
 
-from .lottery import LotteryBuffers
 from .routing import RoutingTable, dense_table, row_tiles
 
 WINDOW_K = 128
 GROUP_K = 32
 IMPLS = ("cute", "triton")
-# Draw the lottery in the CuTe GEMM's epilogue where the config allows (`lottery_in_gemm`);
-# False keeps the lottery pass after the GEMM (lottery.py), e.g. to time the two against each other.
-LOTTERY_IN_EPILOGUE = True
+# Fold the lottery tiles in the CuTe GEMM's epilogue where the config allows (`fold_in_gemm`);
+# False keeps the fold in the lottery pass (lottery.py), e.g. to time the two against each other.
+FOLD_IN_EPILOGUE = True
 _log = logging.getLogger(__name__)
 
 
@@ -111,18 +110,23 @@ def gemm_impl() -> str:
     return choice
 
 
-def lottery_in_gemm(rows: int, b: torch.Tensor, impl: str | None = None) -> bool:
-    """Whether `grouped_matmul(..., lottery=)` can draw the lottery of `rows` A rows against b in
-    the GEMM's epilogue: CUDA, the CuTe GEMM, and a config the fused epilogue supports."""
-    if not LOTTERY_IN_EPILOGUE or b.device.type != "cuda" or (impl or gemm_impl()) != "cute":
+def fold_in_gemm(rows: int, b: torch.Tensor, impl: str | None = None) -> bool:
+    """Whether `grouped_matmul(..., fold_into=)` can fold the lottery tiles of `rows` A rows
+    against b in the GEMM's epilogue: CUDA, the CuTe GEMM, and a config the epilogue supports."""
+    if not FOLD_IN_EPILOGUE or b.device.type != "cuda" or (impl or gemm_impl()) != "cute":
         return False
-    from .lottery_epilogue import fits, lottery_config
-    return fits(lottery_config(rows, b), b.shape[1])
+    from .fold_epilogue import fits, fold_config
+    return fits(fold_config(rows, b), b.shape[1])
+
+
+def folded_lanes(rows: int, n: int, device: torch.device) -> torch.Tensor:
+    """The buffer `grouped_matmul(..., fold_into=)` fills: int32 (rows // 4, n / 64, 16)."""
+    return torch.empty((rows // 4, n // 64, 16), dtype=torch.int32, device=device)
 
 
 def grouped_matmul(a: torch.Tensor, b: torch.Tensor, table: RoutingTable,
                    impl: str | None = None, max_sms: int | None = None, side_smem: int = 0,
-                   lottery: LotteryBuffers | None = None, tickets: torch.Tensor | None = None) -> torch.Tensor:
+                   fold_into: torch.Tensor | None = None) -> torch.Tensor:
     """out[rows of w] = a[rows of w] · b[w]ᵀ accumulated as the Hopper model; (rows, n) fp32.
 
     a: (rows, k) e4m3 in expert order (rows = table.rflat length); b: (e, n, k) e4m3.
@@ -130,9 +134,9 @@ def grouped_matmul(a: torch.Tensor, b: torch.Tensor, table: RoutingTable,
     max_sms: the CuTe GEMM's persistent grid on at most this many SMs (the rest stay free for
     side-stream work); the Triton grid is not persistent and ignores it. side_smem: the CuTe
     GEMM shares every SM with side-stream kernels, leaving them this much shared memory
-    (`grouped_gemm`). lottery: draw every 4×64 tile's ticket in the epilogue and latch the first
-    winner into these buffers (only where `lottery_in_gemm`; the whole grid, no max_sms/side_smem);
-    tickets: with it, int32 (rows, n/64, 8) receiving every tile's ticket (checks).
+    (`grouped_gemm`). fold_into: `folded_lanes(rows, n)`, receiving every whole 4×64 tile's
+    folded lanes from the epilogue (only where `fold_in_gemm`; the whole grid, no max_sms or
+    side_smem) for `LotteryLatch.run_folded`.
     """
     _check(a, b)
     experts, n, k = b.shape
@@ -145,12 +149,12 @@ def grouped_matmul(a: torch.Tensor, b: torch.Tensor, table: RoutingTable,
     if impl not in IMPLS:
         raise MatmulError(f"impl must be one of {IMPLS}, got {impl!r}")
     out = torch.empty((a.shape[0], n), dtype=torch.float32, device=a.device)
-    if lottery is not None:
-        if max_sms is not None or side_smem or not lottery_in_gemm(a.shape[0], b, impl):
-            raise MatmulError(f"no lottery epilogue for {a.shape[0]} rows × {tuple(b.shape)} "
+    if fold_into is not None:
+        if max_sms is not None or side_smem or not fold_in_gemm(a.shape[0], b, impl):
+            raise MatmulError(f"no fold epilogue for {a.shape[0]} rows × {tuple(b.shape)} "
                               f"(impl {impl}, max_sms {max_sms}, side_smem {side_smem})")
-        from .lottery_epilogue import mined_grouped_gemm
-        return mined_grouped_gemm(a.contiguous(), b.contiguous(), table.bounds, out, lottery, tickets=tickets)
+        from .fold_epilogue import folded_grouped_gemm
+        return folded_grouped_gemm(a.contiguous(), b.contiguous(), table.bounds, out, fold_into)
     if impl == "cute":
         return _cute_grouped(a, b, table, out, max_sms, side_smem)
     block_m, block_n, warps = tile_config(a.shape[0], experts)

@@ -7,9 +7,9 @@
   state window) and the parent's state is prefetched before it leaves.
 - `prepare_a` is the per-launch A side: planes, norms, HA, (HR, HO), seedA, noise and jackpot
   keys, E_A, A′ and the A peel — device tensors only, no host syncs.
-- `MinedGemm.forward` runs A side → grouped FP8 GEMM (128-k promotion) → the lottery (first
-  winner into the latch; in the CuTe GEMM's epilogue where its config allows, else a pass after
-  it) → peel + unscale into the BF16 output, rows in expert order.
+- `MinedGemm.forward` runs A side → grouped FP8 GEMM (128-k promotion; the CuTe GEMM folds the
+  lottery tiles in its epilogue where its config allows) → the lottery (first winner into the
+  latch) → peel + unscale into the BF16 output, rows in expert order.
   Dense V4 is one group.
 - `MinedGemm(lagged=True)` (decode): launch t serves x_t with clean rows and hashes launch t−1's
   A′ rows in the same GEMM; the A side runs on a side stream beside the GEMM, and the lottery,
@@ -28,7 +28,7 @@ from . import noise, prequant, quant, transcript
 from .hashing import constant_bytes
 from .lagged import LagSlot, MinedSlot, clean_peel, lagged_front
 from .lottery import LotteryLatch, threshold_words
-from .matmul import grouped_matmul, lottery_in_gemm
+from .matmul import fold_in_gemm, folded_lanes, grouped_matmul
 from .peel import a_peel, b_peel, peel_and_unscale, peel_tiles, reads_tiles
 from .routing import RoutingTable, dense_table, routing_table, row_tiles
 
@@ -277,9 +277,10 @@ class MinedGemm:
         a = prepare_a(x, self.seed_message, self.p_a_len, state, table if self.moe else None)
         rows, b_codes = self.expert_rows(a.side.codes, table), self.b_codes()
         sources = {"codes": a.codes, "scales": a.scales, "rflat": table.rflat, "offsets": table.offsets}
-        if lottery_in_gemm(rows.shape[0], b_codes):
-            acc = grouped_matmul(rows, b_codes, table, lottery=self.latch.buffers(a.pow_key, self.threshold, state.seed_b))
-            self.latch.capture(sources)
+        if fold_in_gemm(rows.shape[0], b_codes):
+            lanes = folded_lanes(rows.shape[0], b_codes.shape[1], rows.device)
+            acc = grouped_matmul(rows, b_codes, table, fold_into=lanes)
+            self.latch.run_folded(lanes, row_tiles(table), a.pow_key, self.threshold, state.seed_b, sources)
         else:
             acc = grouped_matmul(rows, b_codes, table)
             self.latch.run(acc, row_tiles(table), a.pow_key, self.threshold, state.seed_b, sources)

@@ -1,0 +1,171 @@
+"""The FP8 lottery's fold inside the mined GEMM's epilogue (§9): every whole 4×64 tile's 16 lanes
+are folded while the window-promoted accumulator is still in registers and stored as its 64-byte
+message, so the lottery (`LotteryLatch.run_folded`: compression, threshold, first-winner latch)
+reads 64 bytes a tile instead of the tile's 1 KB of accumulator (at GLM-5 prefill 67 MB, not 1 GB).
+
+Why it fits there: Hopper's WGMMA accumulator gives lane l of a warp the rows l/4 and l/4 + 8 of
+its 16-row slab at columns 8·nb + 2·(l % 4) + c. The fold lane j = 4·row + g of a 4×64 tile
+(lottery.py) is therefore lane j of a half-warp, and its 16 values are that lane's own fragment
+elements of one 64-column block in (nb, c) order: the fold is thread-local, and the half-warp's 16
+lanes store one tile's message as 64 contiguous bytes.
+
+Why the compression is not here too: drawing the tickets in the epilogue as well (a shuffle
+transpose, then one lane per tile compressing, or four lanes sharing a compression) cost the
+GLM-5 prefill GEMM 194-200 µs on the H200 (docs/kernels-fp8mine.md "Ninth session"): the
+consumer warps hold the tensor cores idle through ~1000 dependent operations a tile.
+
+The host side checks what the kernel assumes (`fits`). This module imports cutlass and quack at
+import time, like kernels.grouped_gemm_sm90.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Callable, NamedTuple, Optional
+
+import cutlass
+import cutlass.cute as cute
+import torch
+from cutlass import Float32, Int32, Uint32, const_expr
+from cutlass._mlir_helpers.arith import bitcast
+from cutlass.cutlass_dsl import T
+from quack.compile_utils import make_fake_tensor
+from quack.cute_dsl_utils import mlir_namedtuple
+from quack.gemm_default_epi import GemmDefaultEpiMixin
+
+from kernels.grouped_gemm import launch_variant
+from kernels.grouped_gemm_config import GroupedGemmConfig, Output, Precision, select_config
+from kernels.grouped_gemm_sm90 import GroupedGemmFp32AccSm90, compile_variant
+
+FOLD_MULTIPLIER = 0x9E3779B1
+_BLOCK_COLS = 64  # a lottery tile's columns: 8 column groups of the accumulator fragment
+_MAX_BLOCKS_PER_THREAD = 6  # (row halves × 64-column blocks) a thread folds: 192-wide tiles, no spill
+
+
+def _u32(x: Float32) -> Uint32:
+    return Uint32(bitcast(x.ir_value(), T.i32()))
+
+
+def _fold(acc: cute.Tensor, h: int, mm: int, mn: int, block: int) -> Uint32:
+    """This thread's fold lane for row half h and 64-column block `block` of fragment (mm, mn):
+    lane = rotl13(lane·0x9E3779B1 + bits) over columns 8·nb + 2g + c in (nb, c) order, each value
+    +0-normalised as the Hopper model writes a zero."""
+    lane = Uint32(0)
+    for nb in range(8 * block, 8 * block + 8):
+        for c in range(2):
+            x = lane * Uint32(FOLD_MULTIPLIER) + _u32(acc[(c, h, nb), mm, mn] + Float32(0.0))
+            lane = (x << 13) | (x >> 19)
+    return lane
+
+
+class FoldEpilogueMixin:
+    """epi_visit_acc: the folded lanes of every whole 4×64 tile of the CTA tile (expert-local
+    rows: tile t of expert w covers its rows 4t .. 4t + 3) into `lottery_lanes`."""
+
+    @cute.jit
+    def epi_visit_acc(self, params, acc: cute.Tensor, tiled_mma, tile_coord_mnkl, tidx: Int32) -> None:
+        tile_m, tile_n = self.cta_tile_shape_mnk[0], self.cta_tile_shape_mnk[1]
+        ident = tiled_mma.get_slice(tidx).partition_C(cute.make_identity_tensor((tile_m, tile_n)))
+        blocks = const_expr(cute.size(acc, mode=[0, 2]) // 8)
+        expert = tile_coord_mnkl[3]
+        start = params.lottery_bounds[expert]
+        rows = params.lottery_bounds[expert + 1] - start
+        j = tidx % 16  # the fold lane: 4 · (row in the tile) + column group
+        for mm in cutlass.range_constexpr(cute.size(acc, mode=[1])):
+            for mn in cutlass.range_constexpr(cute.size(acc, mode=[2])):
+                for h in cutlass.range_constexpr(2):
+                    for block in cutlass.range_constexpr(blocks):
+                        lane = _fold(acc, h, mm, mn, block)
+                        m, n = ident[(0, h, 8 * block), mm, mn]
+                        t = (tile_coord_mnkl[0] * tile_m + m) // 4  # this half-warp's rows: 4t .. 4t + 3
+                        col_tile = (tile_coord_mnkl[1] * tile_n + n) // _BLOCK_COLS
+                        # a cluster's CTA may sit past n_e (n_e / tile_n not a multiple of cluster_n)
+                        if (4 * t + 3 < rows) & (col_tile < cute.size(params.lottery_lanes, mode=[1])):
+                            params.lottery_lanes[(start + 4 * t) // 4, col_tile, j] = Int32(lane)
+
+
+@mlir_namedtuple
+class FoldEpilogueArguments(NamedTuple):
+    """quack's default epilogue arguments (all unused here), the row bounds and the lanes."""
+
+    alpha: Optional[Float32 | cute.Tensor] = None
+    beta: Optional[Float32 | cute.Tensor] = None
+    mRowVecBroadcast: Optional[cute.Tensor] = None
+    mColVecBroadcast: Optional[cute.Tensor] = None
+    add_to_output: cutlass.Constexpr[bool] = False
+    rounding_mode: cutlass.Constexpr[int] = 0
+    sr_seed: Optional[Int32 | cute.Tensor] = None
+    split_k_semaphore: Optional[cute.Tensor] = None
+    split_k_workspace: Optional[cute.Tensor] = None
+    mSFD: Optional[cute.Tensor] = None
+    sfd_norm_const: Optional[Float32 | cute.Tensor] = None
+    mSFDCol: Optional[cute.Tensor] = None
+    lottery_bounds: Optional[cute.Tensor] = None
+    lottery_lanes: Optional[cute.Tensor] = None
+
+
+_FOLD_FIELDS = ("lottery_bounds", "lottery_lanes")
+
+
+class Fp32FoldSm90(FoldEpilogueMixin, GroupedGemmFp32AccSm90):
+    """The raw fp32 accumulator out (as GroupedGemmFp32AccSm90) with the lottery's fold in the epilogue."""
+
+    EpilogueArguments = FoldEpilogueArguments
+    _extra_param_fields = GemmDefaultEpiMixin._extra_param_fields + tuple(
+        (name, Optional[cute.Tensor], None) for name in _FOLD_FIELDS)
+
+    def epi_to_underlying_arguments(self, args, *, loc=None, ip=None):
+        self.rounding_mode = args.rounding_mode
+        d = self._epi_ops_to_params_dict(args)
+        d["split_k_semaphore"] = d["split_k_workspace"] = None
+        d.update({name: getattr(args, name) for name in _FOLD_FIELDS})
+        return self.EpilogueParams(**d)
+
+
+def fits(config: GroupedGemmConfig, n: int) -> bool:
+    """Whether the fold epilogue supports this config at this N (else the lottery reads the
+    accumulator): whole 64-column blocks in each warpgroup's columns and in n_e, at most
+    `_MAX_BLOCKS_PER_THREAD` folds a thread."""
+    if config.tile_m == 192 or config.tile_n % _BLOCK_COLS or n % _BLOCK_COLS:
+        return False
+    row_halves = 2 * (config.tile_m // 64 if config.pingpong else 1)
+    return row_halves * config.tile_n // _BLOCK_COLS <= _MAX_BLOCKS_PER_THREAD
+
+
+def fold_config(rows: int, b: torch.Tensor) -> GroupedGemmConfig:
+    """The config a launch of `rows` A rows against b (e, n, k) runs (the selector's)."""
+    experts, n, k = b.shape
+    return select_config(Precision.FP8, rows, experts, n, k)
+
+
+def _fake_epilogue(m, n, num_experts) -> FoldEpilogueArguments:
+    return FoldEpilogueArguments(
+        lottery_bounds=make_fake_tensor(Int32, (cute.sym_int(),), leading_dim=0),
+        lottery_lanes=make_fake_tensor(Int32, (cute.sym_int(), cute.sym_int(), 16), leading_dim=2))
+
+
+@functools.lru_cache(maxsize=None)
+def compile_fold_gemm(config: GroupedGemmConfig) -> Callable:
+    """The fp8 → raw fp32 grouped GEMM with the fold epilogue, for sm_90a (fake tensors)."""
+    return compile_variant(Fp32FoldSm90, Precision.FP8, Output.FP32, config, _fake_epilogue)
+
+
+def folded_grouped_gemm(a: torch.Tensor, b: torch.Tensor, bounds: torch.Tensor, out: torch.Tensor,
+                        lanes: torch.Tensor, config: GroupedGemmConfig | None = None) -> torch.Tensor:
+    """out = the raw window-promoted fp32 accumulator (as `grouped_gemm` without scales), and every
+    whole 4×64 tile's 16 folded lanes into `lanes`, int32 (rows // 4, n / 64, 16): tile t of expert
+    w at [(bounds[w] + 4t) // 4, c] (whole tiles never share a row, so never an entry).
+
+    a (rows, k) e4m3 in expert order, b (e, n, k) e4m3, bounds (e+1,) int32 row offsets.
+    config: one that `fits` (default: `fold_config`, which the caller checked with `fits`).
+    """
+    experts, n, k = b.shape
+    config = config or fold_config(a.shape[0], b)
+    if not fits(config, n):
+        raise ValueError(f"config {config.key} does not fit the fold epilogue at n = {n}")
+    if lanes.dtype != torch.int32 or lanes.shape != (a.shape[0] // 4, n // _BLOCK_COLS, 16):
+        raise ValueError(f"lanes must be int32 ({a.shape[0] // 4}, {n // _BLOCK_COLS}, 16), "
+                         f"got {lanes.dtype} {tuple(lanes.shape)}")
+    epi = FoldEpilogueArguments(add_to_output=None, rounding_mode=None,  # compile-time fields travel as None
+                                lottery_bounds=bounds, lottery_lanes=lanes)
+    launch_variant(compile_fold_gemm(config), a, b, bounds, out, config, epi)
+    return out

@@ -1,0 +1,77 @@
+"""GPU check of the lottery fold in the CuTe GEMM's epilogue (kernels.fp8mine.fold_epilogue; skipped
+without a GPU): on an uneven routing (an empty expert, row counts not a multiple of 4, a partial
+last M tile) the folding kernel's accumulator is bitwise the plain raw-fp32 GEMM's, and the
+tickets drawn from its lanes (`LotteryLatch.run_folded`) equal the lottery pass's on the
+accumulator (lottery.py, itself checked against proof.fp8) for every whole 4×64 tile; the latch
+then publishes a winning tile's record.
+"""
+import numpy as np
+import pytest
+import torch
+
+from kernels.grouped_gemm_config import GroupedGemmConfig
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+CONFIGS = ["128x128x128_c2x1_coop", "128x128x128_c1x1_coop", "64x128x128_c1x1_pp", "64x128x128_c1x2_coop",
+           "128x192x128_c2x1_coop", "64x192x128_c1x1_pp"]
+SIZES = [37, 0, 130, 259, 6]  # rows per expert
+N, K = 384, 384
+
+
+def _operands(seed: int):
+    gen = np.random.default_rng(seed)
+    codes = gen.integers(0, 256, size=(sum(SIZES), K), dtype=np.uint8)
+    codes[(codes & 0x7F) == 0x7F] = 0x3C  # no NaN codes
+    weights = gen.integers(0, 256, size=(len(SIZES), N, K), dtype=np.uint8)
+    weights[(weights & 0x7F) == 0x7F] = 0x38
+    return (torch.from_numpy(codes).cuda().view(torch.float8_e4m3fn),
+            torch.from_numpy(weights).cuda().view(torch.float8_e4m3fn))
+
+
+def _table():
+    from kernels.fp8mine.routing import RoutingTable
+    bounds = np.concatenate([[0], np.cumsum(SIZES)]).astype(np.int32)
+    return RoutingTable(torch.arange(sum(SIZES), dtype=torch.int32, device="cuda"), torch.from_numpy(bounds).cuda())
+
+
+def _words(value: int) -> torch.Tensor:
+    return torch.full((8,), value, dtype=torch.int32, device="cuda")
+
+
+@pytest.mark.parametrize("key", CONFIGS)
+def test_folded_lanes_draw_the_lottery_pass_tickets(key: str) -> None:
+    from kernels.fp8mine.fold_epilogue import fits, folded_grouped_gemm
+    from kernels.fp8mine.lottery import LotteryLatch
+    from kernels.fp8mine.routing import row_tiles
+    from kernels.grouped_gemm import grouped_gemm
+
+    config = GroupedGemmConfig.from_key(key)
+    assert fits(config, N)
+    a, b = _operands(1)
+    table = _table()
+    out = torch.empty((a.shape[0], N), dtype=torch.float32, device="cuda")
+    lanes = torch.full((a.shape[0] // 4, N // 64, 16), -1, dtype=torch.int32, device="cuda")
+    folded_grouped_gemm(a, b, table.bounds, out, lanes, config)
+    plain = grouped_gemm(a, b, table.bounds, config=config)
+    assert torch.equal(out.view(torch.int32), plain.view(torch.int32))
+
+    tiles = row_tiles(table)
+    pow_key = torch.arange(8, dtype=torch.int32, device="cuda") * 0x01010101
+    latch = LotteryLatch("cuda", {})
+    latch.set_header(sum(SIZES), len(SIZES) * N, K, 3, sum(SIZES) * K, sum(SIZES) * K // 4)
+    want = torch.zeros((tiles.row_start.shape[0], N // 64, 8), dtype=torch.int32, device="cuda")
+    got = torch.zeros_like(want)
+    latch.run(plain, tiles, pow_key, _words(0), _words(7), {}, tickets=want)
+    latch.run_folded(lanes, tiles, pow_key, _words(0), _words(7), {}, tickets=got)
+    live = tiles.row_start >= 0
+    assert int(live.sum()) == sum(size // 4 for size in SIZES)
+    assert torch.equal(got[live], want[live])
+    latch.run_folded(lanes, tiles, pow_key, _words(-1), _words(7), {})  # every ticket ≤ 2²⁵⁶ − 1
+    latch.publish()
+    torch.cuda.synchronize()
+    record = latch.poll()
+    assert record is not None and 4 * record.tile_row + 3 < SIZES[record.group_id]
+    slot = int(torch.nonzero((tiles.expert == record.group_id) & (tiles.local == record.tile_row) & live)[0, 0])
+    assert record.ticket == want[slot, record.tile_column].cpu().numpy().astype("<i4").tobytes()
