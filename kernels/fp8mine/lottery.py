@@ -311,8 +311,8 @@ class LotteryLatch:
         self.capture(sources)
 
     def buffers(self, pow_key: torch.Tensor, threshold_: torch.Tensor, seed_b: torch.Tensor) -> LotteryBuffers:
-        """This latch's words with a launch's key, threshold and seedB: what a lottery kernel
-        (the pass here, or the GEMM epilogue's) reads and writes."""
+        """This latch's words with a launch's key, threshold and seedB: what the lottery kernel
+        reads and writes."""
         return LotteryBuffers(pow_key.contiguous().view(-1), threshold_.contiguous().view(-1),
                               seed_b.contiguous().view(-1), self.lock, self.record, self.fresh, self.header)
 
