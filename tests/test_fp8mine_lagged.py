@@ -281,11 +281,11 @@ COMPILE = textwrap.dedent("""
             options={"enable_fp_fusion": False, "num_warps": 8})
         print("FRONT-LOCAL", ".local" in front.asm["ptx"])  # no stack frame at the decode shapes
     mined = triton.compile(ASTSource(fn=lottery._lottery_kernel, signature={
-        "acc_ptr": "*i64", "n": "i32", "tile_row_ptr": "*i32", "tile_expert_ptr": "*i32", "tile_local_ptr": "*i32",
+        "src_ptr": "*i64", "n": "i32", "tile_row_ptr": "*i32", "tile_expert_ptr": "*i32", "tile_local_ptr": "*i32",
         "num_tiles": "i32", "key_ptr": "*i32", "thr_ptr": "*i32", "seed_b_ptr": "*i32",
         "lock_ptr": "*i32", "record_ptr": "*i32", "fresh_ptr": "*i32", "header_ptr": "*i32",
-        "tickets_ptr": "*i32", "BT": "constexpr", "STORE_TICKETS": "constexpr"},
-        constexprs={"BT": 128, "STORE_TICKETS": False}), target=target)
+        "tickets_ptr": "*i32", "BT": "constexpr", "STORE_TICKETS": "constexpr", "FOLDED": "constexpr"},
+        constexprs={"BT": 128, "STORE_TICKETS": False, "FOLDED": False}), target=target)
     print("PAIR-LOADS", mined.asm["ptx"].count("ld.global.b64"))
 """)
 
