@@ -310,7 +310,8 @@ class MinedPass:
             raise PipelineError(f"side_split must be a positive number of programs, got {side_split}")
         if lagged:
             self._lag = _LagPair.zeros(experts, rows, k, device)
-            self._side_sync = torch.zeros((2, experts), dtype=torch.int32, device=device)  # left zero by each launch
+            # the one-kernel side chain's hand-off words (left zero by each launch); staged: none
+            self._side_sync = torch.zeros((2, experts), dtype=torch.int32, device=device) if self.fused_a else None
             # the staged A side writes PENDING through a copy of this (its kernels take no phase)
             self._staging = (_LagState.within(torch.zeros(4 * self._lag.lag.words, dtype=torch.uint8, device=device),
                                               experts, rows, k) if not self.fused_a else None)
