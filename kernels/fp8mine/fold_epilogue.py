@@ -35,8 +35,8 @@ from quack.gemm_default_epi import GemmDefaultEpiMixin
 from kernels.grouped_gemm import launch_variant
 from kernels.grouped_gemm_config import GroupedGemmConfig, Output, Precision, select_config
 from kernels.grouped_gemm_sm90 import GroupedGemmFp32AccSm90, compile_variant
+from proof.fp8.lottery import FOLD_MULTIPLIER, FOLD_ROTATION
 
-FOLD_MULTIPLIER = 0x9E3779B1
 _BLOCK_COLS = 64  # a lottery tile's columns: 8 column groups of the accumulator fragment
 _MAX_BLOCKS_PER_THREAD = 6  # (row halves × 64-column blocks) a thread folds: 192-wide tiles, no spill
 
@@ -47,13 +47,13 @@ def _u32(x: Float32) -> Uint32:
 
 def _fold(acc: cute.Tensor, h: int, mm: int, mn: int, block: int) -> Uint32:
     """This thread's fold lane for row half h and 64-column block `block` of fragment (mm, mn):
-    lane = rotl13(lane·0x9E3779B1 + bits) over columns 8·nb + 2g + c in (nb, c) order, each value
+    lane = rotl13(lane·0x9E3779B1 + bits) (proof.fp8.lottery's constants) over columns 8·nb + 2g + c in (nb, c) order, each value
     +0-normalised as the Hopper model writes a zero."""
     lane = Uint32(0)
     for nb in range(8 * block, 8 * block + 8):
         for c in range(2):
             x = lane * Uint32(FOLD_MULTIPLIER) + _u32(acc[(c, h, nb), mm, mn] + Float32(0.0))
-            lane = (x << 13) | (x >> 19)
+            lane = (x << FOLD_ROTATION) | (x >> (32 - FOLD_ROTATION))
     return lane
 
 
