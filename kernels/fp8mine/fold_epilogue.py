@@ -131,10 +131,12 @@ def fits(config: GroupedGemmConfig, n: int) -> bool:
     return row_halves * config.tile_n // _BLOCK_COLS <= _MAX_BLOCKS_PER_THREAD
 
 
-def fold_config(rows: int, b: torch.Tensor) -> GroupedGemmConfig:
-    """The config a launch of `rows` A rows against b (e, n, k) runs (the selector's)."""
-    experts, n, k = b.shape
-    return select_config(Precision.FP8, rows, experts, n, k)
+@functools.lru_cache(maxsize=256)
+def fold_config(rows: int, experts: int, n: int, k: int) -> GroupedGemmConfig | None:
+    """The config a launch of `rows` A rows against b (experts, n, k) runs (the selector's), or
+    None where it does not `fit`. Cached: the same-launch pass asks on every launch."""
+    config = select_config(Precision.FP8, rows, experts, n, k)
+    return config if fits(config, n) else None
 
 
 def _fake_epilogue(m, n, num_experts) -> FoldEpilogueArguments:
@@ -156,12 +158,13 @@ def folded_grouped_gemm(a: torch.Tensor, b: torch.Tensor, bounds: torch.Tensor, 
     w at [(bounds[w] + 4t) // 4, c] (whole tiles never share a row, so never an entry).
 
     a (rows, k) e4m3 in expert order, b (e, n, k) e4m3, bounds (e+1,) int32 row offsets.
-    config: one that `fits` (default: `fold_config`, which the caller checked with `fits`).
+    config: one that `fits` (default: `fold_config`'s).
     """
     experts, n, k = b.shape
-    config = config or fold_config(a.shape[0], b)
-    if not fits(config, n):
-        raise ValueError(f"config {config.key} does not fit the fold epilogue at n = {n}")
+    config = config or fold_config(a.shape[0], experts, n, k)
+    if config is None or not fits(config, n):
+        name = "the selector's config" if config is None else config.key
+        raise ValueError(f"{name} does not fit the fold epilogue for {a.shape[0]} rows × {tuple(b.shape)}")
     if lanes.dtype != torch.int32 or lanes.shape != (a.shape[0] // 4, n // _BLOCK_COLS, 16):
         raise ValueError(f"lanes must be int32 ({a.shape[0] // 4}, {n // _BLOCK_COLS}, 16), "
                          f"got {lanes.dtype} {tuple(lanes.shape)}")

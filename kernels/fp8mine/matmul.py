@@ -115,8 +115,8 @@ def fold_in_gemm(rows: int, b: torch.Tensor, impl: str | None = None) -> bool:
     against b in the GEMM's epilogue: CUDA, the CuTe GEMM, and a config the epilogue supports."""
     if not FOLD_IN_EPILOGUE or b.device.type != "cuda" or (impl or gemm_impl()) != "cute":
         return False
-    from .fold_epilogue import fits, fold_config
-    return fits(fold_config(rows, b), b.shape[1])
+    from .fold_epilogue import fold_config
+    return fold_config(rows, *b.shape) is not None
 
 
 def folded_lanes(rows: int, n: int, device: torch.device) -> torch.Tensor:
