@@ -45,6 +45,7 @@ def test_kernels_compile_for_sm90a_and_spills_stay_within_the_measured_defaults(
     # second accumulator is what spilled in the prefill mined GEMM).
     split = [name for name in results if name.startswith(("gemm_prefill_raw", "gemm_noise_product", "split_peel"))]
     assert len(split) == 4 and all(results[name]["stack_bytes"] == 0 for name in split)
+    assert results["tile_lottery"]["stack_bytes"] == 0  # the CuTe transcript GEMM's tickets
     assert all(results[name]["stack_bytes"] == 0
                for name in ("noised", "noised_mma_64", "noised_mma_64_r256"))
     # The bandwidth-bound A-side kernels keep everything in registers: a spill would be traffic.

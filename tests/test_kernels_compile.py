@@ -101,3 +101,25 @@ def test_fold_epilogue_compiles_where_it_fits(config: GroupedGemmConfig) -> None
     row_halves = 2 * (config.tile_m // 64 if config.pingpong else 1)
     assert len(re.findall(r"\bSTG\.E\b", sass)) == row_halves * config.tile_n // 64
     assert not re.search(r"\b(LDL|STL)\b", sass), "registers spilled to local memory"
+
+
+INT8_CONFIGS = [c for p, c in CASES if p is Precision.INT8]
+
+
+@pytest.mark.parametrize("config", INT8_CONFIGS, ids=[c.key for c in INT8_CONFIGS])
+def test_int7_transcript_gemm_compiles_where_it_fits(config: GroupedGemmConfig) -> None:
+    """The INT7 mined GEMM that folds the transcript in its main loop
+    (kernels.int7.transcript_gemm): every int8 config that `fits` builds with IGMMA, three
+    butterfly shuffles per lottery tile a thread holds (one chunk's XOR: one fold site in the
+    k loop), two word stores per tile, and no spills; 160- and 192-wide tiles are refused."""
+    from kernels.int7.transcript_gemm import compile_transcript_gemm, fits
+
+    if not fits(config, 4096, 6144):
+        assert config.tile_n % 128
+        return
+    sass = compile_transcript_gemm(config).__sass__
+    assert set(re.findall(MMA_SASS[Precision.INT8], sass)) == {str(config.tile_n)}
+    tiles = 2 * (config.tile_m // 64 if config.pingpong else max(1, config.tile_m // 128)) * config.tile_n // 128
+    assert len(re.findall(r"\bSHFL\.BFLY\b", sass)) == 3 * tiles
+    assert len(re.findall(r"\bSTG\.E\b", sass)) == 2 * tiles
+    assert not re.search(r"\b(LDL|STL)\b", sass), "registers spilled to local memory"

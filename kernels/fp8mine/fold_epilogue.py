@@ -20,7 +20,7 @@ import time, like kernels.grouped_gemm_sm90.
 from __future__ import annotations
 
 import functools
-from typing import Callable, NamedTuple, Optional
+from typing import Callable
 
 import cutlass
 import cutlass.cute as cute
@@ -28,13 +28,11 @@ import torch
 from cutlass import Float32, Int32, Uint32, const_expr
 from cutlass._mlir_helpers.arith import bitcast
 from cutlass.cutlass_dsl import T
-from quack.compile_utils import make_fake_tensor
-from quack.cute_dsl_utils import mlir_namedtuple
-from quack.gemm_default_epi import GemmDefaultEpiMixin
 
 from kernels.grouped_gemm import launch_variant
 from kernels.grouped_gemm_config import GroupedGemmConfig, Output, Precision, select_config
 from kernels.grouped_gemm_sm90 import GroupedGemmFp32AccSm90, compile_variant
+from kernels.tile_words_epilogue import TileWordsParamsMixin, fake_tile_words_arguments, tile_words_arguments
 from proof.fp8.lottery import FOLD_MULTIPLIER, FOLD_ROTATION
 
 _BLOCK_COLS = 64  # a lottery tile's columns: 8 column groups of the accumulator fragment
@@ -83,42 +81,8 @@ class FoldEpilogueMixin:
                             params.lottery_lanes[(start + 4 * t) // 4, col_tile, j] = Int32(lane)
 
 
-@mlir_namedtuple
-class FoldEpilogueArguments(NamedTuple):
-    """quack's default epilogue arguments (all unused here), the row bounds and the lanes."""
-
-    alpha: Optional[Float32 | cute.Tensor] = None
-    beta: Optional[Float32 | cute.Tensor] = None
-    mRowVecBroadcast: Optional[cute.Tensor] = None
-    mColVecBroadcast: Optional[cute.Tensor] = None
-    add_to_output: cutlass.Constexpr[bool] = False
-    rounding_mode: cutlass.Constexpr[int] = 0
-    sr_seed: Optional[Int32 | cute.Tensor] = None
-    split_k_semaphore: Optional[cute.Tensor] = None
-    split_k_workspace: Optional[cute.Tensor] = None
-    mSFD: Optional[cute.Tensor] = None
-    sfd_norm_const: Optional[Float32 | cute.Tensor] = None
-    mSFDCol: Optional[cute.Tensor] = None
-    lottery_bounds: Optional[cute.Tensor] = None
-    lottery_lanes: Optional[cute.Tensor] = None
-
-
-_FOLD_FIELDS = ("lottery_bounds", "lottery_lanes")
-
-
-class Fp32FoldSm90(FoldEpilogueMixin, GroupedGemmFp32AccSm90):
+class Fp32FoldSm90(TileWordsParamsMixin, FoldEpilogueMixin, GroupedGemmFp32AccSm90):
     """The raw fp32 accumulator out (as GroupedGemmFp32AccSm90) with the lottery's fold in the epilogue."""
-
-    EpilogueArguments = FoldEpilogueArguments
-    _extra_param_fields = GemmDefaultEpiMixin._extra_param_fields + tuple(
-        (name, Optional[cute.Tensor], None) for name in _FOLD_FIELDS)
-
-    def epi_to_underlying_arguments(self, args, *, loc=None, ip=None):
-        self.rounding_mode = args.rounding_mode
-        d = self._epi_ops_to_params_dict(args)
-        d["split_k_semaphore"] = d["split_k_workspace"] = None
-        d.update({name: getattr(args, name) for name in _FOLD_FIELDS})
-        return self.EpilogueParams(**d)
 
 
 def fits(config: GroupedGemmConfig, n: int) -> bool:
@@ -139,16 +103,10 @@ def fold_config(rows: int, experts: int, n: int, k: int) -> GroupedGemmConfig | 
     return config if fits(config, n) else None
 
 
-def _fake_epilogue(m, n, num_experts) -> FoldEpilogueArguments:
-    return FoldEpilogueArguments(
-        lottery_bounds=make_fake_tensor(Int32, (cute.sym_int(),), leading_dim=0),
-        lottery_lanes=make_fake_tensor(Int32, (cute.sym_int(), cute.sym_int(), 16), leading_dim=2))
-
-
 @functools.lru_cache(maxsize=None)
 def compile_fold_gemm(config: GroupedGemmConfig) -> Callable:
     """The fp8 → raw fp32 grouped GEMM with the fold epilogue, for sm_90a (fake tensors)."""
-    return compile_variant(Fp32FoldSm90, Precision.FP8, Output.FP32, config, _fake_epilogue)
+    return compile_variant(Fp32FoldSm90, Precision.FP8, Output.FP32, config, fake_tile_words_arguments)
 
 
 def folded_grouped_gemm(a: torch.Tensor, b: torch.Tensor, bounds: torch.Tensor, out: torch.Tensor,
@@ -168,7 +126,5 @@ def folded_grouped_gemm(a: torch.Tensor, b: torch.Tensor, bounds: torch.Tensor, 
     if lanes.dtype != torch.int32 or lanes.shape != (a.shape[0] // 4, n // _BLOCK_COLS, 16):
         raise ValueError(f"lanes must be int32 ({a.shape[0] // 4}, {n // _BLOCK_COLS}, 16), "
                          f"got {lanes.dtype} {tuple(lanes.shape)}")
-    epi = FoldEpilogueArguments(add_to_output=None, rounding_mode=None,  # compile-time fields travel as None
-                                lottery_bounds=bounds, lottery_lanes=lanes)
-    launch_variant(compile_fold_gemm(config), a, b, bounds, out, config, epi)
+    launch_variant(compile_fold_gemm(config), a, b, bounds, out, config, tile_words_arguments(bounds, lanes))
     return out

@@ -144,7 +144,7 @@ def _halves(t, LANES: tl.constexpr, N: tl.constexpr):
 
 
 @jit
-def _block_tile(base, first, limit, live, LANES: tl.constexpr):
+def block_tile(base, first, limit, live, LANES: tl.constexpr):
     """Words first..first+15 of every lane's run at base (per-lane pointers and word offsets) as
     one (LANES, 16) tile: a warp's load covers whole 64-byte runs of several lanes (a few cache
     lines a request, not one line per lane and word); words at or past `limit` read as zero."""
@@ -154,7 +154,7 @@ def _block_tile(base, first, limit, live, LANES: tl.constexpr):
 
 
 @jit
-def _tile_words(tile, LANES: tl.constexpr):
+def tile_words(tile, LANES: tl.constexpr):
     """The 16 columns of a (LANES, 16) tile as lane tensors m0..m15 (one layout change through
     shared memory per block; each lane then holds its whole block in registers)."""
     e, o = _halves(tile, LANES, 16)  # words 2j, 2j+1
@@ -190,12 +190,12 @@ def chunk_chaining_value(base, chunk, words_per_instance, live,
     counter = chunk.to(tl.uint32)
     w = chunk.to(tl.int64) * 256
     lanes = base + w * 0  # one pointer per lane
-    ahead = _block_tile(lanes, w, words_per_instance, live, LANES)
+    ahead = block_tile(lanes, w, words_per_instance, live, LANES)
     for block in range(16):
         tile = ahead
         w += 16
-        ahead = _block_tile(lanes, w, words_per_instance, live & (block < 15), LANES)
-        m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15 = _tile_words(tile, LANES)
+        ahead = block_tile(lanes, w, words_per_instance, live & (block < 15), LANES)
+        m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15 = tile_words(tile, LANES)
         start = tl.where(block == 0, 1, 0)  # CHUNK_START
         end = tl.where(block == 15, 2 | last_flags, 0)  # CHUNK_END (| ROOT for a one-chunk tree)
         flags = tl.full(counter.shape, 16, tl.uint32) | (start | end)

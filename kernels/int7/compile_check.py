@@ -21,7 +21,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from . import a_side, activations, blake3, mined_gemm, noise, seeds, split_peel, winner
+from . import a_side, activations, blake3, mined_gemm, noise, seeds, split_peel, tile_lottery, winner
 from kernels.triton_jit import INTERPRETING
 
 TARGET = GPUTarget("cuda", 90, 32)
@@ -181,6 +181,10 @@ def _split_peel_variants() -> list[tuple[str, object, dict, dict, int, int]]:
          {"small_ptr": "*i8", "wide_ptr": "*i32", "out_ptr": "*i8", "rows": "i32", "R": "constexpr",
           "DIGITS": "constexpr", "WIDE_FIRST": "constexpr", "BR": "constexpr"},
          {"R": 128, "DIGITS": digits, "WIDE_FIRST": 1, "BR": split_peel._DIGIT_ROWS}, 4, 1),
+        ("tile_lottery", tile_lottery._tile_lottery_kernel,  # tickets of the CuTe transcript GEMM's words
+         {"words_ptr": "*i32", "key_ptr": "*i32", "bound_ptr": "*i32", "mvalid_ptr": "*i32", "record_ptr": "*i32",
+          "dump_ptr": "*i32", "tile_rows": "i32", **{name: "constexpr" for name in ("H", "BN", "BT", "DUMP")}},
+         {"H": mined_gemm.TILE_H, "BN": 128, "BT": tile_lottery.TILES_PER_PROGRAM, "DUMP": 0}, 4, 1),
     ]
 
 

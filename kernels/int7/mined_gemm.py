@@ -28,13 +28,12 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from proof.int7.config import MAX_WORKER_INPUT
 
 from kernels.triton_jit import jit, pdl_enabled, pdl_launch
-from .blake3 import compress
+from .tickets import draw_and_claim, store_dump, xor_combine
 
 TILE_H = 2  # lottery tile rows: the protocol's smallest even height, so a tile spans the block width
 TILE_WIDTHS = (128, 64, 32, 16)  # block_n options = lottery tile widths, widest first
 RECORD_WORDS = 16  # [0] claim, [1] instance, [2] tile row, [3] tile column, [4:12] ticket words
 DUMP_WORDS = 24  # per tile: 16 transcript words, 8 ticket words
-_NO_TILE = tl.constexpr(2**31 - 1)  # a global read inside a kernel must be constexpr
 
 
 class MinedGemmError(ValueError):
@@ -74,16 +73,6 @@ class Tiling:
     block_k: int
     num_warps: int = 4
     num_stages: int = 3
-
-
-@jit
-def _xor_combine(a, b):
-    return a ^ b
-
-
-@jit
-def _min_combine(a, b):
-    return tl.minimum(a, b)
 
 
 @jit
@@ -139,7 +128,7 @@ def _row_xor(acc):
     A reduction along the column axis only: in-thread XORs and warp shuffles (plus a few words
     through shared memory where warps split the columns); the accumulator keeps its MMA layout.
     """
-    return tl.reduce(acc.to(tl.uint32, bitcast=True), 1, _xor_combine)
+    return tl.reduce(acc.to(tl.uint32, bitcast=True), 1, xor_combine)
 
 
 @jit
@@ -156,13 +145,7 @@ def _tile_rows(words, BM: tl.constexpr, H: tl.constexpr):
     Folding (rotl13, XOR) is linear over XOR, so XOR-combining the rows' finished transcripts
     equals the transcript of the rows' XOR at every chunk.
     """
-    return tl.reduce(tl.reshape(words, (BM // H, H)), 1, _xor_combine)
-
-
-@jit
-def _pick(values, selected):
-    """The value at the single selected position of a 1-D tile vector."""
-    return tl.reduce(tl.where(selected, values, tl.full(values.shape, 0, tl.uint32)), 0, _xor_combine)
+    return tl.reduce(tl.reshape(words, (BM // H, H)), 1, xor_combine)
 
 
 @jit
@@ -218,49 +201,18 @@ def _mined_gemm_kernel(an_ptr, ac_ptr, bt_ptr, apb_ptr, ub_ptr, key_ptr, bound_p
         t8, t9, t10, t11 = _tile_rows(j8, BM, H), _tile_rows(j9, BM, H), _tile_rows(j10, BM, H), _tile_rows(j11, BM, H)
         t12, t13, t14, t15 = (_tile_rows(j12, BM, H), _tile_rows(j13, BM, H), _tile_rows(j14, BM, H),
                               _tile_rows(j15, BM, H))
-        tzero = tl.full((BM // H,), 0, tl.uint32)
         ready_words = lag_set(phase_ptr, PHASED, 0) * phase_words
-        kw = key_ptr + ready_words + e * 8
-        c0, c1, c2, c3, c4, c5, c6, c7 = compress(
-            tzero + tl.load(kw).to(tl.uint32, bitcast=True),
-            tzero + tl.load(kw + 1).to(tl.uint32, bitcast=True),
-            tzero + tl.load(kw + 2).to(tl.uint32, bitcast=True),
-            tzero + tl.load(kw + 3).to(tl.uint32, bitcast=True),
-            tzero + tl.load(kw + 4).to(tl.uint32, bitcast=True),
-            tzero + tl.load(kw + 5).to(tl.uint32, bitcast=True),
-            tzero + tl.load(kw + 6).to(tl.uint32, bitcast=True),
-            tzero + tl.load(kw + 7).to(tl.uint32, bitcast=True),
-            t0, t1, t2, t3, t4, t5, t6, t7, t8, t9, t10, t11, t12, t13, t14, t15,
-            tzero, tzero + 27)  # CHUNK_START | CHUNK_END | ROOT | KEYED_HASH
-        ticket = (c0, c1, c2, c3, c4, c5, c6, c7)
-        below = tzero != tzero
-        equal = tzero == tzero
-        for i in tl.static_range(8):
-            word = ticket[7 - i]
-            limit = tl.load(bound_ptr + (7 - i)).to(tl.uint32, bitcast=True)
-            below = below | (equal & (word < limit))
-            equal = equal & (word == limit)
         tiles_n = N // BN
         tr = pid_m * (BM // H) + tl.arange(0, BM // H)
         eligible = (tr + 1) * H <= tl.load(mvalid_ptr + ready_words + e)
-        wins = (below | equal) & eligible
         linear = tr * tiles_n + pid_n
+        c0, c1, c2, c3, c4, c5, c6, c7 = draw_and_claim(
+            t0, t1, t2, t3, t4, t5, t6, t7, t8, t9, t10, t11, t12, t13, t14, t15,
+            key_ptr + ready_words + e * 8, bound_ptr, eligible, linear, tiles_n, e, record_ptr, H, BN)
         if DUMP:
-            slot = dump_ptr + ((e * (M // H) * tiles_n + linear.to(tl.int64)) * 24)
-            words = (t0, t1, t2, t3, t4, t5, t6, t7, t8, t9, t10, t11, t12, t13, t14, t15)
-            for i in tl.static_range(16):
-                tl.store(slot + i, words[i].to(tl.int32, bitcast=True))
-            for i in tl.static_range(8):
-                tl.store(slot + 16 + i, ticket[i].to(tl.int32, bitcast=True))
-        best = tl.reduce(tl.where(wins, linear, _NO_TILE), 0, _min_combine)
-        if best < _NO_TILE:
-            if tl.atomic_cas(record_ptr, 0, 1) == 0:
-                selected = linear == best
-                tl.store(record_ptr + 1, e.to(tl.int32))
-                tl.store(record_ptr + 2, (best // tiles_n) * H)
-                tl.store(record_ptr + 3, (best % tiles_n) * BN)
-                for i in tl.static_range(8):
-                    tl.store(record_ptr + 4 + i, _pick(ticket[i], selected).to(tl.int32, bitcast=True))
+            store_dump(dump_ptr + ((e * (M // H) * tiles_n + linear.to(tl.int64)) * 24),
+                       t0, t1, t2, t3, t4, t5, t6, t7, t8, t9, t10, t11, t12, t13, t14, t15,
+                       c0, c1, c2, c3, c4, c5, c6, c7, tr >= 0)
     if PEEL:  # A·B' from the second accumulator
         if WAIT_APB:
             gdc_wait()

@@ -43,11 +43,22 @@ from .blake3 import KeyedTrees, bytes_from_words, keyed_trees, words_from_bytes
 from .mined_gemm import TILE_WIDTHS, LagPhase, Tiling, mined_gemm
 from .noise import dense_sparse_factor, noise_factors, noised
 from .seeds import noise_seed_a, noise_seed_b
+from .tile_lottery import tile_lottery
 from .split_peel import digit_operands, noise_product, peel_digits, peel_operands, q_limbs
 from .winner import INSTANCE, TICKET, TILE_COL, TILE_ROW, WinnerSlot, row_opening
 
 
 SPLIT_PEEL_FROM_ROWS = 128  # rows per expert from which the peel is its own pass (prefill; docs/kernels-int7.md)
+# The split pass's A'·B' and transcript by the CuTe int8 GEMM (transcript_gemm) and its tickets by
+# tile_lottery, where the launch fits, instead of the Triton mined kernel. Off until it has run on
+# the H200 (bit-exact and faster): gpu_check's `cute_transcript` section and timing measure it.
+CUTE_TRANSCRIPT = False
+
+
+def _transcript_config(rows: int, experts: int, n: int, k: int):
+    """transcript_gemm.transcript_config, imported only on CUDA (the module imports cutlass)."""
+    from .transcript_gemm import transcript_config
+    return transcript_config(rows, experts, n, k)
 
 
 class PipelineError(ValueError):
@@ -250,12 +261,16 @@ class MinedPass:
     split_peel: the mined GEMM writes A'·B' and `split_peel` peels it in its own pass (no second MMA
     over the weights); None picks it from SPLIT_PEEL_FROM_ROWS rows per expert (prefill), where
     the stacked peel's second MMA doubles a compute-bound GEMM. Not with the fused or lagged A side.
+    cute_transcript (split peel only): A'·B' and the transcript words by the CuTe GEMM
+    (`transcript_gemm`), the tickets by `tile_lottery`; None uses it where CUTE_TRANSCRIPT is on
+    and the launch fits (CUDA, 2 × 128 tiles, K a multiple of 128, the int8 selector's config).
     """
 
     def __init__(self, job: MiningJob, rows: int, *, tokens: int | None = None,
                  tiling: Tiling | None = None, write_i32: bool = False,
                  fused_a: bool | None = None, lagged: bool = False, side_warps: int = SIDE_WARPS,
-                 split_peel: bool | None = None, side_split: int | None = None) -> None:
+                 split_peel: bool | None = None, side_split: int | None = None,
+                 cute_transcript: bool | None = None) -> None:
         if job.ready is not None:  # the job's B side ran on a side stream: order it before us
             torch.cuda.current_stream(job.bt.device).wait_event(job.ready)
         self.job = job
@@ -301,6 +316,7 @@ class MinedPass:
             self._peel_operands = peel_operands(experts, rows, n, job.config.rank, k, device)
             # Qᵀ = B'·P_A streams the weights while the compute-bound mined GEMM runs beside it
             self._q_stream = torch.cuda.Stream(device, priority=-1) if device.type == "cuda" else None
+        self._transcript = self._transcript_buffers(cute_transcript)
         self.lagged = lagged
         if side_warps not in SIDE_WARPS_CHOICES:
             raise PipelineError(f"side_warps must be one of {SIDE_WARPS_CHOICES}, got {side_warps}")
@@ -462,6 +478,22 @@ class MinedPass:
                    tile_w=config.w, out=self.out, out_i32=self.out_i32, dump=self.dump,
                    tiling=self.tiling, lag=lag, after_apb=after_apb)
 
+    def _transcript_buffers(self, wanted: bool | None) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(row bounds, transcript words) of the CuTe transcript GEMM when the split pass uses it."""
+        job = self.job
+        experts, n, k = job.bt.shape
+        fits = (self.split_peel and job.bt.device.type == "cuda" and job.config.rank == 128
+                and (job.config.h, job.config.w) == (2, 128) and self.rows % 2 == 0 and _transcript_config(experts * self.rows, experts, n, k) is not None)
+        if wanted and not fits:
+            raise PipelineError(f"the CuTe transcript GEMM needs the split peel on CUDA, rank 128, 2 × 128 tiles "
+                                f"and a config that fits; got {self.rows} rows × {tuple(job.bt.shape)}, "
+                                f"tile {job.config.h} × {job.config.w}")
+        if not (fits and (CUTE_TRANSCRIPT if wanted is None else wanted)):
+            return None
+        device = job.bt.device
+        bounds = torch.arange(experts + 1, device=device, dtype=torch.int32) * self.rows
+        return bounds, torch.empty((experts * self.rows // 2, n // 128, 16), dtype=torch.int32, device=device)
+
     def _gemm_split(self, a_noised: torch.Tensor, a_clean: torch.Tensor, apb: torch.Tensor,
                     s_a: torch.Tensor, scale: torch.Tensor, factors: _AFactors) -> None:
         """The mined GEMM writing A'·B', then Qᵀ = B'·P_A over the weights and the peel pass."""
@@ -477,10 +509,17 @@ class MinedPass:
             noise_product(job.bt_noised.view(instances, -1, k), p_a_t, self._q_t.view(instances, -1, config.rank))
             digit_operands(factors.u_rows.contiguous(), apb.contiguous(), self._q_t, job.u_b,
                            digits=q_limbs(k), left=left, right=right)
-        mined_gemm(a_noised.contiguous(), a_clean.contiguous(), job.bt_noised, apb.contiguous(),
-                   job.u_b, s_a, job.bound, self.rows_valid, self.slot.record, scale, job.scale_b,
-                   rank=config.rank, tile_h=config.h, tile_w=config.w, out=None, out_i32=self._raw,
-                   dump=self.dump, tiling=self.tiling, peel=False)
+        if self._transcript is not None:
+            from .transcript_gemm import transcript_gemm
+            bounds, words = self._transcript
+            transcript_gemm(a_noised.contiguous().view(-1, k), job.bt_noised, bounds, self._raw.view(-1, n), words)
+            tile_lottery(words, s_a, job.bound, self.rows_valid, self.slot.record, rows=self.rows,
+                         tile_h=config.h, tile_w=config.w, dump=self.dump)
+        else:
+            mined_gemm(a_noised.contiguous(), a_clean.contiguous(), job.bt_noised, apb.contiguous(),
+                       job.u_b, s_a, job.bound, self.rows_valid, self.slot.record, scale, job.scale_b,
+                       rank=config.rank, tile_h=config.h, tile_w=config.w, out=None, out_i32=self._raw,
+                       dump=self.dump, tiling=self.tiling, peel=False)
         if main is not None:
             main.wait_stream(self._q_stream)
         peel_digits(self._raw, left, right, scale, job.scale_b, rank=config.rank, out=self.out,

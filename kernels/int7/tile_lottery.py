@@ -1,0 +1,70 @@
+"""The INT7 lottery over stored tile transcripts: the tickets, the bound and the first-winner
+claim of tiles whose 16 transcript words a GEMM wrote (`transcript_gemm`, the CuTe mined GEMM
+that folds the transcript in its main loop and leaves the BLAKE3 work to this pass).
+
+A program takes BT tile rows of one column tile of one instance; its tiles' words arrive as one
+(BT, 16) load (64 contiguous bytes a tile) and become 16 lane vectors (`blake3.tile_words`); the
+tickets, compare and claim are the Triton mined GEMM's own (`tickets.draw_and_claim`), so the
+record is the same: [1] instance, [2] tile row, [3] tile column, [4:12] the ticket.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.triton_jit import jit
+
+from .blake3 import block_tile, tile_words
+from .mined_gemm import DUMP_WORDS, RECORD_WORDS, MinedGemmError, check_operand
+from .tickets import draw_and_claim, store_dump
+
+TILES_PER_PROGRAM = 64
+
+
+@jit
+def _tile_lottery_kernel(words_ptr, key_ptr, bound_ptr, mvalid_ptr, record_ptr, dump_ptr, tile_rows,
+                         H: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr, DUMP: tl.constexpr):
+    pid_n = tl.program_id(0)
+    tiles_n = tl.num_programs(0)
+    e = tl.program_id(2).to(tl.int64)
+    tr = tl.program_id(1) * BT + tl.arange(0, BT)
+    live = tr < tile_rows
+    slot = (e * tile_rows + tr) * tiles_n + pid_n
+    tile = block_tile(words_ptr + slot * 16, tr * 0, 16, live, BT)
+    m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15 = tile_words(tile, BT)
+    eligible = live & ((tr + 1) * H <= tl.load(mvalid_ptr + e))
+    c0, c1, c2, c3, c4, c5, c6, c7 = draw_and_claim(
+        m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15,
+        key_ptr + e * 8, bound_ptr, eligible, tr * tiles_n + pid_n, tiles_n, e, record_ptr, H, BN)
+    if DUMP:
+        store_dump(dump_ptr + slot * 24, m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15,
+                   c0, c1, c2, c3, c4, c5, c6, c7, live)
+
+
+def tile_lottery(words: torch.Tensor, s_a: torch.Tensor, bound_words: torch.Tensor,
+                 rows_valid: torch.Tensor, record: torch.Tensor, *, rows: int, tile_h: int, tile_w: int,
+                 dump: torch.Tensor | None = None) -> None:
+    """Draw the tickets of E instances' tiles from their transcript words.
+
+    words: (E · rows / tile_h, N / tile_w, 16) int32, tile row t of instance e at [e · rows / tile_h
+    + t]; s_a (E, 8) int32 ticket keys; bound_words (8,) int32 LE; rows_valid (E,) int32 rows that
+    may hold winning tiles; record (16,) int32, [0] = 0 arms it; dump: optional (E, rows / tile_h,
+    N / tile_w, 24) int32 of every tile's words and ticket (checks), as `mined_gemm`'s.
+    """
+    experts = s_a.shape[0]
+    if rows % tile_h or tile_h % 2:
+        raise MinedGemmError(f"{rows} rows per instance do not hold whole {tile_h}-row tiles")
+    tile_rows = rows // tile_h
+    tiles_n = words.shape[1] if words.dim() == 3 else 0
+    check_operand("words", words, (experts * tile_rows, tiles_n, 16), torch.int32)
+    check_operand("s_a", s_a, (experts, 8), torch.int32)
+    check_operand("bound_words", bound_words, (8,), torch.int32)
+    check_operand("rows_valid", rows_valid, (experts,), torch.int32)
+    check_operand("record", record, (RECORD_WORDS,), torch.int32)
+    if dump is not None:
+        check_operand("dump", dump, (experts, tile_rows, tiles_n, DUMP_WORDS), torch.int32)
+    bt = min(TILES_PER_PROGRAM, triton.next_power_of_2(tile_rows))
+    grid = (tiles_n, triton.cdiv(tile_rows, bt), experts)
+    _tile_lottery_kernel[grid](words, s_a, bound_words, rows_valid, record, words if dump is None else dump,
+                               tile_rows, H=tile_h, BN=tile_w, BT=bt, DUMP=int(dump is not None))

@@ -1,0 +1,166 @@
+"""The INT7 mined GEMM on the CuTe grouped int8 GEMM: A'·B' as exact int32, with the INT
+transcript (int-protocol.md §5.2) folded in the main loop; each lottery tile's 16 words are stored
+for `tile_lottery` (tickets, bound, first winner). For prefill, where the Triton mined kernel's
+64 × 128 tiles run ~1.5× slower than this GEMM's 128 × 128 IGMMA tiles (docs/kernels-int7.md).
+
+Why the main loop: S(c), the running sum after chunk c (every r = 128 of K), is needed at every
+chunk, not only at the end. With tile_k = r each k-tile is one chunk, and quack's 8-bit main loop
+already waits for every k-tile's WGMMAs (its promotion path); here the WGMMAs accumulate straight
+into the accumulator and, once they retire, each thread XORs its values of each tile row (a
+lottery tile is 2 rows × 128 columns, within one warp's fragment) and three butterfly shuffles
+give the 8 lanes holding the tile its chunk XOR X_c. The 16 words J[c mod 16] ← rotl13(J) ⊕ X_c
+are spread over those 8 lanes (lane ℓ keeps words 2ℓ and 2ℓ + 1), so every word index is static.
+The two consumer warpgroups' MMAs overlap each other's folds.
+
+Scope (`fits`): tile_k = 128 (one chunk a k-tile: K a multiple of 128), 128-column lottery tiles
+(tile_n and n multiples of 128; no 192/320-row tiles, whose warpgroups split N). This module
+imports cutlass and quack at import time, like kernels.grouped_gemm_sm90.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Callable
+
+import cutlass
+import cutlass.cute as cute
+import torch
+from cutlass import Boolean, Int32, const_expr
+from cutlass.cute.nvgpu import warpgroup
+
+from kernels.grouped_gemm import launch_variant
+from kernels.grouped_gemm_config import GroupedGemmConfig, Output, Precision, select_config
+from kernels.grouped_gemm_sm90 import GroupedGemmInt8Sm90, compile_variant
+from kernels.tile_words_epilogue import TileWordsParamsMixin, fake_tile_words_arguments, tile_words_arguments
+from proof.int7.transcript import JACKPOT_WORDS, ROTATION
+
+CHUNK = 128  # the rank r = tile_k: one transcript chunk a k-tile
+TILE_ROWS, TILE_COLS = 2, 128  # the lottery tile (mined_gemm.lottery_tile's widest)
+_LANES_PER_TILE = 8  # lanes holding one tile's rows in a warp's fragment: 2 rows × 4 column lanes
+_MAX_TILES_PER_THREAD = 4
+
+
+def _rotl(x: Int32) -> Int32:
+    return (x << ROTATION) | ((x >> (32 - ROTATION)) & Int32((1 << ROTATION) - 1))
+
+
+def _xor_tree(values: list) -> Int32:
+    """XOR of the values as a balanced tree (short dependency chains)."""
+    while len(values) > 1:
+        values = [values[i] ^ values[i + 1] if i + 1 < len(values) else values[i]
+                  for i in range(0, len(values), 2)]
+    return values[0]
+
+
+def _thread_tiles(acc: cute.Tensor) -> list[tuple[int, int, int]]:
+    """(mm, h, block) of each lottery tile this thread holds rows of: fragment row atom mm, row
+    half h (rows g and g + 8 of a warp's 16-row slab), 128-column block."""
+    assert cute.size(acc, mode=[2]) == 1, "one MMA atom along N (the warpgroup's whole tile_n)"
+    blocks = cute.size(acc, mode=[0, 2]) * 8 // TILE_COLS
+    return [(mm, h, block) for mm in range(cute.size(acc, mode=[1])) for h in range(2) for block in range(blocks)]
+
+
+def _fold_chunk(acc: cute.Tensor, words: cute.Tensor, slot: Int32, lane: Int32) -> None:
+    """Fold chunk `slot` (c mod 16) of the running sums in `acc` into this lane's words."""
+    for t, (mm, h, block) in enumerate(_thread_tiles(acc)):
+        x = _xor_tree([acc[(c, h, nb), mm, 0] for nb in range(16 * block, 16 * block + 16) for c in range(2)])
+        for mask in (1, 2, 4):  # the tile's 8 lanes: column lanes (1, 2) and the row pair (4)
+            x = x ^ cute.arch.shuffle_sync_bfly(x, offset=mask)
+        for w in range(2):
+            old = words[2 * t + w]
+            words[2 * t + w] = cutlass.select_(slot == 2 * lane + w, _rotl(old) ^ x, old)
+
+
+class TranscriptMainloopMixin:
+    """mma: the main loop with a transcript fold per k-tile; epi_visit_acc: the words stored."""
+
+    @cute.jit
+    def mma(self, ab_pipeline, ab_read_state, mma_fn, acc: cute.Tensor, acc_slow, k_tile_cnt: Int32,
+            warp_group_idx: Int32):
+        words = cute.make_rmem_tensor((2 * len(_thread_tiles(acc)),), Int32)
+        words.fill(0)
+        self.transcript_words = words  # this tile's words, for epi_visit_acc (same trace, same tile)
+        lane = cute.arch.lane_idx() % _LANES_PER_TILE
+        peek = Boolean(True)
+        if 0 < k_tile_cnt:
+            peek = ab_pipeline.consumer_try_wait(ab_read_state)
+        for k_tile in cutlass.range(k_tile_cnt, unroll=1):
+            ab_pipeline.consumer_wait(ab_read_state, peek)
+            mma_fn(A_idx=ab_read_state.index, B_idx=ab_read_state.index, zero_init=k_tile == 0)
+            warpgroup.wait_group(0)
+            ab_pipeline.consumer_release(ab_read_state)
+            ab_read_state.advance()
+            peek = Boolean(True)
+            if k_tile + 1 < k_tile_cnt:
+                peek = ab_pipeline.consumer_try_wait(ab_read_state)
+            _fold_chunk(acc, words, k_tile % JACKPOT_WORDS, lane)
+        if const_expr(self.pingpong):
+            self.pingpong_barrier_arrive(1 - warp_group_idx, stage="mma")
+        return ab_read_state
+
+    @cute.jit
+    def epi_visit_acc(self, params, acc: cute.Tensor, tiled_mma, tile_coord_mnkl, tidx: Int32) -> None:
+        words = self.transcript_words
+        tile_m, tile_n = self.cta_tile_shape_mnk[0], self.cta_tile_shape_mnk[1]
+        ident = tiled_mma.get_slice(tidx).partition_C(cute.make_identity_tensor((tile_m, tile_n)))
+        expert = tile_coord_mnkl[3]
+        start = params.lottery_bounds[expert]
+        rows = params.lottery_bounds[expert + 1] - start
+        lane = cute.arch.lane_idx() % _LANES_PER_TILE
+        tiles = _thread_tiles(acc)
+        for t in cutlass.range_constexpr(len(tiles)):
+            mm, h, block = tiles[t]
+            m, n = ident[(0, h, 16 * block), mm, 0]
+            pair = (tile_coord_mnkl[0] * tile_m + m) // TILE_ROWS  # the tile row, expert-local
+            col_tile = (tile_coord_mnkl[1] * tile_n + n) // TILE_COLS
+            # a cluster's CTA may sit past n (n / tile_n not a multiple of cluster_n)
+            if (TILE_ROWS * pair + TILE_ROWS <= rows) & (col_tile < cute.size(params.lottery_lanes, mode=[1])):
+                for w in cutlass.range_constexpr(2):
+                    params.lottery_lanes[start // TILE_ROWS + pair, col_tile, 2 * lane + w] = words[2 * t + w]
+
+
+class Int8TranscriptSm90(TileWordsParamsMixin, TranscriptMainloopMixin, GroupedGemmInt8Sm90):
+    """int8 grouped GEMM, exact s32 out, with the INT transcript's tile words."""
+
+
+def fits(config: GroupedGemmConfig, n: int, k: int) -> bool:
+    """Whether this kernel runs the config at (n, k): one chunk a k-tile, whole 128-column tiles
+    inside each warpgroup's columns, at most `_MAX_TILES_PER_THREAD` tiles a thread."""
+    if config.tile_k != CHUNK or k % CHUNK or n % TILE_COLS or config.tile_n % TILE_COLS:
+        return False
+    if config.tile_m in (192, 320):
+        return False
+    row_halves = 2 * (config.tile_m // 64 if config.pingpong else max(1, config.tile_m // 128))
+    return row_halves * config.tile_n // TILE_COLS <= _MAX_TILES_PER_THREAD
+
+
+@functools.lru_cache(maxsize=256)
+def transcript_config(rows: int, experts: int, n: int, k: int) -> GroupedGemmConfig | None:
+    """The int8 selector's config for the launch, or None where it does not `fit`."""
+    config = select_config(Precision.INT8, rows, experts, n, k)
+    return config if fits(config, n, k) else None
+
+
+@functools.lru_cache(maxsize=None)
+def compile_transcript_gemm(config: GroupedGemmConfig) -> Callable:
+    """The int8 → s32 grouped GEMM with the transcript, for sm_90a (fake tensors)."""
+    return compile_variant(Int8TranscriptSm90, Precision.INT8, Output.INT32, config, fake_tile_words_arguments)
+
+
+def transcript_gemm(a: torch.Tensor, b: torch.Tensor, bounds: torch.Tensor, out: torch.Tensor,
+                    words: torch.Tensor, config: GroupedGemmConfig | None = None) -> torch.Tensor:
+    """out = A'·B' (int32, exact) per expert, and every whole 2 × 128 lottery tile's 16 transcript
+    words into `words`, int32 (rows / 2, n / 128, 16): tile row t of expert e at [bounds[e] / 2 + t]
+    (so every expert's rows must be even; the pipeline's are).
+
+    a (rows, k) int8 (A′ rows in expert order), b (e, n, k) int8 (B′ᵀ), bounds (e+1,) int32.
+    """
+    experts, n, k = b.shape
+    config = config or transcript_config(a.shape[0], experts, n, k)
+    if config is None or not fits(config, n, k):
+        name = "the selector's config" if config is None else config.key
+        raise ValueError(f"{name} does not fit the transcript GEMM for {a.shape[0]} rows × {tuple(b.shape)}")
+    shape = (a.shape[0] // TILE_ROWS, n // TILE_COLS, JACKPOT_WORDS)
+    if words.dtype != torch.int32 or tuple(words.shape) != shape:
+        raise ValueError(f"words must be int32 {shape}, got {words.dtype} {tuple(words.shape)}")
+    launch_variant(compile_transcript_gemm(config), a, b, bounds, out, config, tile_words_arguments(bounds, words))
+    return out

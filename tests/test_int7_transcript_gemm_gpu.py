@@ -1,0 +1,82 @@
+"""GPU check of the CuTe INT7 transcript GEMM (kernels.int7.transcript_gemm; skipped without a
+GPU): on an uneven grouped launch (an empty expert, row counts that are not multiples of the
+tile) its int32 output is A'·B' exactly and every whole 2 × 128 tile's 16 words are
+proof.int7's transcript; through the pipeline (MinedPass(cute_transcript=True)) a planted
+winner's PlainProof verifies and the tickets equal the Triton mined kernel's.
+"""
+import struct
+
+import numpy as np
+import pytest
+import torch
+
+from kernels.grouped_gemm_config import GroupedGemmConfig
+from proof.int7 import MiningConfig, commit_instance, instance_tickets, ticket_value, tile_transcripts, verify_plain_proof
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+SIZES = [38, 0, 130, 256, 6]
+N, K = 384, 640
+CONFIGS = ["128x128x128_c2x1_coop", "128x128x128_c1x1_coop", "128x128x128_c1x2_coop",
+           "64x128x128_c1x1_pp", "64x128x128_c1x2_coop"]
+
+
+@pytest.mark.parametrize("key", CONFIGS)
+def test_transcript_words_and_product_match_the_reference(key: str) -> None:
+    from kernels.int7.transcript_gemm import transcript_gemm
+
+    gen = np.random.default_rng(3)
+    rows, experts = sum(SIZES), len(SIZES)
+    a = gen.integers(-127, 128, size=(rows, K), dtype=np.int8)
+    bt = gen.integers(-127, 128, size=(experts, N, K), dtype=np.int8)
+    bounds = np.concatenate([[0], np.cumsum(SIZES)]).astype(np.int32)
+    out = torch.empty((rows, N), dtype=torch.int32, device="cuda")
+    words = torch.full((rows // 2, N // 128, 16), -1, dtype=torch.int32, device="cuda")
+    transcript_gemm(torch.from_numpy(a).cuda(), torch.from_numpy(bt).cuda(), torch.from_numpy(bounds).cuda(),
+                    out, words, GroupedGemmConfig.from_key(key))
+    got = words.cpu().numpy().view(np.uint32)
+    for e, size in enumerate(SIZES):
+        lo = bounds[e]
+        product = a[lo:lo + size].astype(np.int64) @ bt[e].astype(np.int64).T
+        assert np.array_equal(out[lo:lo + size].cpu().numpy(), product.astype(np.int32)), f"expert {e} product"
+        if size:
+            want = tile_transcripts(a[lo:lo + size], bt[e], 128, np.arange(size).reshape(-1, 2),
+                                    np.arange(N).reshape(-1, 128))
+            assert np.array_equal(got[lo // 2:(lo + size) // 2], want), f"expert {e} transcript words"
+
+
+BITS = 0x207FFFFF  # an easy target: every ticket meets the bound
+HEADER = struct.pack("<I", 0) + b"\x01" * 32 + b"\x02" * 32 + struct.pack("<II", 0x66666666, BITS)
+
+
+def test_pipeline_planted_winner_verifies_and_tickets_equal_the_triton_kernels() -> None:
+    from kernels.int7.mined_gemm import DUMP_WORDS
+    from kernels.int7.pipeline import SPLIT_PEEL_FROM_ROWS, MinedPass, bound_words, prepare_job
+
+    experts, m, n, k = 2, SPLIT_PEEL_FROM_ROWS, 256, 1024
+    rng = np.random.default_rng(31)
+    weights = rng.integers(-64, 65, (experts, n, k), dtype=np.int8)
+    acts = rng.integers(-64, 65, (experts, m, k), dtype=np.int8)
+    config = MiningConfig(k, 128, list(range(2)), list(range(128)), 0, 0)
+    refs = [commit_instance(HEADER, config, acts[e], weights[e], cert_version=3) for e in range(experts)]
+    job = prepare_job(torch.from_numpy(weights).cuda(), torch.ones(experts, n, device="cuda"),
+                      header76=HEADER, config=config, cert_version=3, bound=0, moe=False)
+    dumps = {}
+    for cute in (False, True):
+        mined = MinedPass(job, m, write_i32=True, split_peel=True, cute_transcript=cute)
+        mined.dump = torch.zeros((experts, m // 2, n // 128, DUMP_WORDS), dtype=torch.int32, device="cuda")
+        mined.run_quantized(torch.from_numpy(acts).cuda(), torch.ones(experts, m, device="cuda"))
+        torch.cuda.synchronize()
+        dumps[cute] = mined.dump.cpu()
+    assert torch.equal(dumps[True], dumps[False])
+    wins = [(e, w) for e, ref in enumerate(refs) for w in instance_tickets(ref)]
+    expert, best = min(wins, key=lambda w: ticket_value(w[1].ticket))
+    job.bound.copy_(bound_words(ticket_value(best.ticket), "cuda"))
+    mined = MinedPass(job, m, write_i32=True, split_peel=True, cute_transcript=True)
+    mined.run_quantized(torch.from_numpy(acts).cuda(), torch.ones(experts, m, device="cuda"))
+    expected = np.einsum("emk,enk->emn", acts.astype(np.int64), weights.astype(np.int64))
+    assert np.array_equal(mined.out_i32.cpu().numpy(), expected)
+    assert mined.winner_record() == {"instance": expert, "t_rows": best.t_rows, "t_cols": best.t_cols,
+                                     "ticket": best.ticket}
+    assert verify_plain_proof(HEADER, mined.take_proof(), bits=BITS, cert_version=3) == (True, "ok")
