@@ -134,9 +134,11 @@ def launch(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, out: torch.T
 
 
 def launch_variant(fn, x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, out: torch.Tensor,
-                   config: GroupedGemmConfig, epi_args, max_sms: int | None = None) -> None:
+                   config: GroupedGemmConfig, epi_args, max_sms: int | None = None,
+                   a_idx: torch.Tensor | None = None) -> None:
     """Launch compiled kernel `fn` (any epilogue) with its epilogue arguments on the current
-    stream, the persistent grid on at most max_sms SMs (whole clusters)."""
+    stream, the persistent grid on at most max_sms SMs (whole clusters); a_idx (out's rows,)
+    int32: the row of x each output row reads, for a variant compiled with `gather`."""
     from quack.gemm_tvm_ffi_utils import make_scheduler_args, make_varlen_args
 
     cluster_size = config.cluster_m * config.cluster_n
@@ -144,7 +146,7 @@ def launch_variant(fn, x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, 
     if max_sms is not None:
         clusters = max(1, min(clusters, max_sms // cluster_size))
     fn(x, w, out, None, epi_args, make_scheduler_args(clusters, config.swizzle, None),
-       make_varlen_args(offsets, None, None), None, None)
+       make_varlen_args(offsets, None, a_idx), None, None)
 
 
 def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, *,

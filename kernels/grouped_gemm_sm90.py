@@ -300,18 +300,22 @@ def _compile(precision: Precision, output: Output, config: GroupedGemmConfig, si
 
 
 def compile_variant(cls: type, precision: Precision, output: Output, config: GroupedGemmConfig,
-                    epilogue: Callable, side_smem: int = 0) -> Callable:
+                    epilogue: Callable, side_smem: int = 0, gather: bool = False) -> Callable:
     """Compile kernel class `cls` (a GemmSm90 with its epilogue) for one config;
-    `epilogue(total_M, N, E)` builds its fake epilogue arguments from the GEMM's symbolic sizes."""
+    `epilogue(total_M, N, E)` builds its fake epilogue arguments from the GEMM's symbolic sizes.
+    gather: A's rows are read through an index (quack's gather_A: output row r reads A row
+    A_idx[r] by cp.async, so A needs no copy into expert order); needs cluster_n = 1."""
+    if gather and config.cluster_n != 1:
+        raise ValueError(f"a gathering GEMM needs cluster_n = 1 (A is not multicast), got {config.key}")
     ab_dtype, d_dtype = AB_DTYPES[precision], D_DTYPES[output]
     mA, mB, mD, mC, m, n, _k, num_experts = make_fake_gemm_tensors(
-        ab_dtype, ab_dtype, d_dtype, None, "k", "k", "n", None, varlen_m=True)
+        ab_dtype, ab_dtype, d_dtype, None, "k", "k", "n", None, varlen_m=True, gather_A=gather)
     scheduler_args = TileSchedulerOptions(
         max_active_clusters=Int32(1), max_swizzle_size=Int32(8),
         raster_order=RasterOrderOption.AlongM if config.raster_along_m else RasterOrderOption.Heuristic)
-    varlen_args = make_fake_varlen_args(True, False, False, None)
+    varlen_args = make_fake_varlen_args(True, False, gather, m)
     with _sm90_smem_without_a_driver() if side_smem else contextlib.nullcontext():
         return compile_gemm_kernel(
             cls, ab_dtype, (config.tile_m, config.tile_n, config.tile_k),
-            (config.cluster_m, config.cluster_n, 1), config.pingpong, True, False, False, SM90,
+            (config.cluster_m, config.cluster_n, 1), config.pingpong, True, gather, False, SM90,
             mA, mB, mD, mC, epilogue(m, n, num_experts), scheduler_args, varlen_args)

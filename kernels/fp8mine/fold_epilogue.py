@@ -32,7 +32,7 @@ from cutlass.cutlass_dsl import T
 from kernels.grouped_gemm import launch_variant
 from kernels.grouped_gemm_config import GroupedGemmConfig, Output, Precision, select_config
 from kernels.grouped_gemm_sm90 import GroupedGemmFp32AccSm90, compile_variant
-from kernels.tile_words_epilogue import TileWordsParamsMixin, fake_tile_words_arguments, tile_words_arguments
+from kernels.mining_epilogue import MiningParamsMixin, fake_tile_words_arguments, mining_arguments
 from proof.fp8.lottery import FOLD_MULTIPLIER, FOLD_ROTATION
 
 _BLOCK_COLS = 64  # a lottery tile's columns: 8 column groups of the accumulator fragment
@@ -61,6 +61,10 @@ class FoldEpilogueMixin:
 
     @cute.jit
     def epi_visit_acc(self, params, acc: cute.Tensor, tiled_mma, tile_coord_mnkl, tidx: Int32) -> None:
+        self.fold_tiles(params, acc, tiled_mma, tile_coord_mnkl, tidx)
+
+    @cute.jit
+    def fold_tiles(self, params, acc: cute.Tensor, tiled_mma, tile_coord_mnkl, tidx: Int32) -> None:
         tile_m, tile_n = self.cta_tile_shape_mnk[0], self.cta_tile_shape_mnk[1]
         ident = tiled_mma.get_slice(tidx).partition_C(cute.make_identity_tensor((tile_m, tile_n)))
         blocks = const_expr(cute.size(acc, mode=[0, 2]) // 8)
@@ -81,7 +85,7 @@ class FoldEpilogueMixin:
                             params.lottery_lanes[(start + 4 * t) // 4, col_tile, j] = Int32(lane)
 
 
-class Fp32FoldSm90(TileWordsParamsMixin, FoldEpilogueMixin, GroupedGemmFp32AccSm90):
+class Fp32FoldSm90(MiningParamsMixin, FoldEpilogueMixin, GroupedGemmFp32AccSm90):
     """The raw fp32 accumulator out (as GroupedGemmFp32AccSm90) with the lottery's fold in the epilogue."""
 
 
@@ -104,27 +108,43 @@ def fold_config(rows: int, experts: int, n: int, k: int) -> GroupedGemmConfig | 
 
 
 @functools.lru_cache(maxsize=None)
-def compile_fold_gemm(config: GroupedGemmConfig) -> Callable:
-    """The fp8 → raw fp32 grouped GEMM with the fold epilogue, for sm_90a (fake tensors)."""
-    return compile_variant(Fp32FoldSm90, Precision.FP8, Output.FP32, config, fake_tile_words_arguments)
+def compile_fold_gemm(config: GroupedGemmConfig, gather: bool = False) -> Callable:
+    """The fp8 → raw fp32 grouped GEMM with the fold epilogue, for sm_90a (fake tensors);
+    gather: A's rows read through an index (`compile_variant`)."""
+    return compile_variant(Fp32FoldSm90, Precision.FP8, Output.FP32, config, fake_tile_words_arguments,
+                           gather=gather)
+
+
+def checked_config(config: GroupedGemmConfig | None, rows: int, b_shape: tuple, gather: bool,
+                   fit=fits) -> GroupedGemmConfig:
+    """The launch's config (default `fold_config`'s), refused with a ValueError where `fit` (the
+    epilogue's) or, gathering, cluster_n = 1 does not hold."""
+    experts, n, k = b_shape
+    config = config or fold_config(rows, experts, n, k)
+    if config is None or not fit(config, n) or (gather and config.cluster_n != 1):
+        name = "the selector's config" if config is None else config.key
+        raise ValueError(f"{name} does not fit this epilogue{' with a gather' if gather else ''} "
+                         f"for {rows} rows × {tuple(b_shape)}")
+    return config
 
 
 def folded_grouped_gemm(a: torch.Tensor, b: torch.Tensor, bounds: torch.Tensor, out: torch.Tensor,
-                        lanes: torch.Tensor, config: GroupedGemmConfig | None = None) -> torch.Tensor:
+                        lanes: torch.Tensor, config: GroupedGemmConfig | None = None,
+                        a_idx: torch.Tensor | None = None) -> torch.Tensor:
     """out = the raw window-promoted fp32 accumulator (as `grouped_gemm` without scales), and every
     whole 4×64 tile's 16 folded lanes into `lanes`, int32 (rows // 4, n / 64, 16): tile t of expert
     w at [(bounds[w] + 4t) // 4, c] (whole tiles never share a row, so never an entry).
 
     a (rows, k) e4m3 in expert order, b (e, n, k) e4m3, bounds (e+1,) int32 row offsets.
-    config: one that `fits` (default: `fold_config`'s).
+    a_idx: (rows,) int32; then a is (tokens, k) and output row r reads a[a_idx[r]] (the GEMM
+    gathers the rows: no copy into expert order). config: one that `fits` (default: `fold_config`'s).
     """
-    experts, n, k = b.shape
-    config = config or fold_config(a.shape[0], experts, n, k)
-    if config is None or not fits(config, n):
-        name = "the selector's config" if config is None else config.key
-        raise ValueError(f"{name} does not fit the fold epilogue for {a.shape[0]} rows × {tuple(b.shape)}")
-    if lanes.dtype != torch.int32 or lanes.shape != (a.shape[0] // 4, n // _BLOCK_COLS, 16):
-        raise ValueError(f"lanes must be int32 ({a.shape[0] // 4}, {n // _BLOCK_COLS}, 16), "
+    n = b.shape[1]
+    rows = a.shape[0] if a_idx is None else a_idx.shape[0]
+    config = checked_config(config, rows, tuple(b.shape), a_idx is not None)
+    if lanes.dtype != torch.int32 or lanes.shape != (rows // 4, n // _BLOCK_COLS, 16):
+        raise ValueError(f"lanes must be int32 ({rows // 4}, {n // _BLOCK_COLS}, 16), "
                          f"got {lanes.dtype} {tuple(lanes.shape)}")
-    launch_variant(compile_fold_gemm(config), a, b, bounds, out, config, tile_words_arguments(bounds, lanes))
+    launch_variant(compile_fold_gemm(config, a_idx is not None), a, b, bounds, out, config,
+                   mining_arguments(bounds, lanes), a_idx=a_idx)
     return out

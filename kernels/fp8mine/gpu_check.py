@@ -43,7 +43,8 @@ from proof.fp8.verify import evaluate_plain_proof, verify_plain_proof
 
 from . import matmul as matmul_module
 from .lottery import LotteryLatch
-from .matmul import IMPLS, WINDOW_K, fold_in_gemm, folded_lanes, gemm_impl, grouped_matmul, matmul
+from .matmul import (IMPLS, WINDOW_K, fold_in_gemm, folded_lanes, gather_in_gemm, gemm_impl, grouped_matmul,
+                     matmul, peel_in_gemm)
 from .pipeline import MinedGemm
 from .proofs import take_winner
 from .routing import RoutingTable, routing_table, row_tiles
@@ -254,7 +255,35 @@ def check_stages() -> dict:
         result = gemm.forward(x, topk)
         _sync()
         out[name] = _stage_report(gemm, x, result)
+        rows = result.table.rflat.shape[0]
+        if _would("PEEL_IN_EPILOGUE", peel_in_gemm, rows, gemm.b_codes()):
+            out[name]["peel in the epilogue vs the peel pass"] = _epilogue_peel_error(gemm, x, topk, result)
+        if gemm.moe and _would("GATHER_IN_GEMM", gather_in_gemm, rows, gemm.b_codes()):
+            gathered = _forward_switched(gemm, x, topk, "GATHER_IN_GEMM", True)
+            out[name]["A′ rows gathered by the GEMM: accumulator and output bitwise equal"] = bool(
+                torch.equal(gathered.acc.view(torch.int32), result.acc.view(torch.int32))
+                and torch.equal(gathered.out.view(torch.int16), result.out.view(torch.int16)))
     return out
+
+
+def _epilogue_peel_error(gemm: MinedGemm, x: torch.Tensor, topk, result) -> dict:
+    """The same pass with the peel in the GEMM's epilogue against the peel pass's output."""
+    peeled = _forward_switched(gemm, x, topk, "PEEL_IN_EPILOGUE", True).out.float()
+    want = result.out.float()
+    diff = (peeled - want).abs()
+    return {"max abs diff": float(diff.max()), "max |want|": float(want.abs().max()),
+            "cells beyond 2 bf16 steps": int((diff > 2 ** -7 * want.abs() + 1e-30).sum())}
+
+
+def _would(switch: str, applies, rows: int, b_codes: torch.Tensor) -> bool:
+    """Whether the pass would take a switched variant (`applies`: peel_in_gemm, gather_in_gemm)
+    with the `matmul` switch on."""
+    before = getattr(matmul_module, switch)
+    setattr(matmul_module, switch, True)
+    try:
+        return applies(rows, b_codes)
+    finally:
+        setattr(matmul_module, switch, before)
 
 
 def check_planted() -> dict:
@@ -428,13 +457,15 @@ def _folded_parts(gemm: MinedGemm, codes, b_codes, table: RoutingTable, pow_key)
                                                                          gemm.state.seed_b, {})}
 
 
-def _with_lottery_pass(gemm: MinedGemm, x: torch.Tensor, topk) -> None:
-    """One same-launch pass with the fold in the lottery pass after the GEMM (timing only)."""
-    matmul_module.FOLD_IN_EPILOGUE = False
+def _forward_switched(gemm: MinedGemm, x: torch.Tensor, topk, switch: str, value: bool):
+    """One same-launch pass with a `matmul` module switch (FOLD_IN_EPILOGUE, PEEL_IN_EPILOGUE) set
+    to `value` for its duration: the other variant of the pass, for comparisons and timing."""
+    before = getattr(matmul_module, switch)
+    setattr(matmul_module, switch, value)
     try:
-        gemm.forward(x, topk)
+        return gemm.forward(x, topk)
     finally:
-        matmul_module.FOLD_IN_EPILOGUE = True
+        setattr(matmul_module, switch, before)
 
 
 def _time_each(stages: dict) -> dict:
@@ -552,7 +583,14 @@ def check_timing() -> dict:
             label, unmined = _unmined(xq, wq, offsets, xs, ws)
             methods = {"mined": [lambda: gemm.forward(x, topk)], "unmined": [unmined]}
             if fold_in_gemm(xq.shape[0], gemm.b_codes()):  # the same pass, the lottery pass folding
-                methods["mined, lottery pass"] = [functools.partial(_with_lottery_pass, gemm, x, topk)]
+                methods["mined, lottery pass"] = [
+                    functools.partial(_forward_switched, gemm, x, topk, "FOLD_IN_EPILOGUE", False)]
+            if gemm.moe and _would("GATHER_IN_GEMM", gather_in_gemm, xq.shape[0], gemm.b_codes()):
+                methods["mined, A′ gathered by the GEMM"] = [
+                    functools.partial(_forward_switched, gemm, x, topk, "GATHER_IN_GEMM", True)]
+            if _would("PEEL_IN_EPILOGUE", peel_in_gemm, xq.shape[0], gemm.b_codes()):  # peeling in the epilogue
+                methods["mined, peel in the epilogue"] = [
+                    functools.partial(_forward_switched, gemm, x, topk, "PEEL_IN_EPILOGUE", True)]
             lag = None
             if "decode" in name:  # lagged mining is the decode design (64-row tiles, ~16 rows an expert)
                 lag = MinedGemm(weights, m=tokens, top_k=top_k, layer_id=1, lagged=True)
@@ -569,6 +607,12 @@ def check_timing() -> dict:
                           "mined graph": timings["mined"].graph, "slowdown": mined_us / base_us})
             if "mined, lottery pass" in timings:
                 entry["mined with the lottery pass median us"] = _median_us(timings["mined, lottery pass"])
+            if "mined, A′ gathered by the GEMM" in timings:
+                entry["mined with the A′ gather in the GEMM median us"] = _median_us(
+                    timings["mined, A′ gathered by the GEMM"])
+            if "mined, peel in the epilogue" in timings:
+                entry["mined with the peel in the epilogue median us"] = _median_us(
+                    timings["mined, peel in the epilogue"])
             best = ("mined", mined_us)
             if lag is not None:
                 lagged_us = _median_us(timings["mined lagged"])

@@ -43,6 +43,13 @@ IMPLS = ("cute", "triton")
 # Fold the lottery tiles in the CuTe GEMM's epilogue where the config allows (`fold_in_gemm`);
 # False keeps the fold in the lottery pass (lottery.py), e.g. to time the two against each other.
 FOLD_IN_EPILOGUE = True
+# Also peel and unscale in that epilogue (bf16 out, no raw accumulator written; peel_epilogue.py).
+# Off until it has run on a GPU: gpu_check compares and times it against the peel pass.
+PEEL_IN_EPILOGUE = False
+# An MoE launch's GEMM reads its A′ rows through Rflat (quack's gather_A: cp.async row gathers)
+# instead of a copy of them into expert order before it (161 µs at GLM-5 prefill). Off until the
+# H200 times it against the copy: gpu_check compares and times it.
+GATHER_IN_GEMM = False
 _log = logging.getLogger(__name__)
 
 
@@ -119,6 +126,25 @@ def fold_in_gemm(rows: int, b: torch.Tensor, impl: str | None = None) -> bool:
     return fold_config(rows, *b.shape) is not None
 
 
+def peel_in_gemm(rows: int, b: torch.Tensor, impl: str | None = None) -> bool:
+    """Whether that epilogue also peels and unscales (PEEL_IN_EPILOGUE on, and a config the peel
+    epilogue supports: `peel_epilogue.peel_fits`)."""
+    if not (PEEL_IN_EPILOGUE and fold_in_gemm(rows, b, impl)):
+        return False
+    from .fold_epilogue import fold_config
+    from .peel_epilogue import peel_fits
+    return peel_fits(fold_config(rows, *b.shape), b.shape[1])
+
+
+def gather_in_gemm(rows: int, b: torch.Tensor, impl: str | None = None) -> bool:
+    """Whether that GEMM also gathers its A rows (GATHER_IN_GEMM on, and a config without a
+    cluster along N: quack multicasts no gathered A)."""
+    if not (GATHER_IN_GEMM and fold_in_gemm(rows, b, impl)):
+        return False
+    from .fold_epilogue import fold_config
+    return fold_config(rows, *b.shape).cluster_n == 1
+
+
 def folded_lanes(rows: int, n: int, device: torch.device) -> torch.Tensor:
     """The buffer `grouped_matmul(..., fold_into=)` fills: int32 (rows // 4, n / 64, 16)."""
     return torch.empty((rows // 4, n // 64, 16), dtype=torch.int32, device=device)
@@ -126,10 +152,12 @@ def folded_lanes(rows: int, n: int, device: torch.device) -> torch.Tensor:
 
 def grouped_matmul(a: torch.Tensor, b: torch.Tensor, table: RoutingTable,
                    impl: str | None = None, max_sms: int | None = None, side_smem: int = 0,
-                   fold_into: torch.Tensor | None = None) -> torch.Tensor:
+                   fold_into: torch.Tensor | None = None, gather: bool = False) -> torch.Tensor:
     """out[rows of w] = a[rows of w] · b[w]ᵀ accumulated as the Hopper model; (rows, n) fp32.
 
     a: (rows, k) e4m3 in expert order (rows = table.rflat length); b: (e, n, k) e4m3.
+    gather (with fold_into, where `gather_in_gemm`): a is the (tokens, k) token rows instead and
+    the GEMM reads row r from a[table.rflat[r]].
     impl: "cute" or "triton" on CUDA (default: `gemm_impl()`); ignored on the CPU (the model).
     max_sms: the CuTe GEMM's persistent grid on at most this many SMs (the rest stay free for
     side-stream work); the Triton grid is not persistent and ignores it. side_smem: the CuTe
@@ -140,21 +168,25 @@ def grouped_matmul(a: torch.Tensor, b: torch.Tensor, table: RoutingTable,
     """
     _check(a, b)
     experts, n, k = b.shape
-    if table.experts != experts or table.rflat.shape[0] != a.shape[0]:
+    if table.experts != experts or (not gather and table.rflat.shape[0] != a.shape[0]):
         raise MatmulError(f"routing has {table.experts} experts / {table.rflat.shape[0]} rows, "
                           f"operands {experts} / {a.shape[0]}")
+    if gather and fold_into is None:
+        raise MatmulError("the GEMM gathers its rows only with the fold epilogue (fold_into)")
     if a.device.type != "cuda":
-        return _model_grouped(a, b, table)
+        return _model_grouped(a.index_select(0, table.rflat.long()) if gather else a, b, table)
     impl = impl or gemm_impl()
     if impl not in IMPLS:
         raise MatmulError(f"impl must be one of {IMPLS}, got {impl!r}")
-    out = torch.empty((a.shape[0], n), dtype=torch.float32, device=a.device)
+    rows = table.rflat.shape[0]
+    out = torch.empty((rows, n), dtype=torch.float32, device=a.device)
     if fold_into is not None:
-        if max_sms is not None or side_smem or not fold_in_gemm(a.shape[0], b, impl):
-            raise MatmulError(f"no fold epilogue for {a.shape[0]} rows × {tuple(b.shape)} "
+        if max_sms is not None or side_smem or not fold_in_gemm(rows, b, impl):
+            raise MatmulError(f"no fold epilogue for {rows} rows × {tuple(b.shape)} "
                               f"(impl {impl}, max_sms {max_sms}, side_smem {side_smem})")
         from .fold_epilogue import folded_grouped_gemm
-        return folded_grouped_gemm(a.contiguous(), b.contiguous(), table.bounds, out, fold_into)
+        return folded_grouped_gemm(a.contiguous(), b.contiguous(), table.bounds, out, fold_into,
+                                   a_idx=table.rflat if gather else None)
     if impl == "cute":
         return _cute_grouped(a, b, table, out, max_sms, side_smem)
     block_m, block_n, warps = tile_config(a.shape[0], experts)

@@ -28,7 +28,7 @@ from . import noise, prequant, quant, transcript
 from .hashing import constant_bytes
 from .lagged import LagSlot, MinedSlot, clean_peel, lagged_front
 from .lottery import LotteryLatch, threshold_words
-from .matmul import fold_in_gemm, folded_lanes, grouped_matmul
+from .matmul import fold_in_gemm, folded_lanes, gather_in_gemm, grouped_matmul, peel_in_gemm
 from .peel import a_peel, b_peel, peel_and_unscale, peel_tiles, reads_tiles
 from .routing import RoutingTable, dense_table, routing_table, row_tiles
 
@@ -275,11 +275,18 @@ class MinedGemm:
         table = self._table(topk_ids, x.device)
         state = self.state
         a = prepare_a(x, self.seed_message, self.p_a_len, state, table if self.moe else None)
-        rows, b_codes = self.expert_rows(a.side.codes, table), self.b_codes()
+        b_codes, n_rows = self.b_codes(), table.rflat.shape[0]
+        gather = self.moe and gather_in_gemm(n_rows, b_codes)  # the GEMM reads A′ through Rflat
+        rows = a.side.codes if gather else self.expert_rows(a.side.codes, table)
         sources = {"codes": a.codes, "scales": a.scales, "rflat": table.rflat, "offsets": table.offsets}
-        if fold_in_gemm(rows.shape[0], b_codes):
-            lanes = folded_lanes(rows.shape[0], b_codes.shape[1], rows.device)
-            acc = grouped_matmul(rows, b_codes, table, fold_into=lanes)
+        if fold_in_gemm(n_rows, b_codes):
+            lanes = folded_lanes(n_rows, b_codes.shape[1], rows.device)
+            if peel_in_gemm(n_rows, b_codes):  # no raw accumulator: the output comes peeled
+                out = self._peeled(rows, b_codes, table, lanes, a, gather)
+                self.latch.run_folded(lanes, row_tiles(table), a.pow_key, self.threshold, state.seed_b, sources)
+                self.latch.publish()
+                return LaunchResult(out, None, table, a)
+            acc = grouped_matmul(rows, b_codes, table, fold_into=lanes, gather=gather)
             self.latch.run_folded(lanes, row_tiles(table), a.pow_key, self.threshold, state.seed_b, sources)
         else:
             acc = grouped_matmul(rows, b_codes, table)
@@ -288,6 +295,17 @@ class MinedGemm:
         out = peel_and_unscale(acc, a.peel, a.side.alpha, state.peel.view(self.b.experts, self.b.n_e, -1),
                                state.side.alpha.view(self.b.experts, self.b.n_e), table)
         return LaunchResult(out, acc, table, a)
+
+    def _peeled(self, rows: torch.Tensor, b_codes: torch.Tensor, table: RoutingTable, lanes: torch.Tensor,
+                a: ASide, gather: bool) -> torch.Tensor:
+        """The GEMM with the fold, peel and unscale in its epilogue: the bf16 output (gather: `rows`
+        are the token rows, read through Rflat)."""
+        from .peel_epilogue import PeelOperands, peeled_grouped_gemm
+        experts, n_e = self.b.experts, self.b.n_e
+        peel = PeelOperands(table.rflat, a.peel, 1.0 / a.side.alpha.float()[table.rflat.long()],
+                            self.state.peel.view(experts, n_e, -1), 1.0 / self.state.side.alpha.float().view(experts, n_e))
+        out = torch.empty((table.rflat.shape[0], n_e), dtype=torch.bfloat16, device=rows.device)
+        return peeled_grouped_gemm(rows, b_codes, table.bounds, out, lanes, peel, gather=gather)
 
     def _table(self, topk_ids: torch.Tensor | None, device: torch.device) -> RoutingTable:
         return routing_table(topk_ids, self.b.experts) if self.moe else dense_table(self.m, device)

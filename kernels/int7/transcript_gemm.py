@@ -30,7 +30,7 @@ from cutlass.cute.nvgpu import warpgroup
 from kernels.grouped_gemm import launch_variant
 from kernels.grouped_gemm_config import GroupedGemmConfig, Output, Precision, select_config
 from kernels.grouped_gemm_sm90 import GroupedGemmInt8Sm90, compile_variant
-from kernels.tile_words_epilogue import TileWordsParamsMixin, fake_tile_words_arguments, tile_words_arguments
+from kernels.mining_epilogue import MiningParamsMixin, fake_tile_words_arguments, mining_arguments
 from proof.int7.transcript import JACKPOT_WORDS, ROTATION
 
 CHUNK = 128  # the rank r = tile_k: one transcript chunk a k-tile
@@ -118,7 +118,7 @@ class TranscriptMainloopMixin:
                     params.lottery_lanes[start // TILE_ROWS + pair, col_tile, 2 * lane + w] = words[2 * t + w]
 
 
-class Int8TranscriptSm90(TileWordsParamsMixin, TranscriptMainloopMixin, GroupedGemmInt8Sm90):
+class Int8TranscriptSm90(MiningParamsMixin, TranscriptMainloopMixin, GroupedGemmInt8Sm90):
     """int8 grouped GEMM, exact s32 out, with the INT transcript's tile words."""
 
 
@@ -162,5 +162,5 @@ def transcript_gemm(a: torch.Tensor, b: torch.Tensor, bounds: torch.Tensor, out:
     shape = (a.shape[0] // TILE_ROWS, n // TILE_COLS, JACKPOT_WORDS)
     if words.dtype != torch.int32 or tuple(words.shape) != shape:
         raise ValueError(f"words must be int32 {shape}, got {words.dtype} {tuple(words.shape)}")
-    launch_variant(compile_transcript_gemm(config), a, b, bounds, out, config, tile_words_arguments(bounds, words))
+    launch_variant(compile_transcript_gemm(config), a, b, bounds, out, config, mining_arguments(bounds, words))
     return out

@@ -1,0 +1,54 @@
+"""GPU check of the peel in the GEMM's epilogue (kernels.fp8mine.peel_epilogue; skipped without a
+GPU): on an uneven routing with Rflat gathering tokens, the epilogue's bf16 output is the peel
+pass's (peel.peel_and_unscale on the plain raw accumulator) within two bf16 steps, and its folded
+lanes are the fold epilogue's.
+"""
+import numpy as np
+import pytest
+import torch
+
+from kernels.grouped_gemm_config import GroupedGemmConfig
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+SIZES = [37, 0, 130, 259, 6]
+N, K = 384, 384
+
+
+@pytest.mark.parametrize("key", ["128x128x128_c2x1_coop", "64x128x128_c1x1_pp"])
+def test_epilogue_peel_matches_the_peel_pass(key: str) -> None:
+    from kernels.fp8mine.fold_epilogue import folded_grouped_gemm
+    from kernels.fp8mine.peel import peel_and_unscale
+    from kernels.fp8mine.peel_epilogue import PeelOperands, peeled_grouped_gemm
+    from kernels.fp8mine.routing import RoutingTable
+
+    config = GroupedGemmConfig.from_key(key)
+    gen = np.random.default_rng(5)
+    rows, tokens, experts = sum(SIZES), sum(SIZES) // 2 + 3, len(SIZES)
+    codes = gen.integers(0, 256, size=(rows, K), dtype=np.uint8)
+    codes[(codes & 0x7F) == 0x7F] = 0x3C
+    weights = gen.integers(0, 256, size=(experts, N, K), dtype=np.uint8)
+    weights[(weights & 0x7F) == 0x7F] = 0x38
+    a = torch.from_numpy(codes).cuda().view(torch.float8_e4m3fn)
+    b = torch.from_numpy(weights).cuda().view(torch.float8_e4m3fn)
+    bounds = torch.from_numpy(np.concatenate([[0], np.cumsum(SIZES)]).astype(np.int32)).cuda()
+    table = RoutingTable(torch.from_numpy(gen.integers(0, tokens, rows).astype(np.int32)).cuda(), bounds)
+    a_peel = (torch.randn(tokens, 64, device="cuda") * 300).to(torch.bfloat16)
+    b_peel = (torch.randn(experts, N, 64, device="cuda") * 300).to(torch.bfloat16)
+    alpha_a = (torch.rand(tokens, device="cuda") * 30 + 1).to(torch.bfloat16)
+    alpha_b = (torch.rand(experts, N, device="cuda") * 30 + 1).to(torch.bfloat16)
+
+    raw = torch.empty((rows, N), dtype=torch.float32, device="cuda")
+    want_lanes = torch.full((rows // 4, N // 64, 16), -1, dtype=torch.int32, device="cuda")
+    folded_grouped_gemm(a, b, bounds, raw, want_lanes, config)
+    want = peel_and_unscale(raw, a_peel, alpha_a, b_peel, alpha_b, table)
+
+    lanes = torch.full_like(want_lanes, -1)
+    out = torch.empty((rows, N), dtype=torch.bfloat16, device="cuda")
+    peel = PeelOperands(table.rflat, a_peel, 1.0 / alpha_a.float()[table.rflat.long()], b_peel,
+                        1.0 / alpha_b.float())
+    peeled_grouped_gemm(a, b, bounds, out, lanes, peel, config)
+    assert torch.equal(lanes, want_lanes)
+    diff = (out.float() - want.float()).abs()
+    assert float((diff - 2 ** -7 * want.float().abs()).max()) <= 1e-3 * float(want.float().abs().max())
