@@ -131,7 +131,8 @@ def peeled_grouped_gemm(a: torch.Tensor, b: torch.Tensor, bounds: torch.Tensor, 
     config = checked_config(config, peel.rflat.shape[0], tuple(b.shape), gather, fit=peel_fits)
     epi = mining_arguments(bounds, lanes, mRowVecBroadcast=peel.inv_alpha_b, mColVecBroadcast=peel.inv_alpha_rows,
                            peel_a=peel.a_peel.contiguous().view(torch.int32),
-                           peel_b=peel.b_peel.contiguous().view(torch.int32).view(experts * n, 32), peel_rflat=peel.rflat)
+                           peel_b=peel.b_peel.contiguous().view(torch.int32).view(experts * n, 32),
+                           peel_rflat=peel.rflat)
     launch_variant(compile_peel_gemm(config, gather), a, b, bounds, out, config, epi,
                    a_idx=peel.rflat if gather else None)
     return out

@@ -303,7 +303,8 @@ class MinedGemm:
         from .peel_epilogue import PeelOperands, peeled_grouped_gemm
         experts, n_e = self.b.experts, self.b.n_e
         peel = PeelOperands(table.rflat, a.peel, 1.0 / a.side.alpha.float()[table.rflat.long()],
-                            self.state.peel.view(experts, n_e, -1), 1.0 / self.state.side.alpha.float().view(experts, n_e))
+                            self.state.peel.view(experts, n_e, -1),
+                            1.0 / self.state.side.alpha.float().view(experts, n_e))
         out = torch.empty((table.rflat.shape[0], n_e), dtype=torch.bfloat16, device=rows.device)
         return peeled_grouped_gemm(rows, b_codes, table.bounds, out, lanes, peel, gather=gather)
 

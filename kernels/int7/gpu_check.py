@@ -228,7 +228,8 @@ def section_cute_transcript() -> dict:
                              np.arange(n).reshape(-1, TILE_W))
     expected = np.einsum("emk,enk->emn", acts.astype(np.int64), weights.astype(np.int64))
     checks = {"dumps equal (every tile's words and ticket)": bool(np.array_equal(dumps[True], dumps[False])),
-              "instance 1 words equal proof.int7": bool(np.array_equal(dumps[True][1, :, :, :16].view(np.uint32), words)),
+              "instance 1 words equal proof.int7": bool(
+                  np.array_equal(dumps[True][1, :, :, :16].view(np.uint32), words)),
               "A·B exact": bool(np.array_equal(outs[True], expected))}
     assert all(checks.values()), checks
     return {"instances": experts, "m": rows, "n": n, "k": k, **checks}
@@ -615,7 +616,8 @@ def main(argv: list[str] | None = None) -> int:
     report = Report(args.out, args.budget_s)
     sections = {
         "environment": section_environment, "bitexact": section_bitexact,
-        "cute_transcript": section_cute_transcript, "planted_dense_v3": section_planted_dense_v3, "planted_moe_v2": section_planted_moe_v2,
+        "cute_transcript": section_cute_transcript, "planted_dense_v3": section_planted_dense_v3,
+        "planted_moe_v2": section_planted_moe_v2,
         "graph": section_graph, "timing": lambda: section_timing(report),
         "breakdown": section_breakdown,
     }

@@ -483,7 +483,8 @@ class MinedPass:
         job = self.job
         experts, n, k = job.bt.shape
         fits = (self.split_peel and job.bt.device.type == "cuda" and job.config.rank == 128
-                and (job.config.h, job.config.w) == (2, 128) and self.rows % 2 == 0 and _transcript_config(experts * self.rows, experts, n, k) is not None)
+                and (job.config.h, job.config.w) == (2, 128) and self.rows % 2 == 0
+                and _transcript_config(experts * self.rows, experts, n, k) is not None)
         if wanted and not fits:
             raise PipelineError(f"the CuTe transcript GEMM needs the split peel on CUDA, rank 128, 2 × 128 tiles "
                                 f"and a config that fits; got {self.rows} rows × {tuple(job.bt.shape)}, "
