@@ -135,17 +135,18 @@ def launch(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, out: torch.T
 
 def launch_variant(fn, x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, out: torch.Tensor,
                    config: GroupedGemmConfig, epi_args, max_sms: int | None = None,
-                   a_idx: torch.Tensor | None = None) -> None:
+                   a_idx: torch.Tensor | None = None, c: torch.Tensor | None = None) -> None:
     """Launch compiled kernel `fn` (any epilogue) with its epilogue arguments on the current
     stream, the persistent grid on at most max_sms SMs (whole clusters); a_idx (out's rows,)
-    int32: the row of x each output row reads, for a variant compiled with `gather`."""
+    int32: the row of x each output row reads, for a variant compiled with `gather`; c: the C
+    operand (out's shape) of a variant compiled with a `c_dtype`."""
     from quack.gemm_tvm_ffi_utils import make_scheduler_args, make_varlen_args
 
     cluster_size = config.cluster_m * config.cluster_n
     clusters = _max_active_clusters(cluster_size, x.device.index or 0)
     if max_sms is not None:
         clusters = max(1, min(clusters, max_sms // cluster_size))
-    fn(x, w, out, None, epi_args, make_scheduler_args(clusters, config.swizzle, None),
+    fn(x, w, out, c, epi_args, make_scheduler_args(clusters, config.swizzle, None),
        make_varlen_args(offsets, None, a_idx), None, None)
 
 

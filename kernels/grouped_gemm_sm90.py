@@ -285,10 +285,15 @@ def _compile(precision: Precision, output: Output, config: GroupedGemmConfig, si
     The returned TVM-FFI function takes (A, B, D, C, epilogue args, scheduler args, varlen args,
     SFA, SFB) with A (total_M, K), B (E, N, K), D (total_M, N), C None, SFA/SFB None.
     """
-    scaled = is_scaled(precision, output)
     cls = _KERNEL_CLASSES[(precision, output)]
     cls = _sharing(cls, side_smem) if side_smem else cls
+    return compile_variant(cls, precision, output, config, fake_scale_arguments(cls, is_scaled(precision, output)),
+                           side_smem)
 
+
+def fake_scale_arguments(cls: type, scaled: bool = True) -> Callable:
+    """`compile_variant`'s epilogue builder for quack's default arguments: the per-channel (E, N)
+    and per-row (total_M,) fp32 scales as symbolic fakes, or none."""
     def scales(m, n, num_experts):
         return cls.EpilogueArguments(
             mRowVecBroadcast=(make_fake_tensor(Float32, (num_experts, n), leading_dim=1, divisibility=4)
@@ -296,20 +301,24 @@ def _compile(precision: Precision, output: Output, config: GroupedGemmConfig, si
             mColVecBroadcast=(make_fake_tensor(Float32, (m,), leading_dim=0, divisibility=4)
                               if scaled else None),
         )
-    return compile_variant(cls, precision, output, config, scales, side_smem)
+    return scales
 
 
 def compile_variant(cls: type, precision: Precision, output: Output, config: GroupedGemmConfig,
-                    epilogue: Callable, side_smem: int = 0, gather: bool = False) -> Callable:
+                    epilogue: Callable, side_smem: int = 0, gather: bool = False,
+                    c_dtype: type | None = None) -> Callable:
     """Compile kernel class `cls` (a GemmSm90 with its epilogue) for one config;
     `epilogue(total_M, N, E)` builds its fake epilogue arguments from the GEMM's symbolic sizes.
     gather: A's rows are read through an index (quack's gather_A: output row r reads A row
-    A_idx[r] by cp.async, so A needs no copy into expert order); needs cluster_n = 1."""
+    A_idx[r] by cp.async, so A needs no copy into expert order); needs cluster_n = 1.
+    c_dtype: the kernel also reads a C operand of this type (total_M, N), row-major, which its
+    epilogue sees subtile by subtile (quack's TMA-loaded C)."""
     if gather and config.cluster_n != 1:
         raise ValueError(f"a gathering GEMM needs cluster_n = 1 (A is not multicast), got {config.key}")
     ab_dtype, d_dtype = AB_DTYPES[precision], D_DTYPES[output]
     mA, mB, mD, mC, m, n, _k, num_experts = make_fake_gemm_tensors(
-        ab_dtype, ab_dtype, d_dtype, None, "k", "k", "n", None, varlen_m=True, gather_A=gather)
+        ab_dtype, ab_dtype, d_dtype, c_dtype, "k", "k", "n", "n" if c_dtype else None, varlen_m=True,
+        gather_A=gather)
     scheduler_args = TileSchedulerOptions(
         max_active_clusters=Int32(1), max_swizzle_size=Int32(8),
         raster_order=RasterOrderOption.AlongM if config.raster_along_m else RasterOrderOption.Heuristic)

@@ -104,8 +104,8 @@ def test_no_winner_below_a_zero_bound_and_bad_arguments():
         MinedPass(job, M, fused_a=True, split_peel=True)
     with pytest.raises(PipelineError, match="split peel needs"):
         MinedPass(job, M, lagged=True, split_peel=True)
-    with pytest.raises(PipelineError, match="CuTe transcript GEMM needs"):  # rank 64, 32-wide tiles
-        MinedPass(job, SPLIT_PEEL_FROM_ROWS, cute_transcript=True)
+    with pytest.raises(PipelineError, match="CuTe split pass needs"):  # rank 64, 32-wide tiles
+        MinedPass(job, SPLIT_PEEL_FROM_ROWS, cute_split=True)
     # prefill row counts peel in their own pass by default, decode ones stack the peel in the GEMM
     assert MinedPass(job, SPLIT_PEEL_FROM_ROWS).split_peel and not MinedPass(job, M).split_peel
     with pytest.raises(PipelineError, match="dense pass needs activations"):

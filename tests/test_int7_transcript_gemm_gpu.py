@@ -1,8 +1,9 @@
-"""GPU check of the CuTe INT7 transcript GEMM (kernels.int7.transcript_gemm; skipped without a
-GPU): on an uneven grouped launch (an empty expert, row counts that are not multiples of the
-tile) its int32 output is A'·B' exactly and every whole 2 × 128 tile's 16 words are
-proof.int7's transcript; through the pipeline (MinedPass(cute_transcript=True)) a planted
-winner's PlainProof verifies and the tickets equal the Triton mined kernel's.
+"""GPU check of the INT7 split pass on the CuTe GEMM (skipped without a GPU): the transcript GEMM
+(kernels.int7.transcript_gemm) on an uneven grouped launch (an empty expert, row counts that are
+not multiples of the tile) gives A'·B' exactly and every whole 2 × 128 tile's 16 words as
+proof.int7's transcript; the peel GEMM (kernels.int7.peel_gemm) gives the Triton peel's bf16 bits;
+through the pipeline (MinedPass(cute_split=True)) a planted winner's PlainProof verifies and the
+tickets and outputs equal the Triton kernels'.
 """
 import struct
 
@@ -46,6 +47,25 @@ def test_transcript_words_and_product_match_the_reference(key: str) -> None:
             assert np.array_equal(got[lo // 2:(lo + size) // 2], want), f"expert {e} transcript words"
 
 
+def test_peel_gemm_gives_the_triton_peel_bits() -> None:
+    from kernels.int7.peel_gemm import peel_gemm
+    from kernels.int7.split_peel import peel_digits
+
+    experts, m, n, depth = 3, 128, 256, 768
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    left = torch.randint(-128, 128, (experts, m, depth), dtype=torch.int8, device="cuda", generator=gen)
+    right = torch.randint(-128, 128, (experts, n, depth), dtype=torch.int8, device="cuda", generator=gen)
+    raw = torch.randint(-2**31, 2**31 - 1, (experts, m, n), dtype=torch.int32, device="cuda", generator=gen)
+    scale_a = torch.rand((experts, m), device="cuda", generator=gen) / 64
+    scale_b = torch.rand((experts, n), device="cuda", generator=gen) / 64
+    want = torch.empty((experts, m, n), dtype=torch.bfloat16, device="cuda")
+    peel_digits(raw, left, right, scale_a, scale_b, rank=128, out=want)
+    got = torch.empty_like(want)
+    bounds = torch.arange(experts + 1, dtype=torch.int32, device="cuda") * m
+    peel_gemm(left.view(-1, depth), right, bounds, raw.view(-1, n), scale_a.view(-1), scale_b, got.view(-1, n))
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+
+
 BITS = 0x207FFFFF  # an easy target: every ticket meets the bound
 HEADER = struct.pack("<I", 0) + b"\x01" * 32 + b"\x02" * 32 + struct.pack("<II", 0x66666666, BITS)
 
@@ -64,16 +84,21 @@ def test_pipeline_planted_winner_verifies_and_tickets_equal_the_triton_kernels()
                       header76=HEADER, config=config, cert_version=3, bound=0, moe=False)
     dumps = {}
     for cute in (False, True):
-        mined = MinedPass(job, m, write_i32=True, split_peel=True, cute_transcript=cute)
+        mined = MinedPass(job, m, write_i32=True, split_peel=True, cute_split=cute)
         mined.dump = torch.zeros((experts, m // 2, n // 128, DUMP_WORDS), dtype=torch.int32, device="cuda")
         mined.run_quantized(torch.from_numpy(acts).cuda(), torch.ones(experts, m, device="cuda"))
         torch.cuda.synchronize()
         dumps[cute] = mined.dump.cpu()
     assert torch.equal(dumps[True], dumps[False])
+    served = {}
+    for cute in (False, True):  # without write_i32 the CuTe pass also peels on the CuTe GEMM
+        mined = MinedPass(job, m, split_peel=True, cute_split=cute)
+        served[cute] = mined.run_quantized(torch.from_numpy(acts).cuda(), torch.ones(experts, m, device="cuda"))
+    assert torch.equal(served[True].view(torch.int16), served[False].view(torch.int16))
     wins = [(e, w) for e, ref in enumerate(refs) for w in instance_tickets(ref)]
     expert, best = min(wins, key=lambda w: ticket_value(w[1].ticket))
     job.bound.copy_(bound_words(ticket_value(best.ticket), "cuda"))
-    mined = MinedPass(job, m, write_i32=True, split_peel=True, cute_transcript=True)
+    mined = MinedPass(job, m, write_i32=True, split_peel=True, cute_split=True)
     mined.run_quantized(torch.from_numpy(acts).cuda(), torch.ones(experts, m, device="cuda"))
     expected = np.einsum("emk,enk->emn", acts.astype(np.int64), weights.astype(np.int64))
     assert np.array_equal(mined.out_i32.cpu().numpy(), expected)

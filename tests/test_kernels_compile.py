@@ -159,3 +159,19 @@ def test_fp8_mining_epilogues_compile_with_gathered_rows(config: GroupedGemmConf
         sass = fn.__sass__
         assert re.search(r"\bLDGSTS\b", sass) and "UTMALDG" in sass
         assert not re.search(r"\b(LDL|STL)\b", sass), "registers spilled to local memory"
+
+
+@pytest.mark.parametrize("config", INT8_CONFIGS, ids=[c.key for c in INT8_CONFIGS])
+def test_int7_peel_gemm_compiles(config: GroupedGemmConfig) -> None:
+    """The INT7 split peel on the CuTe GEMM (kernels.int7.peel_gemm): Horner's ×256 between
+    digits in the main loop, the raw A'·B' read as C through TMA beside A and B, the exact int32
+    subtraction converted once (I2F) in the epilogue, and no spills."""
+    from kernels.int7.peel_gemm import compile_peel_gemm, fits
+
+    if not fits(config, 768):
+        assert config.tile_m == 192
+        return
+    sass = compile_peel_gemm(config).__sass__
+    assert set(re.findall(MMA_SASS[Precision.INT8], sass)) == {str(config.tile_n)}
+    assert len(re.findall(r"\bUTMALDG\b", sass)) >= 3 and re.search(r"\bI2F", sass)
+    assert not re.search(r"\b(LDL|STL)\b", sass), "registers spilled to local memory"

@@ -135,7 +135,7 @@ def markdown(results: dict) -> str:
                 f"{row['shape']}: A'·B' GEMM {row['split_raw_us']}, Qᵀ = B'·P_A {row['split_noise_product_us']}, "
                 f"peel pass {row['split_peel_us']}; CuTe transcript GEMM {row.get('cute_transcript_gemm_us')}, "
                 f"tile lottery {row.get('tile_lottery_us')}, whole pass with them "
-                f"{row.get('mined_pass_cute_transcript_us')}" for row in split)]
+                f"{row.get('mined_pass_cute_split_us')}" for row in split)]
         lines += ["", "Acceptance (issue 7): whole mined pass ≤ 1.10 × the unmined int8 GEMM of the same run "
                   "(the faster of the same-launch and the lagged pass)."]
         for row in timing["rows"]:
@@ -210,14 +210,14 @@ def section_bitexact() -> dict:
             "checked": "H_B, s_B, B', every tile's 16 words and ticket (so H_A, s_A, A' too), peel, split peel"}
 
 
-def section_cute_transcript() -> dict:
+def section_cute_split() -> dict:
     """The split pass with the CuTe transcript GEMM + tile lottery against the Triton mined kernel:
     every tile's words and ticket (dumped), the exact A·B, and the GEMM's raw A'·B'."""
     experts, rows, n, k = 2, 256, 256, 2048
     _, weights, acts, cfg, job, _ = _dense_pass(experts, rows, n, k, seed=3)
     dumps, outs = {}, {}
     for cute in (False, True):
-        mined = MinedPass(job, rows, write_i32=True, split_peel=True, cute_transcript=cute)
+        mined = MinedPass(job, rows, write_i32=True, split_peel=True, cute_split=cute)
         mined.dump = torch.zeros((experts, rows // TILE_H, n // TILE_W, DUMP_WORDS), dtype=torch.int32,
                                  device="cuda")
         mined.run_quantized(torch.from_numpy(acts).cuda(), torch.ones(experts, rows, device="cuda"))
@@ -480,11 +480,11 @@ def _time_shape(timer: Timer, shape: tuple) -> dict:
         row["mined_pass_stacked_peel_us"] = timer.median_us({"s": timer.graph(lambda: stacked.run(x))})["s"]
         del stacked
         try:  # the same pass with A'·B' and the transcript from the CuTe GEMM, tickets by tile_lottery
-            cute = MinedPass(job, rows, split_peel=True, cute_transcript=True)
-            row["mined_pass_cute_transcript_us"] = timer.median_us({"c": timer.graph(lambda: cute.run(x))})["c"]
+            cute = MinedPass(job, rows, split_peel=True, cute_split=True)
+            row["mined_pass_cute_split_us"] = timer.median_us({"c": timer.graph(lambda: cute.run(x))})["c"]
             del cute
         except Exception as error:  # noqa: BLE001 — the Triton pass still stands
-            row["mined_pass_cute_transcript_error"] = repr(error)[:300]
+            row["mined_pass_cute_split_error"] = repr(error)[:300]
     if decode:  # mining lags a launch: the A side's hash chain runs beside the GEMM (docs/kernels-int7.md)
         lagged = MinedPass(job, rows, tiling=chosen.tiling, lagged=True)
         row["mined_pass_lagged_us"] = timer.median_us({"l": timer.graph(lambda: lagged.run(x))})["l"]
@@ -523,7 +523,7 @@ def _time_shape(timer: Timer, shape: tuple) -> dict:
             row[key] = times[part]
     unmined = [v for v in (row["plain_us"], row.get("grouped_gemm_us"), row.get("grouped_gemm_bf16_us")) if v]
     passes = {"same-launch": row["mined_pass_us"], "lagged": row.get("mined_pass_lagged_us"),
-              "same-launch, CuTe transcript GEMM": row.get("mined_pass_cute_transcript_us")}
+              "same-launch, CuTe transcript GEMM": row.get("mined_pass_cute_split_us")}
     row["best_pass"] = min((name for name, us in passes.items() if us), key=passes.get)
     best_pass = passes[row["best_pass"]]
     row["pass_over_best_unmined"] = round(best_pass / min(unmined), 3)
@@ -607,7 +607,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, type=Path, help="directory for the JSON and markdown")
     parser.add_argument("--budget-s", type=float, default=280.0,
                         help="skip the remaining sections/shapes after this many seconds")
-    parser.add_argument("--sections", default="environment,bitexact,cute_transcript,planted_dense_v3,planted_moe_v2,"
+    parser.add_argument("--sections", default="environment,bitexact,cute_split,planted_dense_v3,planted_moe_v2,"
                         "graph,timing,breakdown", help="comma-separated subset to run")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -616,7 +616,7 @@ def main(argv: list[str] | None = None) -> int:
     report = Report(args.out, args.budget_s)
     sections = {
         "environment": section_environment, "bitexact": section_bitexact,
-        "cute_transcript": section_cute_transcript, "planted_dense_v3": section_planted_dense_v3,
+        "cute_split": section_cute_split, "planted_dense_v3": section_planted_dense_v3,
         "planted_moe_v2": section_planted_moe_v2,
         "graph": section_graph, "timing": lambda: section_timing(report),
         "breakdown": section_breakdown,

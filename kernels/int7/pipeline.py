@@ -49,10 +49,11 @@ from .winner import INSTANCE, TICKET, TILE_COL, TILE_ROW, WinnerSlot, row_openin
 
 
 SPLIT_PEEL_FROM_ROWS = 128  # rows per expert from which the peel is its own pass (prefill; docs/kernels-int7.md)
-# The split pass's A'·B' and transcript by the CuTe int8 GEMM (transcript_gemm) and its tickets by
-# tile_lottery, where the launch fits, instead of the Triton mined kernel. Off until it has run on
-# the H200 (bit-exact and faster): gpu_check's `cute_transcript` section and timing measure it.
-CUTE_TRANSCRIPT = False
+# The split pass on the CuTe int8 GEMM where the launch fits: A'·B' and the transcript by
+# transcript_gemm, the tickets by tile_lottery, the peel by peel_gemm, instead of the Triton mined
+# and peel kernels. Off until it has run on the H200 (bit-exact and faster): gpu_check's
+# `cute_split` section and timing measure it.
+CUTE_SPLIT = False
 
 
 def _transcript_config(rows: int, experts: int, n: int, k: int):
@@ -261,16 +262,17 @@ class MinedPass:
     split_peel: the mined GEMM writes A'·B' and `split_peel` peels it in its own pass (no second MMA
     over the weights); None picks it from SPLIT_PEEL_FROM_ROWS rows per expert (prefill), where
     the stacked peel's second MMA doubles a compute-bound GEMM. Not with the fused or lagged A side.
-    cute_transcript (split peel only): A'·B' and the transcript words by the CuTe GEMM
-    (`transcript_gemm`), the tickets by `tile_lottery`; None uses it where CUTE_TRANSCRIPT is on
-    and the launch fits (CUDA, 2 × 128 tiles, K a multiple of 128, the int8 selector's config).
+    cute_split (split peel only): the split pass on the CuTe int8 GEMM: A'·B' and the transcript
+    words by `transcript_gemm`, the tickets by `tile_lottery`, and (without write_i32, whose exact
+    in-place A·B the Triton peel writes) the peel by `peel_gemm`; None uses it where CUTE_SPLIT is
+    on and the launch fits (CUDA, rank 128, 2 × 128 tiles, K a multiple of 128).
     """
 
     def __init__(self, job: MiningJob, rows: int, *, tokens: int | None = None,
                  tiling: Tiling | None = None, write_i32: bool = False,
                  fused_a: bool | None = None, lagged: bool = False, side_warps: int = SIDE_WARPS,
                  split_peel: bool | None = None, side_split: int | None = None,
-                 cute_transcript: bool | None = None) -> None:
+                 cute_split: bool | None = None) -> None:
         if job.ready is not None:  # the job's B side ran on a side stream: order it before us
             torch.cuda.current_stream(job.bt.device).wait_event(job.ready)
         self.job = job
@@ -316,7 +318,7 @@ class MinedPass:
             self._peel_operands = peel_operands(experts, rows, n, job.config.rank, k, device)
             # Qᵀ = B'·P_A streams the weights while the compute-bound mined GEMM runs beside it
             self._q_stream = torch.cuda.Stream(device, priority=-1) if device.type == "cuda" else None
-        self._transcript = self._transcript_buffers(cute_transcript)
+        self._transcript = self._transcript_buffers(cute_split)
         self.lagged = lagged
         if side_warps not in SIDE_WARPS_CHOICES:
             raise PipelineError(f"side_warps must be one of {SIDE_WARPS_CHOICES}, got {side_warps}")
@@ -486,10 +488,10 @@ class MinedPass:
                 and (job.config.h, job.config.w) == (2, 128) and self.rows % 2 == 0
                 and _transcript_config(experts * self.rows, experts, n, k) is not None)
         if wanted and not fits:
-            raise PipelineError(f"the CuTe transcript GEMM needs the split peel on CUDA, rank 128, 2 × 128 tiles "
+            raise PipelineError(f"the CuTe split pass needs the split peel on CUDA, rank 128, 2 × 128 tiles "
                                 f"and a config that fits; got {self.rows} rows × {tuple(job.bt.shape)}, "
                                 f"tile {job.config.h} × {job.config.w}")
-        if not (fits and (CUTE_TRANSCRIPT if wanted is None else wanted)):
+        if not (fits and (CUTE_SPLIT if wanted is None else wanted)):
             return None
         device = job.bt.device
         bounds = torch.arange(experts + 1, device=device, dtype=torch.int32) * self.rows
@@ -523,8 +525,13 @@ class MinedPass:
                        dump=self.dump, tiling=self.tiling, peel=False)
         if main is not None:
             main.wait_stream(self._q_stream)
-        peel_digits(self._raw, left, right, scale, job.scale_b, rank=config.rank, out=self.out,
-                    exact_in_place=self.out_i32 is not None)
+        if self._transcript is not None and self.out_i32 is None:
+            from .peel_gemm import peel_gemm
+            peel_gemm(left.view(-1, left.shape[-1]), right, self._transcript[0], self._raw.view(-1, n),
+                      scale.view(-1), job.scale_b.contiguous(), self.out.view(-1, n))
+        else:
+            peel_digits(self._raw, left, right, scale, job.scale_b, rank=config.rank, out=self.out,
+                        exact_in_place=self.out_i32 is not None)
 
     def winner_record(self) -> dict[str, int] | None:
         """The published record if the doorbell rang (call after the launch completed).

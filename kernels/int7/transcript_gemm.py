@@ -24,12 +24,12 @@ from typing import Callable
 import cutlass
 import cutlass.cute as cute
 import torch
-from cutlass import Boolean, Int32, const_expr
-from cutlass.cute.nvgpu import warpgroup
+from cutlass import Int32
 
 from kernels.grouped_gemm import launch_variant
 from kernels.grouped_gemm_config import GroupedGemmConfig, Output, Precision, select_config
 from kernels.grouped_gemm_sm90 import GroupedGemmInt8Sm90, compile_variant
+from kernels.visited_mainloop import VisitedMainloopMixin
 from kernels.mining_epilogue import MiningParamsMixin, fake_tile_words_arguments, mining_arguments
 from proof.int7.transcript import JACKPOT_WORDS, ROTATION
 
@@ -70,32 +70,16 @@ def _fold_chunk(acc: cute.Tensor, words: cute.Tensor, slot: Int32, lane: Int32) 
             words[2 * t + w] = cutlass.select_(slot == 2 * lane + w, _rotl(old) ^ x, old)
 
 
-class TranscriptMainloopMixin:
-    """mma: the main loop with a transcript fold per k-tile; epi_visit_acc: the words stored."""
+class TranscriptMainloopMixin(VisitedMainloopMixin):
+    """The transcript folded at every k-tile; epi_visit_acc: the words stored."""
 
-    @cute.jit
-    def mma(self, ab_pipeline, ab_read_state, mma_fn, acc: cute.Tensor, acc_slow, k_tile_cnt: Int32,
-            warp_group_idx: Int32):
+    def begin_tile(self, acc: cute.Tensor) -> None:
         words = cute.make_rmem_tensor((2 * len(_thread_tiles(acc)),), Int32)
         words.fill(0)
         self.transcript_words = words  # this tile's words, for epi_visit_acc (same trace, same tile)
-        lane = cute.arch.lane_idx() % _LANES_PER_TILE
-        peek = Boolean(True)
-        if 0 < k_tile_cnt:
-            peek = ab_pipeline.consumer_try_wait(ab_read_state)
-        for k_tile in cutlass.range(k_tile_cnt, unroll=1):
-            ab_pipeline.consumer_wait(ab_read_state, peek)
-            mma_fn(A_idx=ab_read_state.index, B_idx=ab_read_state.index, zero_init=k_tile == 0)
-            warpgroup.wait_group(0)
-            ab_pipeline.consumer_release(ab_read_state)
-            ab_read_state.advance()
-            peek = Boolean(True)
-            if k_tile + 1 < k_tile_cnt:
-                peek = ab_pipeline.consumer_try_wait(ab_read_state)
-            _fold_chunk(acc, words, k_tile % JACKPOT_WORDS, lane)
-        if const_expr(self.pingpong):
-            self.pingpong_barrier_arrive(1 - warp_group_idx, stage="mma")
-        return ab_read_state
+
+    def visit_k_tile(self, acc: cute.Tensor, k_tile: Int32, k_tile_cnt: Int32) -> None:
+        _fold_chunk(acc, self.transcript_words, k_tile % JACKPOT_WORDS, cute.arch.lane_idx() % _LANES_PER_TILE)
 
     @cute.jit
     def epi_visit_acc(self, params, acc: cute.Tensor, tiled_mma, tile_coord_mnkl, tidx: Int32) -> None:
