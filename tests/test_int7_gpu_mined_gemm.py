@@ -137,6 +137,21 @@ def test_plain_gemm_is_the_unmined_product():
     assert torch.equal(out_i32.cpu().long(), expected)
 
 
+def test_unpeeled_gemm_writes_the_noised_product_and_the_same_tickets(mined):
+    """peel=False (the split pass): A'·B' as int32 and the same dump, without the peel's operands
+    or the scales (None)."""
+    ops, (_, _, _, dumped, _, _) = mined
+    raw = torch.empty((E, M, N), dtype=torch.int32, device=DEVICE)
+    dump = torch.zeros_like(dumped)
+    mined_gemm(ops["a_noised"], None, ops["bt_noised"], None, None, ops["s_a"], bound_words(0, DEVICE),
+               torch.full((E,), M, dtype=torch.int32, device=DEVICE),
+               torch.zeros(RECORD_WORDS, dtype=torch.int32, device=DEVICE), None, None, rank=RANK, tile_h=H,
+               tile_w=W, out=None, out_i32=raw, dump=dump, tiling=TILING, peel=False)
+    expected = torch.einsum("emk,enk->emn", ops["a_noised"].cpu().long(), ops["bt_noised"].cpu().long())
+    assert torch.equal(raw.cpu().long(), expected)
+    assert torch.equal(dump, dumped)
+
+
 def test_bad_shapes_are_named():
     ops = _operands(3)
     out = torch.empty((E, M, N), dtype=torch.bfloat16, device=DEVICE)

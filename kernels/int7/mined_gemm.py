@@ -310,10 +310,10 @@ def _check_tiling(tiling: Tiling, m: int, n: int, k: int, rank: int,
             raise MinedGemmError(message)
 
 
-def mined_gemm(a_noised: torch.Tensor, a_clean: torch.Tensor, bt_noised: torch.Tensor,
-               apb: torch.Tensor, u_b: torch.Tensor, s_a: torch.Tensor,
+def mined_gemm(a_noised: torch.Tensor, a_clean: torch.Tensor | None, bt_noised: torch.Tensor,
+               apb: torch.Tensor | None, u_b: torch.Tensor | None, s_a: torch.Tensor,
                bound_words: torch.Tensor, rows_valid: torch.Tensor, record: torch.Tensor,
-               scale_a: torch.Tensor, scale_b: torch.Tensor, *, rank: int, tile_h: int,
+               scale_a: torch.Tensor | None, scale_b: torch.Tensor | None, *, rank: int, tile_h: int,
                tile_w: int, out: torch.Tensor | None, out_i32: torch.Tensor | None = None,
                dump: torch.Tensor | None = None, tiling: Tiling | None = None,
                peel: bool = True, lag: LagPhase | None = None, after_apb: bool = False) -> None:
@@ -327,7 +327,8 @@ def mined_gemm(a_noised: torch.Tensor, a_clean: torch.Tensor, bt_noised: torch.T
     out_i32 optional exact A·B; dump optional
     (E, M/h, N/w, 24) int32 per-tile transcript words and tickets (for checks). Lottery tiles are
     tile_h rows × tile_w = block_n columns. peel=False skips the peel (the output is then
-    A'·B', which `split_peel` peels in its own pass at prefill). lag: a_noised, s_a and rows_valid are set 0
+    A'·B', which `split_peel` peels in its own pass at prefill; a_clean, apb and u_b are then
+    unread and may be None, as scale_a and scale_b may be without `out`). lag: a_noised, s_a and rows_valid are set 0
     of a LagPhase pair and the kernel reads the READY set (pipeline.MinedPass(lagged=True)).
     after_apb: the caller's last launch on this stream was the A·P_B that wrote apb and nothing
     else (`activations.prepare_rows`); the GEMM then starts beside it (programmatic dependent
@@ -337,16 +338,18 @@ def mined_gemm(a_noised: torch.Tensor, a_clean: torch.Tensor, bt_noised: torch.T
     e, m, k = a_noised.shape
     n = bt_noised.shape[1]
     check_operand("a_noised", a_noised, (e, m, k), torch.int8)
-    check_operand("a_clean", a_clean, (e, m, k), torch.int8)
     check_operand("bt_noised", bt_noised, (e, n, k), torch.int8)
-    check_operand("apb", apb, (e, m, rank), torch.int32)
-    check_operand("u_b", u_b, (e, n, rank), torch.int8)
+    if peel:
+        check_operand("a_clean", a_clean, (e, m, k), torch.int8)
+        check_operand("apb", apb, (e, m, rank), torch.int32)
+        check_operand("u_b", u_b, (e, n, rank), torch.int8)
     check_operand("s_a", s_a, (e, 8), torch.int32)
     check_operand("bound_words", bound_words, (8,), torch.int32)
     check_operand("rows_valid", rows_valid, (e,), torch.int32)
     check_operand("record", record, (RECORD_WORDS,), torch.int32)
-    check_operand("scale_a", scale_a, (e, m), torch.float32)
-    check_operand("scale_b", scale_b, (e, n), torch.float32)
+    if out is not None:
+        check_operand("scale_a", scale_a, (e, m), torch.float32)
+        check_operand("scale_b", scale_b, (e, n), torch.float32)
     _check_outputs(out, out_i32, (e, m, n))
     if dump is not None:
         check_operand("dump", dump, (e, m // tile_h, n // tile_w, DUMP_WORDS), torch.int32)
@@ -357,8 +360,9 @@ def mined_gemm(a_noised: torch.Tensor, a_clean: torch.Tensor, bt_noised: torch.T
     grid = (n // tiling.block_n, m // tiling.block_m, e)
     overlap = after_apb and peel and pdl_enabled()
     _mined_gemm_kernel[grid](
-        a_noised, a_clean, bt_noised, apb, u_b, s_a, bound_words, rows_valid, record,
-        scale_a, scale_b, _either(out, out_i32), _either(out_i32, out), _either(dump, out_i32, out),
+        a_noised, _either(a_clean, a_noised), bt_noised, _either(apb, s_a), _either(u_b, a_noised), s_a,
+        bound_words, rows_valid, record, _either(scale_a, record), _either(scale_b, record),
+        _either(out, out_i32), _either(out_i32, out), _either(dump, out_i32, out),
         rows_valid if lag is None else lag.phase, 0 if lag is None else lag.words,
         m, n, k, k // rank,
         R=rank, BM=tiling.block_m, BN=tiling.block_n, BK=tiling.block_k, H=tile_h,

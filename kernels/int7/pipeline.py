@@ -389,7 +389,7 @@ class MinedPass:
                 a_noised, s_a, factors = self._staged_noise(q)
             a_clean = q
         if self.split_peel:
-            self._gemm_split(a_noised, a_clean, apb, s_a, scale, factors)
+            self._gemm_split(a_noised, apb, s_a, scale, factors)
         else:
             self._gemm(a_noised, a_clean, apb, s_a, scale, self.rows_valid)
         self.slot.retain("a", q.contiguous().view(1 if job.moe else experts, -1).view(torch.int32),
@@ -497,8 +497,8 @@ class MinedPass:
         bounds = torch.arange(experts + 1, device=device, dtype=torch.int32) * self.rows
         return bounds, torch.empty((experts * self.rows // 2, n // 128, 16), dtype=torch.int32, device=device)
 
-    def _gemm_split(self, a_noised: torch.Tensor, a_clean: torch.Tensor, apb: torch.Tensor,
-                    s_a: torch.Tensor, scale: torch.Tensor, factors: _AFactors) -> None:
+    def _gemm_split(self, a_noised: torch.Tensor, apb: torch.Tensor, s_a: torch.Tensor, scale: torch.Tensor,
+                    factors: _AFactors) -> None:
         """The mined GEMM writing A'·B', then Qᵀ = B'·P_A over the weights and the peel pass."""
         job = self.job
         config = job.config
@@ -519,10 +519,9 @@ class MinedPass:
             tile_lottery(words, s_a, job.bound, self.rows_valid, self.slot.record, rows=self.rows,
                          tile_h=config.h, tile_w=config.w, dump=self.dump)
         else:
-            mined_gemm(a_noised.contiguous(), a_clean.contiguous(), job.bt_noised, apb.contiguous(),
-                       job.u_b, s_a, job.bound, self.rows_valid, self.slot.record, scale, job.scale_b,
-                       rank=config.rank, tile_h=config.h, tile_w=config.w, out=None, out_i32=self._raw,
-                       dump=self.dump, tiling=self.tiling, peel=False)
+            mined_gemm(a_noised.contiguous(), None, job.bt_noised, None, None, s_a, job.bound, self.rows_valid,
+                       self.slot.record, None, None, rank=config.rank, tile_h=config.h, tile_w=config.w,
+                       out=None, out_i32=self._raw, dump=self.dump, tiling=self.tiling, peel=False)
         if main is not None:
             main.wait_stream(self._q_stream)
         if self._transcript is not None and self.out_i32 is None:
