@@ -23,6 +23,7 @@ JSON (results.json) and markdown (results.md) go to DIR.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import logging
@@ -275,15 +276,29 @@ def _epilogue_peel_error(gemm: MinedGemm, x: torch.Tensor, topk, result) -> dict
             "cells beyond 2 bf16 steps": int((diff > 2 ** -7 * want.abs() + 1e-30).sum())}
 
 
+@contextlib.contextmanager
+def _switched(switch: str, value: bool):
+    """A `matmul` module switch (FOLD_IN_EPILOGUE, PEEL_IN_EPILOGUE, GATHER_IN_GEMM) set to
+    `value` for the block: the other variant of the pass, for comparisons and timing."""
+    before = getattr(matmul_module, switch)
+    setattr(matmul_module, switch, value)
+    try:
+        yield
+    finally:
+        setattr(matmul_module, switch, before)
+
+
+def _forward_switched(gemm: MinedGemm, x: torch.Tensor, topk, switch: str, value: bool):
+    """One same-launch pass with a `matmul` switch set to `value`."""
+    with _switched(switch, value):
+        return gemm.forward(x, topk)
+
+
 def _would(switch: str, applies, rows: int, b_codes: torch.Tensor) -> bool:
     """Whether the pass would take a switched variant (`applies`: peel_in_gemm, gather_in_gemm)
     with the `matmul` switch on."""
-    before = getattr(matmul_module, switch)
-    setattr(matmul_module, switch, True)
-    try:
+    with _switched(switch, True):
         return applies(rows, b_codes)
-    finally:
-        setattr(matmul_module, switch, before)
 
 
 def check_planted() -> dict:
@@ -296,26 +311,36 @@ def check_planted() -> dict:
         gemm.set_job(header, ancestors, target)
         gemm.forward(x, topk)
         _sync()
-        winner = take_winner(gemm)
-        record = winner.record
-        out[name] = {
-            "planted": list(planted), "record": [record.group_id, record.tile_row, record.tile_column],
-            "ticket matches": record.ticket == ticket,
-            "verify": list(verify_plain_proof(header, winner.proof, target=target)),
-            "verifier jackpot matches": evaluate_plain_proof(header, winner.proof).jackpot == ticket,
-        }
+        out[name] = _winner_report(take_winner(gemm), planted, ticket, header, target)
     return out
 
 
-def check_graph() -> dict:
-    gemm, _, x, topk, _ = _setup(32, 512, 2048, 64, 8, seed=7)
-    static_x, static_topk = x.clone(), topk.clone()
+def _winner_report(winner, planted: tuple, ticket: bytes, header: bytes, target: int) -> dict:
+    """A taken winner against the planted tile: its record, ticket, proof and jackpot."""
+    if winner is None:
+        return {"planted": list(planted), "record": None}
+    record = winner.record
+    return {"planted": list(planted), "record": [record.group_id, record.tile_row, record.tile_column],
+            "ticket matches": record.ticket == ticket,
+            "verify": list(verify_plain_proof(header, winner.proof, target=target)),
+            "verifier jackpot matches": evaluate_plain_proof(header, winner.proof).jackpot == ticket}
+
+
+def _captured(gemm: MinedGemm, static_x: torch.Tensor, static_topk: torch.Tensor):
+    """(graph, its result views): the pass warmed up twice, then captured on the static inputs."""
     for _ in range(2):
         gemm.forward(static_x, static_topk)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         captured = gemm.forward(static_x, static_topk)
+    return graph, captured
+
+
+def check_graph() -> dict:
+    gemm, _, x, topk, _ = _setup(32, 512, 2048, 64, 8, seed=7)
+    static_x, static_topk = x.clone(), topk.clone()
+    graph, captured = _captured(gemm, static_x, static_topk)
     new_x = torch.randn_like(x.float()).to(torch.bfloat16)
     new_topk = _uniform_topk(x.shape[0], 8, 32).roll(1, 0)
     static_x.copy_(new_x)
@@ -366,12 +391,7 @@ def _check_graph_lagged() -> dict:
     _, ancestors = synthetic_chain()
     gemm.set_job(header, ancestors, target)
     static_x, static_topk = x_a.clone(), topk_a.clone()
-    for _ in range(2):
-        gemm.forward(static_x, static_topk)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = gemm.forward(static_x, static_topk)
+    graph, captured = _captured(gemm, static_x, static_topk)
     gemm.set_job(header, ancestors, target)  # the warm-up rows are not mined: replay 1 is a first launch
     gemm.latch.reset()
     graph.replay()
@@ -385,15 +405,7 @@ def _check_graph_lagged() -> dict:
     replayed = (captured.acc.clone(), captured.out.clone())
     graph.replay()
     torch.cuda.synchronize()
-    winner = take_winner(gemm)
-    if winner is None:
-        out["replay 3 winner"] = None
-    else:
-        record = winner.record
-        out.update({"planted": list(planted), "record": [record.group_id, record.tile_row, record.tile_column],
-                    "ticket matches": record.ticket == ticket,
-                    "verify": list(verify_plain_proof(header, winner.proof, target=target)),
-                    "verifier jackpot matches": evaluate_plain_proof(header, winner.proof).jackpot == ticket})
+    out["replay 3 winner"] = _winner_report(take_winner(gemm), planted, ticket, header, target)
     gemm.set_job(header, ancestors, target)
     gemm.latch.reset()
     gemm.forward(x_a, topk_a)
@@ -455,17 +467,6 @@ def _folded_parts(gemm: MinedGemm, codes, b_codes, table: RoutingTable, pow_key)
     return {"GEMM folding the lottery tiles": lambda: grouped_matmul(codes, b_codes, table, fold_into=lanes),
             "lottery on the folded lanes": lambda: gemm.latch.run_folded(lanes, tiles, pow_key, gemm.threshold,
                                                                          gemm.state.seed_b, {})}
-
-
-def _forward_switched(gemm: MinedGemm, x: torch.Tensor, topk, switch: str, value: bool):
-    """One same-launch pass with a `matmul` module switch (FOLD_IN_EPILOGUE, PEEL_IN_EPILOGUE) set
-    to `value` for its duration: the other variant of the pass, for comparisons and timing."""
-    before = getattr(matmul_module, switch)
-    setattr(matmul_module, switch, value)
-    try:
-        return gemm.forward(x, topk)
-    finally:
-        setattr(matmul_module, switch, before)
 
 
 def _time_each(stages: dict) -> dict:
