@@ -134,7 +134,8 @@ def markdown(results: dict) -> str:
             lines += ["", "Split peel parts (µs): " + "; ".join(
                 f"{row['shape']}: A'·B' GEMM {row['split_raw_us']}, Qᵀ = B'·P_A {row['split_noise_product_us']}, "
                 f"peel pass {row['split_peel_us']}; CuTe transcript GEMM {row.get('cute_transcript_gemm_us')}, "
-                f"tile lottery {row.get('tile_lottery_us')}, whole pass with them "
+                f"tile lottery {row.get('tile_lottery_us')}, CuTe peel GEMM {row.get('cute_peel_gemm_us')}, "
+                f"whole pass with them "
                 f"{row.get('mined_pass_cute_split_us')}" for row in split)]
         lines += ["", "Acceptance (issue 7): whole mined pass ≤ 1.10 × the unmined int8 GEMM of the same run "
                   "(the faster of the same-launch and the lagged pass)."]
@@ -513,17 +514,17 @@ def _time_shape(timer: Timer, shape: tuple) -> dict:
         graphs["noise_product"] = timer.graph(lambda: noise_product(job.bt_noised, p_a_t, q_t))
         graphs["split_peel"] = timer.graph(lambda: split_peel(raw, u_a, q_t, apb, job.u_b, scale_a, scale_b, k=k,
                                                               out=out, operands=operands))
-        _cute_transcript_parts(timer, graphs, a_noised, job, s_a, chosen, raw)
+        _cute_split_parts(timer, graphs, a_noised, job, s_a, chosen, raw, operands, (scale_a, scale_b, out))
     times = timer.median_us(graphs)
     row["mined_kernel_us"], row["transcript_only_us"] = times["mined"], times["transcript"]
     for part, key in (("raw", "split_raw_us"), ("noise_product", "split_noise_product_us"),
                       ("split_peel", "split_peel_us"), ("cute_raw", "cute_transcript_gemm_us"),
-                      ("tile_lottery", "tile_lottery_us")):
+                      ("tile_lottery", "tile_lottery_us"), ("cute_peel", "cute_peel_gemm_us")):
         if part in times:
             row[key] = times[part]
     unmined = [v for v in (row["plain_us"], row.get("grouped_gemm_us"), row.get("grouped_gemm_bf16_us")) if v]
     passes = {"same-launch": row["mined_pass_us"], "lagged": row.get("mined_pass_lagged_us"),
-              "same-launch, CuTe transcript GEMM": row.get("mined_pass_cute_split_us")}
+              "same-launch, CuTe split pass": row.get("mined_pass_cute_split_us")}
     row["best_pass"] = min((name for name, us in passes.items() if us), key=passes.get)
     best_pass = passes[row["best_pass"]]
     row["pass_over_best_unmined"] = round(best_pass / min(unmined), 3)
@@ -532,10 +533,13 @@ def _time_shape(timer: Timer, shape: tuple) -> dict:
     return row
 
 
-def _cute_transcript_parts(timer: "Timer", graphs: dict, a_noised: torch.Tensor, job, s_a: torch.Tensor,
-                           chosen: MinedPass, raw: torch.Tensor) -> None:
-    """Graphs of the CuTe transcript GEMM alone and of the tile lottery alone, where they run."""
+def _cute_split_parts(timer: "Timer", graphs: dict, a_noised: torch.Tensor, job, s_a: torch.Tensor,
+                      chosen: MinedPass, raw: torch.Tensor, operands: tuple, scaled: tuple) -> None:
+    """Graphs of the CuTe split pass's kernels alone, where they run: the transcript GEMM, the
+    tile lottery, and the peel GEMM on the Triton peel's digit operands (`operands`) and
+    (scale_a, scale_b, out) = `scaled`."""
     try:
+        from .peel_gemm import peel_gemm
         from .tile_lottery import tile_lottery
         from .transcript_gemm import transcript_gemm
         experts, rows, k = a_noised.shape
@@ -546,6 +550,10 @@ def _cute_transcript_parts(timer: "Timer", graphs: dict, a_noised: torch.Tensor,
         graphs["cute_raw"] = timer.graph(lambda: transcript_gemm(flat, job.bt_noised, bounds, flat_raw, words))
         graphs["tile_lottery"] = timer.graph(lambda: tile_lottery(
             words, s_a, job.bound, chosen.rows_valid, chosen.slot.record, rows=rows, tile_h=TILE_H, tile_w=TILE_W))
+        (left, right), (scale_a, scale_b, out) = operands, scaled
+        graphs["cute_peel"] = timer.graph(lambda: peel_gemm(
+            left.view(-1, left.shape[-1]), right, bounds, flat_raw, scale_a.reshape(-1).contiguous(),
+            scale_b.contiguous(), out.view(-1, n)))
     except Exception:  # noqa: BLE001 — the Triton parts still stand
         traceback.print_exc()
 
