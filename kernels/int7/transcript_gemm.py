@@ -29,8 +29,8 @@ from cutlass import Int32
 from kernels.grouped_gemm import launch_variant
 from kernels.grouped_gemm_config import GroupedGemmConfig, Output, Precision, select_config
 from kernels.grouped_gemm_sm90 import GroupedGemmInt8Sm90, compile_variant
-from kernels.visited_mainloop import VisitedMainloopMixin
 from kernels.mining_epilogue import MiningParamsMixin, fake_tile_words_arguments, mining_arguments
+from kernels.visited_mainloop import VisitedMainloopMixin
 from proof.int7.transcript import JACKPOT_WORDS, ROTATION
 
 CHUNK = 128  # the rank r = tile_k: one transcript chunk a k-tile
