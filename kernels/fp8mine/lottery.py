@@ -47,6 +47,10 @@ TILES_PER_PROGRAM = 32
 # Tiles per program on folded lanes (`run_folded`): nothing is folded, so a program's 4 warps
 # compress one tile a thread.
 FOLDED_TILES_PER_PROGRAM = 128
+# The folded lanes loaded as 16 vectors of one word a tile instead of one (BT, 16) tile split by 16
+# reductions: the same tickets (CPU tests), not yet timed against the tile load (gpu_check
+# `timing` times both), so off.
+FOLDED_WORD_LOADS = False
 
 
 class LotteryError(ValueError):
@@ -107,16 +111,39 @@ def _pick(values, slot_ids, slot):
 
 
 @jit
-def _mine_tiles(lanes, live, col_tile, local, expert, key_ptr, thr_ptr, seed_b_ptr,
+def _lane_words(lanes):
+    """The 16 columns of a (BT, 16) lanes tensor as (BT,) vectors."""
+    return (_lane(lanes, 0), _lane(lanes, 1), _lane(lanes, 2), _lane(lanes, 3),
+            _lane(lanes, 4), _lane(lanes, 5), _lane(lanes, 6), _lane(lanes, 7),
+            _lane(lanes, 8), _lane(lanes, 9), _lane(lanes, 10), _lane(lanes, 11),
+            _lane(lanes, 12), _lane(lanes, 13), _lane(lanes, 14), _lane(lanes, 15))
+
+
+@jit
+def _word(ptr, base, j, live):
+    return tl.load(ptr + base + j, mask=live, other=0).to(tl.uint32, bitcast=True)
+
+
+@jit
+def _message_words(ptr, base, live):
+    """The 16 words of each tile's stored message at word offsets `base` (BT,), as (BT,) vectors:
+    16 loads of one word a tile, so no (BT, 16) tensor is split by reductions."""
+    return (_word(ptr, base, 0, live), _word(ptr, base, 1, live), _word(ptr, base, 2, live),
+            _word(ptr, base, 3, live), _word(ptr, base, 4, live), _word(ptr, base, 5, live),
+            _word(ptr, base, 6, live), _word(ptr, base, 7, live), _word(ptr, base, 8, live),
+            _word(ptr, base, 9, live), _word(ptr, base, 10, live), _word(ptr, base, 11, live),
+            _word(ptr, base, 12, live), _word(ptr, base, 13, live), _word(ptr, base, 14, live),
+            _word(ptr, base, 15, live))
+
+
+@jit
+def _mine_tiles(m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15,
+                live, col_tile, local, expert, key_ptr, thr_ptr, seed_b_ptr,
                 lock_ptr, record_ptr, fresh_ptr, header_ptr, BT: tl.constexpr):
-    """Hash and compare BT tiles' folded lanes ((BT, 16) uint32; column tile col_tile, `local` and
-    `expert` per tile); the lowest winner among them CASes the lock and writes the record.
+    """Hash and compare BT tiles' messages (16 (BT,) uint32 words; column tile col_tile, `local`
+    and `expert` per tile); the lowest winner among them CASes the lock and writes the record.
     Returns the tickets' 8 words."""
     slot_ids = tl.arange(0, BT)
-    m0, m1, m2, m3 = _lane(lanes, 0), _lane(lanes, 1), _lane(lanes, 2), _lane(lanes, 3)
-    m4, m5, m6, m7 = _lane(lanes, 4), _lane(lanes, 5), _lane(lanes, 6), _lane(lanes, 7)
-    m8, m9, m10, m11 = _lane(lanes, 8), _lane(lanes, 9), _lane(lanes, 10), _lane(lanes, 11)
-    m12, m13, m14, m15 = _lane(lanes, 12), _lane(lanes, 13), _lane(lanes, 14), _lane(lanes, 15)
     zero = tl.full((BT,), 0, tl.uint32)
     k0 = zero + tl.load(key_ptr + 0).to(tl.uint32, bitcast=True)
     k1 = zero + tl.load(key_ptr + 1).to(tl.uint32, bitcast=True)
@@ -160,10 +187,12 @@ def _mine_tiles(lanes, live, col_tile, local, expert, key_ptr, thr_ptr, seed_b_p
 @jit
 def _lottery_kernel(src_ptr, n, tile_row_ptr, tile_expert_ptr, tile_local_ptr, num_tiles,
                     key_ptr, thr_ptr, seed_b_ptr, lock_ptr, record_ptr, fresh_ptr, header_ptr,
-                    tickets_ptr, BT: tl.constexpr, STORE_TICKETS: tl.constexpr, FOLDED: tl.constexpr):
+                    tickets_ptr, BT: tl.constexpr, STORE_TICKETS: tl.constexpr, FOLDED: tl.constexpr,
+                    WORD_LOADS: tl.constexpr):
     """BT slots of the row-tile map (a tile's row_start is its accumulator row) × the 64-column
     tile program_id(1). src: the accumulator as int64 word pairs, or (FOLDED) the tiles' folded
-    lanes, int32 (rows // 4, n / 64, 16), tile (row_start, c) at [row_start // 4, c]."""
+    lanes, int32 (rows // 4, n / 64, 16), tile (row_start, c) at [row_start // 4, c], loaded as
+    one (BT, 16) tile or (WORD_LOADS) as 16 vectors of one word a tile."""
     slots = tl.program_id(0) * BT + tl.arange(0, BT)
     in_range = slots < num_tiles
     row_start = tl.load(tile_row_ptr + slots, mask=in_range, other=-1)
@@ -171,14 +200,19 @@ def _lottery_kernel(src_ptr, n, tile_row_ptr, tile_expert_ptr, tile_local_ptr, n
     row_base = tl.where(live, row_start, 0).to(tl.int64)
     local = tl.load(tile_local_ptr + slots, mask=live, other=0)
     expert = tl.load(tile_expert_ptr + slots, mask=live, other=0)
-    if FOLDED:
+    first_word = ((row_base // 4) * tl.num_programs(1) + tl.program_id(1)) * 16
+    if FOLDED and WORD_LOADS:
+        message = _message_words(src_ptr, first_word, live)
+    elif FOLDED:
         lane = tl.arange(0, 16)
-        words = ((row_base // 4) * tl.num_programs(1) + tl.program_id(1))[:, None] * 16 + lane[None, :]
-        lanes = tl.load(src_ptr + words, mask=live[:, None] & (lane[None, :] >= 0), other=0).to(tl.uint32, bitcast=True)
+        message = _lane_words(tl.load(src_ptr + first_word[:, None] + lane[None, :],
+                                      mask=live[:, None] & (lane[None, :] >= 0), other=0).to(tl.uint32, bitcast=True))
     else:
-        lanes = _fold(src_ptr, row_base, tl.program_id(1) * 64, live, n, BT)
+        message = _lane_words(_fold(src_ptr, row_base, tl.program_id(1) * 64, live, n, BT))
+    m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15 = message
     h0, h1, h2, h3, h4, h5, h6, h7 = _mine_tiles(
-        lanes, live, tl.program_id(1), local, expert, key_ptr, thr_ptr, seed_b_ptr,
+        m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15,
+        live, tl.program_id(1), local, expert, key_ptr, thr_ptr, seed_b_ptr,
         lock_ptr, record_ptr, fresh_ptr, header_ptr, BT)
     if STORE_TICKETS:  # checks only: every tile's ticket at [slot, column tile, word]
         base = tickets_ptr + (slots.to(tl.int64) * tl.num_programs(1) + tl.program_id(1)) * 8
@@ -307,7 +341,8 @@ class LotteryLatch:
         grid = (max(1, triton.cdiv(num_tiles, per_program)), n // TILE_COLS)
         tail = (*self.buffers(pow_key, threshold_, seed_b), self.record if tickets is None else tickets)
         _lottery_kernel[grid](src, n, tiles.row_start, tiles.expert, tiles.local, num_tiles, *tail,
-                              BT=per_program, STORE_TICKETS=tickets is not None, FOLDED=folded)
+                              BT=per_program, STORE_TICKETS=tickets is not None, FOLDED=folded,
+                              WORD_LOADS=folded and FOLDED_WORD_LOADS)
         self.capture(sources)
 
     def buffers(self, pow_key: torch.Tensor, threshold_: torch.Tensor, seed_b: torch.Tensor) -> LotteryBuffers:
