@@ -47,6 +47,27 @@ def test_transcript_words_and_product_match_the_reference(key: str) -> None:
             assert np.array_equal(got[lo // 2:(lo + size) // 2], want), f"expert {e} transcript words"
 
 
+@pytest.mark.parametrize("key", ["128x128x128_c1x1_coop", "64x128x128_c1x1_pp"])
+def test_gathered_rows_give_the_copied_rows_results(key: str) -> None:
+    """MoE: the GEMM reading A′ rows through the routing gives the product and words of the same
+    GEMM on the rows copied into expert order."""
+    from kernels.int7.transcript_gemm import transcript_gemm
+
+    gen = np.random.default_rng(4)
+    rows, experts, tokens = sum(SIZES), len(SIZES), 97
+    a = torch.from_numpy(gen.integers(-127, 128, size=(tokens, K), dtype=np.int8)).cuda()
+    bt = torch.from_numpy(gen.integers(-127, 128, size=(experts, N, K), dtype=np.int8)).cuda()
+    bounds = torch.from_numpy(np.concatenate([[0], np.cumsum(SIZES)]).astype(np.int32)).cuda()
+    a_idx = torch.from_numpy(gen.integers(0, tokens, rows).astype(np.int32)).cuda()
+    results = []
+    for rows_in, idx in ((a[a_idx.long()], None), (a, a_idx)):
+        out = torch.empty((rows, N), dtype=torch.int32, device="cuda")
+        words = torch.full((rows // 2, N // 128, 16), -1, dtype=torch.int32, device="cuda")
+        transcript_gemm(rows_in, bt, bounds, out, words, GroupedGemmConfig.from_key(key), a_idx=idx)
+        results.append((out, words))
+    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
+
+
 def test_peel_gemm_gives_the_triton_peel_bits() -> None:
     from kernels.int7.peel_gemm import peel_gemm
     from kernels.int7.split_peel import peel_digits

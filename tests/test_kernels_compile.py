@@ -117,12 +117,15 @@ def test_int7_transcript_gemm_compiles_where_it_fits(config: GroupedGemmConfig) 
     if not fits(config, 4096, 6144):
         assert config.tile_n % 128
         return
-    sass = compile_transcript_gemm(config).__sass__
-    assert set(re.findall(MMA_SASS[Precision.INT8], sass)) == {str(config.tile_n)}
     tiles = 2 * (config.tile_m // 64 if config.pingpong else max(1, config.tile_m // 128)) * config.tile_n // 128
-    assert len(re.findall(r"\bSHFL\.BFLY\b", sass)) == 3 * tiles
-    assert len(re.findall(r"\bSTG\.E\b", sass)) == 2 * tiles
-    assert not re.search(r"\b(LDL|STL)\b", sass), "registers spilled to local memory"
+    # without and (MoE: A′ rows read through the routing, cluster_n = 1) with a gather
+    for gather in (False, True) if config.cluster_n == 1 else (False,):
+        sass = compile_transcript_gemm(config, gather).__sass__
+        assert set(re.findall(MMA_SASS[Precision.INT8], sass)) == {str(config.tile_n)}
+        assert len(re.findall(r"\bSHFL\.BFLY\b", sass)) == 3 * tiles
+        assert len(re.findall(r"\bSTG\.E\b", sass)) == 2 * tiles
+        assert bool(re.search(r"\bLDGSTS\b", sass)) == gather
+        assert not re.search(r"\b(LDL|STL)\b", sass), "registers spilled to local memory"
 
 
 @pytest.mark.parametrize("config", FP8_CONFIGS, ids=[c.key for c in FP8_CONFIGS])

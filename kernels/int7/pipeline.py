@@ -370,7 +370,11 @@ class MinedPass:
             u_a, first_a, second_a = noise_factors(s_a1, LABEL_A, self.tokens, k, rank)
             a_noised = noised(q.view(1, self.tokens, k), u_a, first_a, second_a)[0]
             index = routing.long()
-            a_noised, a_clean, apb, scale = a_noised[index], q[index], apb[index], scale[index]
+            a_idx = flat_routing.view(-1)  # the CuTe transcript GEMM reads A' rows through it
+            if self._transcript is None:  # the Triton kernels read A' in expert order
+                a_noised, a_idx = a_noised[index], None
+            a_clean = None if self.split_peel else q[index]  # the split pass never reads the clean rows
+            apb, scale = apb[index], scale[index]
             s_a = s_a1.expand(experts, 8).contiguous()
             factors = _AFactors(u_a[0][index], first_a, second_a)
         else:
@@ -387,9 +391,9 @@ class MinedPass:
             else:
                 q, scale, apb = prepare_rows(x, job.p_b, rows_per_instance=self.rows, scale=scale)
                 a_noised, s_a, factors = self._staged_noise(q)
-            a_clean = q
+            a_clean, a_idx = q, None
         if self.split_peel:
-            self._gemm_split(a_noised, apb, s_a, scale, factors)
+            self._gemm_split(a_noised, apb, s_a, scale, factors, a_idx)
         else:
             self._gemm(a_noised, a_clean, apb, s_a, scale, self.rows_valid)
         self.slot.retain("a", q.contiguous().view(1 if job.moe else experts, -1).view(torch.int32),
@@ -484,9 +488,10 @@ class MinedPass:
         """(row bounds, transcript words) of the CuTe transcript GEMM when the split pass uses it."""
         job = self.job
         experts, n, k = job.bt.shape
-        fits = (self.split_peel and job.bt.device.type == "cuda" and job.config.rank == 128
-                and (job.config.h, job.config.w) == (2, 128) and self.rows % 2 == 0
-                and _transcript_config(experts * self.rows, experts, n, k) is not None)
+        config = (_transcript_config(experts * self.rows, experts, n, k)
+                  if self.split_peel and job.bt.device.type == "cuda" else None)
+        fits = (config is not None and job.config.rank == 128 and (job.config.h, job.config.w) == (2, 128)
+                and self.rows % 2 == 0 and (config.cluster_n == 1 or not job.moe))  # MoE gathers A' rows
         if wanted and not fits:
             raise PipelineError(f"the CuTe split pass needs the split peel on CUDA, rank 128, 2 × 128 tiles "
                                 f"and a config that fits; got {self.rows} rows × {tuple(job.bt.shape)}, "
@@ -498,8 +503,9 @@ class MinedPass:
         return bounds, torch.empty((experts * self.rows // 2, n // 128, 16), dtype=torch.int32, device=device)
 
     def _gemm_split(self, a_noised: torch.Tensor, apb: torch.Tensor, s_a: torch.Tensor, scale: torch.Tensor,
-                    factors: _AFactors) -> None:
-        """The mined GEMM writing A'·B', then Qᵀ = B'·P_A over the weights and the peel pass."""
+                    factors: _AFactors, a_idx: torch.Tensor | None) -> None:
+        """The mined GEMM writing A'·B', then Qᵀ = B'·P_A over the weights and the peel pass.
+        a_idx (MoE, CuTe GEMM): a_noised holds the token rows and the GEMM reads them through it."""
         job = self.job
         config = job.config
         experts, n, k = job.bt.shape
@@ -515,7 +521,8 @@ class MinedPass:
         if self._transcript is not None:
             from .transcript_gemm import transcript_gemm
             bounds, words = self._transcript
-            transcript_gemm(a_noised.contiguous().view(-1, k), job.bt_noised, bounds, self._raw.view(-1, n), words)
+            transcript_gemm(a_noised.contiguous().view(-1, k), job.bt_noised, bounds, self._raw.view(-1, n), words,
+                            a_idx=a_idx)
             tile_lottery(words, s_a, job.bound, self.rows_valid, self.slot.record, rows=self.rows,
                          tile_h=config.h, tile_w=config.w, dump=self.dump)
         else:

@@ -125,26 +125,34 @@ def transcript_config(rows: int, experts: int, n: int, k: int) -> GroupedGemmCon
 
 
 @functools.lru_cache(maxsize=None)
-def compile_transcript_gemm(config: GroupedGemmConfig) -> Callable:
-    """The int8 → s32 grouped GEMM with the transcript, for sm_90a (fake tensors)."""
-    return compile_variant(Int8TranscriptSm90, Precision.INT8, Output.INT32, config, fake_tile_words_arguments)
+def compile_transcript_gemm(config: GroupedGemmConfig, gather: bool = False) -> Callable:
+    """The int8 → s32 grouped GEMM with the transcript, for sm_90a (fake tensors); gather: A's
+    rows read through an index (`compile_variant`)."""
+    return compile_variant(Int8TranscriptSm90, Precision.INT8, Output.INT32, config, fake_tile_words_arguments,
+                           gather=gather)
 
 
 def transcript_gemm(a: torch.Tensor, b: torch.Tensor, bounds: torch.Tensor, out: torch.Tensor,
-                    words: torch.Tensor, config: GroupedGemmConfig | None = None) -> torch.Tensor:
+                    words: torch.Tensor, config: GroupedGemmConfig | None = None,
+                    a_idx: torch.Tensor | None = None) -> torch.Tensor:
     """out = A'·B' (int32, exact) per expert, and every whole 2 × 128 lottery tile's 16 transcript
     words into `words`, int32 (rows / 2, n / 128, 16): tile row t of expert e at [bounds[e] / 2 + t]
     (so every expert's rows must be even; the pipeline's are).
 
     a (rows, k) int8 (A′ rows in expert order), b (e, n, k) int8 (B′ᵀ), bounds (e+1,) int32.
+    a_idx: (rows,) int32; then a is (tokens, k) and output row r reads a[a_idx[r]] (the MoE
+    routing: no copy of A′ into expert order; the config needs cluster_n = 1).
     """
     experts, n, k = b.shape
-    config = config or transcript_config(a.shape[0], experts, n, k)
-    if config is None or not fits(config, n, k):
+    rows = a.shape[0] if a_idx is None else a_idx.shape[0]
+    config = config or transcript_config(rows, experts, n, k)
+    if config is None or not fits(config, n, k) or (a_idx is not None and config.cluster_n != 1):
         name = "the selector's config" if config is None else config.key
-        raise ValueError(f"{name} does not fit the transcript GEMM for {a.shape[0]} rows × {tuple(b.shape)}")
-    shape = (a.shape[0] // TILE_ROWS, n // TILE_COLS, JACKPOT_WORDS)
+        raise ValueError(f"{name} does not fit the transcript GEMM{' with a gather' if a_idx is not None else ''} "
+                         f"for {rows} rows × {tuple(b.shape)}")
+    shape = (rows // TILE_ROWS, n // TILE_COLS, JACKPOT_WORDS)
     if words.dtype != torch.int32 or tuple(words.shape) != shape:
         raise ValueError(f"words must be int32 {shape}, got {words.dtype} {tuple(words.shape)}")
-    launch_variant(compile_transcript_gemm(config), a, b, bounds, out, config, mining_arguments(bounds, words))
+    launch_variant(compile_transcript_gemm(config, a_idx is not None), a, b, bounds, out, config,
+                   mining_arguments(bounds, words), a_idx=a_idx)
     return out
