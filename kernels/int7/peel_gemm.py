@@ -28,6 +28,8 @@ from kernels.grouped_gemm_config import GroupedGemmConfig, Output, Precision, se
 from kernels.grouped_gemm_sm90 import GroupedGemmInt8ScaledSm90, compile_variant, fake_scale_arguments
 from kernels.visited_mainloop import VisitedMainloopMixin
 
+from .mined_gemm import check_operand
+
 TILE_K = 128
 SEGMENT = 256  # 2r columns of depth a digit (rank 128): two k-tiles
 
@@ -38,7 +40,7 @@ class HornerMainloopMixin(VisitedMainloopMixin):
     @cute.jit
     def visit_k_tile(self, acc: cute.Tensor, k_tile: Int32, k_tile_cnt: Int32) -> None:
         if ((k_tile + 1) % (SEGMENT // TILE_K) == 0) & (k_tile + 1 < k_tile_cnt):
-            for i in cutlass.range_constexpr(cute.size(acc)):
+            for i in cutlass.range(cute.size(acc), unroll_full=True):
                 acc[i] = acc[i] << 8
 
 
@@ -103,8 +105,7 @@ def peel_gemm(left: torch.Tensor, right: torch.Tensor, bounds: torch.Tensor, raw
                                   ("scale_a", scale_a, (rows,), torch.float32),
                                   ("scale_b", scale_b, (experts, n), torch.float32),
                                   ("out", out, (rows, n), torch.bfloat16)):
-        if tuple(t.shape) != shape or t.dtype != dtype or not t.is_contiguous():
-            raise ValueError(f"{name} must be contiguous {dtype} {shape}, got {t.dtype} {tuple(t.shape)}")
+        check_operand(name, t, shape, dtype)
     epi = Int8PeelSm90.EpilogueArguments(mRowVecBroadcast=scale_b, mColVecBroadcast=scale_a,
                                          add_to_output=None, rounding_mode=None)
     launch_variant(compile_peel_gemm(config), left, right, bounds, out, config, epi, c=raw)

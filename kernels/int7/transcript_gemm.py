@@ -33,6 +33,8 @@ from kernels.mining_epilogue import MiningParamsMixin, fake_tile_words_arguments
 from kernels.visited_mainloop import VisitedMainloopMixin
 from proof.int7.transcript import JACKPOT_WORDS, ROTATION
 
+from .mined_gemm import check_operand
+
 CHUNK = 128  # the rank r = tile_k: one transcript chunk a k-tile
 TILE_ROWS, TILE_COLS = 2, 128  # the lottery tile (mined_gemm.lottery_tile's widest)
 _LANES_PER_TILE = 8  # lanes holding one tile's rows in a warp's fragment: 2 rows × 4 column lanes
@@ -150,9 +152,7 @@ def transcript_gemm(a: torch.Tensor, b: torch.Tensor, bounds: torch.Tensor, out:
         name = "the selector's config" if config is None else config.key
         raise ValueError(f"{name} does not fit the transcript GEMM{' with a gather' if a_idx is not None else ''} "
                          f"for {rows} rows × {tuple(b.shape)}")
-    shape = (rows // TILE_ROWS, n // TILE_COLS, JACKPOT_WORDS)
-    if words.dtype != torch.int32 or tuple(words.shape) != shape:
-        raise ValueError(f"words must be int32 {shape}, got {words.dtype} {tuple(words.shape)}")
+    check_operand("words", words, (rows // TILE_ROWS, n // TILE_COLS, JACKPOT_WORDS), torch.int32)
     launch_variant(compile_transcript_gemm(config, a_idx is not None), a, b, bounds, out, config,
                    mining_arguments(bounds, words), a_idx=a_idx)
     return out
