@@ -113,16 +113,15 @@ SCRIPT = textwrap.dedent("""
             target=target, options={"enable_fp_fusion": False, "num_warps": transcript._LINE_LANES // 32})
     # as launched: the folded form at FOLDED_TILES_PER_PROGRAM tiles a program, the accumulator
     # form at TILES_PER_PROGRAM; the PTX kept is the accumulator form's mining one (stored last)
-    for folded, store, words in ((True, True, False), (True, False, True), (True, False, False), (False, True, False),
-                                 (False, False, False)):
+    for folded, store in ((True, True), (True, False), (False, True), (False, False)):
         mined = triton.compile(ASTSource(fn=lottery._lottery_kernel, signature={
             "src_ptr": "*i32" if folded else "*i64", "n": "i32", "tile_row_ptr": "*i32", "tile_expert_ptr": "*i32",
             "tile_local_ptr": "*i32", "num_tiles": "i32", "key_ptr": "*i32", "thr_ptr": "*i32",
             "seed_b_ptr": "*i32", "lock_ptr": "*i32", "record_ptr": "*i32", "fresh_ptr": "*i32",
             "header_ptr": "*i32", "tickets_ptr": "*i32", "BT": "constexpr", "STORE_TICKETS": "constexpr",
-            "FOLDED": "constexpr", "WORD_LOADS": "constexpr"},
+            "FOLDED": "constexpr"},
             constexprs={"BT": lottery.FOLDED_TILES_PER_PROGRAM if folded else lottery.TILES_PER_PROGRAM,
-                        "STORE_TICKETS": store, "FOLDED": folded, "WORD_LOADS": words}), target=target)
+                        "STORE_TICKETS": store, "FOLDED": folded}), target=target)
         if folded and not store:
             assert ".local" not in mined.asm["ptx"], "the folded lottery keeps a stack frame"
     print("LOTTERY-BEGIN")

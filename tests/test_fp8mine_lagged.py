@@ -284,9 +284,8 @@ COMPILE = textwrap.dedent("""
         "src_ptr": "*i64", "n": "i32", "tile_row_ptr": "*i32", "tile_expert_ptr": "*i32", "tile_local_ptr": "*i32",
         "num_tiles": "i32", "key_ptr": "*i32", "thr_ptr": "*i32", "seed_b_ptr": "*i32",
         "lock_ptr": "*i32", "record_ptr": "*i32", "fresh_ptr": "*i32", "header_ptr": "*i32",
-        "tickets_ptr": "*i32", "BT": "constexpr", "STORE_TICKETS": "constexpr", "FOLDED": "constexpr",
-        "WORD_LOADS": "constexpr"},
-        constexprs={"BT": 128, "STORE_TICKETS": False, "FOLDED": False, "WORD_LOADS": False}), target=target)
+        "tickets_ptr": "*i32", "BT": "constexpr", "STORE_TICKETS": "constexpr", "FOLDED": "constexpr"},
+        constexprs={"BT": 128, "STORE_TICKETS": False, "FOLDED": False}), target=target)
     print("PAIR-LOADS", mined.asm["ptx"].count("ld.global.b64"))
 """)
 

@@ -503,12 +503,10 @@ def test_lottery_latches_the_planted_winner_and_matches_reference_tickets():
     assert latch.poll() is None
 
 
-@pytest.mark.parametrize("word_loads", [False, True])
-def test_lottery_on_folded_lanes_draws_the_reference_tickets(word_loads, monkeypatch):
-    """`run_folded` (the lanes the GEMM epilogue folds, tile (row r, c) at [r // 4, c]), with the
-    lanes loaded as one tile or as 16 word vectors: the same tickets and planted winner as
-    proof.fp8 on the accumulator; entries of no whole tile are never read (filled with garbage here)."""
-    monkeypatch.setattr(dev_lottery, "FOLDED_WORD_LOADS", word_loads)
+def test_lottery_on_folded_lanes_draws_the_reference_tickets():
+    """`run_folded` (the lanes the GEMM epilogue folds, tile (row r, c) at [r // 4, c], loaded as
+    16 word vectors): the same tickets and planted winner as proof.fp8 on the accumulator;
+    entries of no whole tile are never read (filled with garbage here)."""
     rng = np.random.default_rng(12)
     topk = np.stack([rng.permutation(3)[:2] for _ in range(23)])
     table = dev_routing.routing_table(torch.from_numpy(topk), 3)

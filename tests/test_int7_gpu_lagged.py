@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from kernels.int7.a_side import side_chain_split
+from kernels.int7.a_side import ASideError, side_chain_split
 from kernels.int7.pipeline import MinedPass, PipelineError, bound_words, prepare_job
 from proof.int7 import MiningConfig, commit_instance, instance_tickets, ticket_value, verify_plain_proof
 
@@ -125,3 +125,9 @@ def test_lagged_moe_is_refused(job_and_weights):
     job = dataclasses.replace(job_and_weights[0], moe=True, config=_config(EXPERTS, 1))
     with pytest.raises(PipelineError, match="lagged mining is dense only"):
         MinedPass(job, M, tokens=EXPERTS * M, lagged=True)
+
+
+@pytest.mark.parametrize("options, message", [({"side_warps": 3}, "warps"), ({"side_split": 0}, "split must be")])
+def test_a_bad_side_chain_shape_is_refused_when_the_pass_is_built(job_and_weights, options, message):
+    with pytest.raises(ASideError, match=message):
+        MinedPass(job_and_weights[0], M, lagged=True, **options)

@@ -95,7 +95,7 @@ def test_pipeline_planted_winner_verifies_and_tickets_equal_the_triton_kernels()
     from kernels.int7.mined_gemm import DUMP_WORDS
     from kernels.int7.pipeline import SPLIT_PEEL_FROM_ROWS, MinedPass, bound_words, prepare_job
 
-    experts, m, n, k = 2, SPLIT_PEEL_FROM_ROWS, 256, 1024
+    experts, m, n, k = 2, SPLIT_PEEL_FROM_ROWS, 256, 2048
     rng = np.random.default_rng(31)
     weights = rng.integers(-64, 65, (experts, n, k), dtype=np.int8)
     acts = rng.integers(-64, 65, (experts, m, k), dtype=np.int8)
@@ -126,3 +126,39 @@ def test_pipeline_planted_winner_verifies_and_tickets_equal_the_triton_kernels()
     assert mined.winner_record() == {"instance": expert, "t_rows": best.t_rows, "t_cols": best.t_cols,
                                      "ticket": best.ticket}
     assert verify_plain_proof(HEADER, mined.take_proof(), bits=BITS, cert_version=3) == (True, "ok")
+
+
+def test_moe_pipeline_reads_a_through_the_routing_and_its_winner_verifies() -> None:
+    """MoE (cert V2) on the CuTe split pass: the GEMM reads A′ rows through the routing (no copy);
+    the served output equals the Triton split pass's bits, A·B is exact, a planted winner verifies."""
+    from kernels.int7.pipeline import SPLIT_PEEL_FROM_ROWS, MinedPass, bound_words, prepare_job
+
+    experts, top_k, m, n, k = 4, 2, SPLIT_PEEL_FROM_ROWS, 256, 2048
+    tokens = experts * m // top_k
+    rng = np.random.default_rng(47)
+    weights = rng.integers(-64, 65, (experts, n, k), dtype=np.int8)
+    acts = rng.integers(-64, 65, (tokens, k), dtype=np.int8)
+    routing = [[t for t in range(tokens) if t % 2 == e % 2] for e in range(experts)]
+    config = MiningConfig(k, 128, list(range(2)), list(range(128)), experts, top_k)
+    ref = commit_instance(HEADER, config, acts, weights.reshape(experts * n, k), cert_version=2, routing=routing)
+    job = prepare_job(torch.from_numpy(weights).cuda(), torch.ones(experts, n, device="cuda"),
+                      header76=HEADER, config=config, cert_version=2, bound=0, moe=True)
+    codes, scales = torch.from_numpy(acts).cuda(), torch.ones(tokens, device="cuda")
+    ids = torch.tensor(routing, dtype=torch.int32, device="cuda")
+    served = {}
+    for cute in (False, True):
+        mined = MinedPass(job, m, tokens=tokens, split_peel=True, cute_split=cute)
+        assert (mined._transcript is not None) == cute
+        served[cute] = mined.run_quantized(codes, scales, ids).clone()
+    assert torch.equal(served[True].view(torch.int16), served[False].view(torch.int16))
+    best = min(instance_tickets(ref), key=lambda w: ticket_value(w.ticket))
+    job.bound.copy_(bound_words(ticket_value(best.ticket), "cuda"))
+    mined = MinedPass(job, m, tokens=tokens, write_i32=True, split_peel=True, cute_split=True)
+    mined.run_quantized(codes, scales, ids)
+    expected = np.einsum("emk,enk->emn", acts[np.array(routing)].astype(np.int64), weights.astype(np.int64))
+    assert np.array_equal(mined.out_i32.cpu().numpy(), expected)
+    assert mined.winner_record() == {"instance": best.expert, "t_rows": best.t_rows, "t_cols": best.t_cols,
+                                     "ticket": best.ticket}
+    proof = mined.take_proof()
+    assert proof.moe is not None and proof.moe.expert_idx == best.expert
+    assert verify_plain_proof(HEADER, proof, bits=BITS, cert_version=2) == (True, "ok")

@@ -128,6 +128,28 @@ def test_int7_transcript_gemm_compiles_where_it_fits(config: GroupedGemmConfig) 
         assert not re.search(r"\b(LDL|STL)\b", sass), "registers spilled to local memory"
 
 
+@pytest.mark.parametrize("experts, rows, n, k", [(32, 2048, 4096, 6144), (16, 2048, 3072, 4096),
+                                                   (32, 16, 4096, 6144), (32, 16, 7168, 2048)])
+def test_int7_transcript_config_falls_back_to_a_candidate_that_fits(experts, rows, n, k) -> None:
+    """Where the int8 selector picks tiles the transcript GEMM cannot run (Qwen3's N = 3072 selects
+    128 × 192), the first fitting sweep candidate of the regime is used; gathering (MoE) needs
+    cluster_n = 1; every choice is one the compile checks above build."""
+    from kernels.grouped_gemm_config import regime_for, select_config
+    from kernels.int7.transcript_gemm import fits, transcript_config
+
+    selected = select_config(Precision.INT8, experts * rows, experts, n, k)
+    for gather in (False, True):
+        config = transcript_config(experts * rows, experts, n, k, gather)
+        assert config is not None and fits(config, n, k) and (config.cluster_n == 1 or not gather)
+        assert config in INT8_CONFIGS
+        if fits(selected, n, k) and (selected.cluster_n == 1 or not gather):
+            assert config == selected
+        else:
+            assert config in candidates(Precision.INT8, regime_for(experts * rows, experts))
+    if (n, k) == (3072, 4096) and rows == 2048:
+        assert not fits(selected, n, k)  # the case this fallback exists for
+
+
 @pytest.mark.parametrize("config", FP8_CONFIGS, ids=[c.key for c in FP8_CONFIGS])
 def test_fp8_peel_epilogue_compiles_where_it_fits(config: GroupedGemmConfig) -> None:
     """The FP8 mining GEMM that also peels and unscales in its epilogue

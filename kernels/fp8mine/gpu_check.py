@@ -42,7 +42,6 @@ from proof.fp8.mma import fp8_matmul
 from proof.fp8.params import TILE_4X64
 from proof.fp8.verify import evaluate_plain_proof, verify_plain_proof
 
-from . import lottery as lottery_module
 from . import matmul as matmul_module
 from .lottery import LotteryLatch
 from .matmul import (IMPLS, WINDOW_K, fold_in_gemm, folded_lanes, gather_in_gemm, gemm_impl, grouped_matmul,
@@ -278,15 +277,15 @@ def _epilogue_peel_error(gemm: MinedGemm, x: torch.Tensor, topk, result) -> dict
 
 
 @contextlib.contextmanager
-def _switched(switch: str, value: bool, module=matmul_module):
-    """A module switch (matmul's FOLD_IN_EPILOGUE, PEEL_IN_EPILOGUE, GATHER_IN_GEMM; lottery's
-    FOLDED_WORD_LOADS) set to `value` for the block: the other variant, for comparisons and timing."""
-    before = getattr(module, switch)
-    setattr(module, switch, value)
+def _switched(switch: str, value: bool):
+    """A module switch (matmul's FOLD_IN_EPILOGUE, PEEL_IN_EPILOGUE, GATHER_IN_GEMM) set to `value`
+    for the block: the other variant, for comparisons and timing."""
+    before = getattr(matmul_module, switch)
+    setattr(matmul_module, switch, value)
     try:
         yield
     finally:
-        setattr(module, switch, before)
+        setattr(matmul_module, switch, before)
 
 
 def _forward_switched(gemm: MinedGemm, x: torch.Tensor, topk, switch: str, value: bool):
@@ -465,13 +464,9 @@ def _folded_parts(gemm: MinedGemm, codes, b_codes, table: RoutingTable, pow_key)
         return {}
     lanes = folded_lanes(codes.shape[0], b_codes.shape[1], codes.device)
     tiles = row_tiles(table)
-    def lottery(word_loads: bool) -> None:
-        with _switched("FOLDED_WORD_LOADS", word_loads, lottery_module):
-            gemm.latch.run_folded(lanes, tiles, pow_key, gemm.threshold, gemm.state.seed_b, {})
-
     return {"GEMM folding the lottery tiles": lambda: grouped_matmul(codes, b_codes, table, fold_into=lanes),
-            "lottery on the folded lanes": functools.partial(lottery, False),
-            "lottery on the folded lanes, 16 word loads": functools.partial(lottery, True)}
+            "lottery on the folded lanes": lambda: gemm.latch.run_folded(lanes, tiles, pow_key, gemm.threshold,
+                                                                         gemm.state.seed_b, {})}
 
 
 def _time_each(stages: dict) -> dict:

@@ -47,10 +47,9 @@ TILES_PER_PROGRAM = 32
 # Tiles per program on folded lanes (`run_folded`): nothing is folded, so a program's 4 warps
 # compress one tile a thread.
 FOLDED_TILES_PER_PROGRAM = 128
-# The folded lanes loaded as 16 vectors of one word a tile instead of one (BT, 16) tile split by 16
-# reductions: the same tickets (CPU tests), not yet timed against the tile load (gpu_check
-# `timing` times both), so off.
-FOLDED_WORD_LOADS = False
+# Folded lanes are loaded as 16 vectors of one word a tile (`_message_words`), not as one (BT, 16)
+# tile split by 16 reductions: same tickets, and on the H200 (session 11, same run) GLM-5 prefill
+# 91.0 against 198.4 µs, decode 5.7 against 7.6.
 
 
 class LotteryError(ValueError):
@@ -187,12 +186,11 @@ def _mine_tiles(m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14,
 @jit
 def _lottery_kernel(src_ptr, n, tile_row_ptr, tile_expert_ptr, tile_local_ptr, num_tiles,
                     key_ptr, thr_ptr, seed_b_ptr, lock_ptr, record_ptr, fresh_ptr, header_ptr,
-                    tickets_ptr, BT: tl.constexpr, STORE_TICKETS: tl.constexpr, FOLDED: tl.constexpr,
-                    WORD_LOADS: tl.constexpr):
+                    tickets_ptr, BT: tl.constexpr, STORE_TICKETS: tl.constexpr, FOLDED: tl.constexpr):
     """BT slots of the row-tile map (a tile's row_start is its accumulator row) × the 64-column
     tile program_id(1). src: the accumulator as int64 word pairs, or (FOLDED) the tiles' folded
     lanes, int32 (rows // 4, n / 64, 16), tile (row_start, c) at [row_start // 4, c], loaded as
-    one (BT, 16) tile or (WORD_LOADS) as 16 vectors of one word a tile."""
+    16 vectors of one word a tile."""
     slots = tl.program_id(0) * BT + tl.arange(0, BT)
     in_range = slots < num_tiles
     row_start = tl.load(tile_row_ptr + slots, mask=in_range, other=-1)
@@ -201,12 +199,8 @@ def _lottery_kernel(src_ptr, n, tile_row_ptr, tile_expert_ptr, tile_local_ptr, n
     local = tl.load(tile_local_ptr + slots, mask=live, other=0)
     expert = tl.load(tile_expert_ptr + slots, mask=live, other=0)
     first_word = ((row_base // 4) * tl.num_programs(1) + tl.program_id(1)) * 16
-    if FOLDED and WORD_LOADS:
+    if FOLDED:
         message = _message_words(src_ptr, first_word, live)
-    elif FOLDED:
-        lane = tl.arange(0, 16)
-        message = _lane_words(tl.load(src_ptr + first_word[:, None] + lane[None, :],
-                                      mask=live[:, None] & (lane[None, :] >= 0), other=0).to(tl.uint32, bitcast=True))
     else:
         message = _lane_words(_fold(src_ptr, row_base, tl.program_id(1) * 64, live, n, BT))
     m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15 = message
@@ -341,8 +335,7 @@ class LotteryLatch:
         grid = (max(1, triton.cdiv(num_tiles, per_program)), n // TILE_COLS)
         tail = (*self.buffers(pow_key, threshold_, seed_b), self.record if tickets is None else tickets)
         _lottery_kernel[grid](src, n, tiles.row_start, tiles.expert, tiles.local, num_tiles, *tail,
-                              BT=per_program, STORE_TICKETS=tickets is not None, FOLDED=folded,
-                              WORD_LOADS=folded and FOLDED_WORD_LOADS)
+                              BT=per_program, STORE_TICKETS=tickets is not None, FOLDED=folded)
         self.capture(sources)
 
     def buffers(self, pow_key: torch.Tensor, threshold_: torch.Tensor, seed_b: torch.Tensor) -> LotteryBuffers:

@@ -60,6 +60,7 @@ class BState:
     f_b: torch.Tensor  # (k, 32) e4m3
     side: quant.NoisySide  # B′ codes (n, k), α/β (n,), E_B
     peel: torch.Tensor  # (n, 64) bf16
+    inv_alpha: torch.Tensor  # (n,) fp32 1/α_B, the peel epilogue's column scale (once per job)
     ready: torch.cuda.Event | None = None
 
     def adopt(self, stream: torch.cuda.Stream) -> None:
@@ -68,7 +69,7 @@ class BState:
             return
         stream.wait_event(self.ready)
         for t in (self.seed_b, self.f_a, self.f_b, self.side.codes, self.side.alpha, self.side.beta,
-                  self.side.e_lines, self.peel):
+                  self.side.e_lines, self.peel, self.inv_alpha):
             t.record_stream(stream)
 
 
@@ -146,7 +147,8 @@ class BSide:
         f_b = noise.noise_lines(line_key, "B", "F", self.k)
         e_b = noise.noise_lines(line_key, "B", "E", self.codes.shape[0])
         side, noise_b = quant.noisy_quantize(self.values, self.l2, self.linf, e_b, f_b)
-        return BState(bytes(ancestor_header), seed_b, f_a, f_b, side, b_peel(side, noise_b, f_a))
+        return BState(bytes(ancestor_header), seed_b, f_a, f_b, side, b_peel(side, noise_b, f_a),
+                      1.0 / side.alpha.float())
 
 
 @dataclass
@@ -304,7 +306,7 @@ class MinedGemm:
         experts, n_e = self.b.experts, self.b.n_e
         peel = PeelOperands(table.rflat, a.peel, 1.0 / a.side.alpha.float()[table.rflat.long()],
                             self.state.peel.view(experts, n_e, -1),
-                            1.0 / self.state.side.alpha.float().view(experts, n_e))
+                            self.state.inv_alpha.view(experts, n_e))
         out = torch.empty((table.rflat.shape[0], n_e), dtype=torch.bfloat16, device=rows.device)
         return peeled_grouped_gemm(rows, b_codes, table.bounds, out, lanes, peel, gather=gather)
 

@@ -312,6 +312,15 @@ def side_chain_split(experts: int) -> int:
     return max(1, min(MAX_SIDE_SPLIT, SIDE_PROGRAMS // max(experts, 1)))
 
 
+def check_side_chain(warps: int, split: int) -> None:
+    """The side chain's launch shape: `warps` one of SIDE_WARPS_CHOICES, `split` ≥ 1 programs an
+    instance (checked where a lagged pass is built, before its first launch)."""
+    if warps not in SIDE_WARPS_CHOICES:
+        raise ASideError(f"the side chain takes {SIDE_WARPS_CHOICES} warps, got {warps}")
+    if split < 1:
+        raise ASideError(f"split must be a positive number of programs per instance, got {split}")
+
+
 def side_columns(rows: int, warps: int) -> int:
     """The side chain's A' step width: 32 bytes per thread of `warps` warps over `rows` rows."""
     return max(32, 32 * warps * _SIDE_STEP_BYTES_PER_THREAD // rows)
@@ -345,12 +354,9 @@ def noised_a_side(q: torch.Tensor, s_b: torch.Tensor, key_words: torch.Tensor, *
         _check_tensor("valid", valid, (experts,), torch.int32)
     if not all(t is None or t.is_contiguous() for t in (s_a, a_noised, q_copy, valid)):
         raise ASideError("s_a, a_noised, q_copy and valid must be contiguous")
-    if warps not in SIDE_WARPS_CHOICES:
-        raise ASideError(f"the side chain takes {SIDE_WARPS_CHOICES} warps, got {warps}")
+    check_side_chain(warps, split)
     if lag is not None:
         check_lag(lag)
-    if split < 1:
-        raise ASideError(f"split must be a positive number of programs per instance, got {split}")
     if sync is None:
         sync = torch.zeros((2, experts), dtype=torch.int32, device=q.device)
     _check_tensor("sync", sync, (2, experts), torch.int32)

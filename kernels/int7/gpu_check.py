@@ -135,8 +135,8 @@ def markdown(results: dict) -> str:
                 f"{row['shape']}: A'·B' GEMM {row['split_raw_us']}, Qᵀ = B'·P_A {row['split_noise_product_us']}, "
                 f"peel pass {row['split_peel_us']}; CuTe transcript GEMM {row.get('cute_transcript_gemm_us')}, "
                 f"tile lottery {row.get('tile_lottery_us')}, CuTe peel GEMM {row.get('cute_peel_gemm_us')}, "
-                f"whole pass with them "
-                f"{row.get('mined_pass_cute_split_us')}" for row in split)]
+                f"whole pass with them {row.get('mined_pass_cute_split_us')} "
+                f"(with the Triton kernels {row.get('mined_pass_triton_split_us')})" for row in split)]
         lines += ["", "Acceptance (issue 7): whole mined pass ≤ 1.10 × the unmined int8 GEMM of the same run "
                   "(the faster of the same-launch and the lagged pass)."]
         for row in timing["rows"]:
@@ -480,12 +480,16 @@ def _time_shape(timer: Timer, shape: tuple) -> dict:
         stacked = MinedPass(job, rows, tiling=chosen.tiling, split_peel=False)
         row["mined_pass_stacked_peel_us"] = timer.median_us({"s": timer.graph(lambda: stacked.run(x))})["s"]
         del stacked
-        try:  # the same pass with A'·B' and the transcript from the CuTe GEMM, tickets by tile_lottery
-            cute = MinedPass(job, rows, split_peel=True, cute_split=True)
-            row["mined_pass_cute_split_us"] = timer.median_us({"c": timer.graph(lambda: cute.run(x))})["c"]
-            del cute
-        except Exception as error:  # noqa: BLE001 — the Triton pass still stands
-            row["mined_pass_cute_split_error"] = repr(error)[:300]
+        # the split pass both ways, whichever the default took: A'·B' and the transcript from the
+        # CuTe GEMM (tickets by tile_lottery, peel by peel_gemm), and from the Triton mined kernel
+        for name, cute in (("cute", True), ("triton", False)):
+            try:
+                variant = MinedPass(job, rows, tiling=chosen.tiling, split_peel=True, cute_split=cute)
+                row[f"mined_pass_{name}_split_us"] = timer.median_us(
+                    {"v": timer.graph(lambda: variant.run(x))})["v"]
+                del variant
+            except Exception as error:  # noqa: BLE001 — the other variant still stands
+                row[f"mined_pass_{name}_split_error"] = repr(error)[:300]
     if decode:  # mining lags a launch: the A side's hash chain runs beside the GEMM (docs/kernels-int7.md)
         lagged = MinedPass(job, rows, tiling=chosen.tiling, lagged=True)
         row["mined_pass_lagged_us"] = timer.median_us({"l": timer.graph(lambda: lagged.run(x))})["l"]
@@ -524,7 +528,8 @@ def _time_shape(timer: Timer, shape: tuple) -> dict:
             row[key] = times[part]
     unmined = [v for v in (row["plain_us"], row.get("grouped_gemm_us"), row.get("grouped_gemm_bf16_us")) if v]
     passes = {"same-launch": row["mined_pass_us"], "lagged": row.get("mined_pass_lagged_us"),
-              "same-launch, CuTe split pass": row.get("mined_pass_cute_split_us")}
+              "same-launch, CuTe split pass": row.get("mined_pass_cute_split_us"),
+              "same-launch, Triton split pass": row.get("mined_pass_triton_split_us")}
     row["best_pass"] = min((name for name, us in passes.items() if us), key=passes.get)
     best_pass = passes[row["best_pass"]]
     row["pass_over_best_unmined"] = round(best_pass / min(unmined), 3)

@@ -36,7 +36,7 @@ from proof.int7.plain_proof import LEAF_SIZE
 from proof.int7.routing import end_offsets, expert_start, flatten, open_entries
 from proof.int7.seeds import job_key, salted_for
 
-from .a_side import (SIDE_WARPS, SIDE_WARPS_CHOICES, fused_a_side, fused_applies, noised_a_side,
+from .a_side import (SIDE_WARPS, check_side_chain, fused_a_side, fused_applies, noised_a_side,
                      side_chain_split)
 from .activations import int7_codes, prepare_rows
 from .blake3 import KeyedTrees, bytes_from_words, keyed_trees, words_from_bytes
@@ -53,13 +53,13 @@ SPLIT_PEEL_FROM_ROWS = 128  # rows per expert from which the peel is its own pas
 # transcript_gemm, the tickets by tile_lottery, the peel by peel_gemm, instead of the Triton mined
 # and peel kernels. Off until it has run on the H200 (bit-exact and faster): gpu_check's
 # `cute_split` section and timing measure it.
-CUTE_SPLIT = False
+CUTE_SPLIT = True
 
 
-def _transcript_config(rows: int, experts: int, n: int, k: int):
+def _transcript_config(rows: int, experts: int, n: int, k: int, gather: bool):
     """transcript_gemm.transcript_config, imported only on CUDA (the module imports cutlass)."""
     from .transcript_gemm import transcript_config
-    return transcript_config(rows, experts, n, k)
+    return transcript_config(rows, experts, n, k, gather)
 
 
 class PipelineError(ValueError):
@@ -299,7 +299,10 @@ class MinedPass:
                         if write_i32 else None)
         valid = rows - rows % job.config.h
         self.rows_valid = torch.full((experts,), valid, dtype=torch.int32, device=device)
-        self.offsets = torch.arange(1, experts + 1, device=device, dtype=torch.int32) * rows
+        # the experts' row bounds (E + 1): the CuTe GEMMs' group offsets; the end offsets after the
+        # leading 0 are what MoE commits in s_A
+        self.row_bounds = torch.arange(experts + 1, device=device, dtype=torch.int32) * rows
+        self.offsets = self.row_bounds[1:]
         self.dump: torch.Tensor | None = None
         applies = not job.moe and fused_applies(rows, k, job.config.rank)
         if fused_a and not applies:
@@ -320,12 +323,9 @@ class MinedPass:
             self._q_stream = torch.cuda.Stream(device, priority=-1) if device.type == "cuda" else None
         self._transcript = self._transcript_buffers(cute_split)
         self.lagged = lagged
-        if side_warps not in SIDE_WARPS_CHOICES:
-            raise PipelineError(f"side_warps must be one of {SIDE_WARPS_CHOICES}, got {side_warps}")
         self.side_warps = side_warps
         self.side_split = side_chain_split(experts) if side_split is None else side_split
-        if self.side_split < 1:
-            raise PipelineError(f"side_split must be a positive number of programs, got {side_split}")
+        check_side_chain(side_warps, self.side_split)
         if lagged:
             self._lag = _LagPair.zeros(experts, rows, k, device)
             # the one-kernel side chain's hand-off words (left zero by each launch); staged: none
@@ -484,23 +484,21 @@ class MinedPass:
                    tile_w=config.w, out=self.out, out_i32=self.out_i32, dump=self.dump,
                    tiling=self.tiling, lag=lag, after_apb=after_apb)
 
-    def _transcript_buffers(self, wanted: bool | None) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """(row bounds, transcript words) of the CuTe transcript GEMM when the split pass uses it."""
+    def _transcript_buffers(self, wanted: bool | None) -> torch.Tensor | None:
+        """The CuTe transcript GEMM's tile words when the split pass uses it (else None)."""
         job = self.job
         experts, n, k = job.bt.shape
-        config = (_transcript_config(experts * self.rows, experts, n, k)
+        config = (_transcript_config(experts * self.rows, experts, n, k, job.moe)  # MoE gathers A' rows
                   if self.split_peel and job.bt.device.type == "cuda" else None)
         fits = (config is not None and job.config.rank == 128 and (job.config.h, job.config.w) == (2, 128)
-                and self.rows % 2 == 0 and (config.cluster_n == 1 or not job.moe))  # MoE gathers A' rows
+                and self.rows % 2 == 0)
         if wanted and not fits:
             raise PipelineError(f"the CuTe split pass needs the split peel on CUDA, rank 128, 2 × 128 tiles "
                                 f"and a config that fits; got {self.rows} rows × {tuple(job.bt.shape)}, "
                                 f"tile {job.config.h} × {job.config.w}")
         if not (fits and (CUTE_SPLIT if wanted is None else wanted)):
             return None
-        device = job.bt.device
-        bounds = torch.arange(experts + 1, device=device, dtype=torch.int32) * self.rows
-        return bounds, torch.empty((experts * self.rows // 2, n // 128, 16), dtype=torch.int32, device=device)
+        return torch.empty((experts * self.rows // 2, n // 128, 16), dtype=torch.int32, device=job.bt.device)
 
     def _gemm_split(self, a_noised: torch.Tensor, apb: torch.Tensor, s_a: torch.Tensor, scale: torch.Tensor,
                     factors: _AFactors, a_idx: torch.Tensor | None) -> None:
@@ -520,10 +518,9 @@ class MinedPass:
                            digits=q_limbs(k), left=left, right=right)
         if self._transcript is not None:
             from .transcript_gemm import transcript_gemm
-            bounds, words = self._transcript
-            transcript_gemm(a_noised.contiguous().view(-1, k), job.bt_noised, bounds, self._raw.view(-1, n), words,
-                            a_idx=a_idx)
-            tile_lottery(words, s_a, job.bound, self.rows_valid, self.slot.record, rows=self.rows,
+            transcript_gemm(a_noised.contiguous().view(-1, k), job.bt_noised, self.row_bounds, self._raw.view(-1, n),
+                            self._transcript, a_idx=a_idx)
+            tile_lottery(self._transcript, s_a, job.bound, self.rows_valid, self.slot.record, rows=self.rows,
                          tile_h=config.h, tile_w=config.w, dump=self.dump)
         else:
             mined_gemm(a_noised.contiguous(), None, job.bt_noised, None, None, s_a, job.bound, self.rows_valid,
@@ -533,7 +530,7 @@ class MinedPass:
             main.wait_stream(self._q_stream)
         if self._transcript is not None and self.out_i32 is None:
             from .peel_gemm import peel_gemm
-            peel_gemm(left.view(-1, left.shape[-1]), right, self._transcript[0], self._raw.view(-1, n),
+            peel_gemm(left.view(-1, left.shape[-1]), right, self.row_bounds, self._raw.view(-1, n),
                       scale.view(-1), job.scale_b.contiguous(), self.out.view(-1, n))
         else:
             peel_digits(self._raw, left, right, scale, job.scale_b, rank=config.rank, out=self.out,

@@ -27,7 +27,8 @@ import torch
 from cutlass import Int32
 
 from kernels.grouped_gemm import launch_variant
-from kernels.grouped_gemm_config import GroupedGemmConfig, Output, Precision, select_config
+from kernels.grouped_gemm_config import (GroupedGemmConfig, Output, Precision, candidates, regime_for,
+                                         select_config)
 from kernels.grouped_gemm_sm90 import GroupedGemmInt8Sm90, compile_variant
 from kernels.mining_epilogue import MiningParamsMixin, fake_tile_words_arguments, mining_arguments
 from kernels.visited_mainloop import VisitedMainloopMixin
@@ -120,10 +121,17 @@ def fits(config: GroupedGemmConfig, n: int, k: int) -> bool:
 
 
 @functools.lru_cache(maxsize=256)
-def transcript_config(rows: int, experts: int, n: int, k: int) -> GroupedGemmConfig | None:
-    """The int8 selector's config for the launch, or None where it does not `fit`."""
-    config = select_config(Precision.INT8, rows, experts, n, k)
-    return config if fits(config, n, k) else None
+def transcript_config(rows: int, experts: int, n: int, k: int, gather: bool = False) -> GroupedGemmConfig | None:
+    """The int8 selector's config for the launch where it `fits` (and, gathering, has cluster_n =
+    1), else the first sweep candidate of its regime that does (e.g. Qwen3's N = 3072 selects
+    128 × 192 tiles), else None."""
+    def usable(config: GroupedGemmConfig) -> bool:
+        return fits(config, n, k) and (config.cluster_n == 1 or not gather)
+
+    chosen = select_config(Precision.INT8, rows, experts, n, k)
+    if usable(chosen):
+        return chosen
+    return next(filter(usable, candidates(Precision.INT8, regime_for(rows, experts))), None)
 
 
 @functools.lru_cache(maxsize=None)
@@ -147,7 +155,7 @@ def transcript_gemm(a: torch.Tensor, b: torch.Tensor, bounds: torch.Tensor, out:
     """
     experts, n, k = b.shape
     rows = a.shape[0] if a_idx is None else a_idx.shape[0]
-    config = config or transcript_config(rows, experts, n, k)
+    config = config or transcript_config(rows, experts, n, k, a_idx is not None)
     if config is None or not fits(config, n, k) or (a_idx is not None and config.cluster_n != 1):
         name = "the selector's config" if config is None else config.key
         raise ValueError(f"{name} does not fit the transcript GEMM{' with a gather' if a_idx is not None else ''} "
