@@ -44,11 +44,12 @@ IMPLS = ("cute", "triton")
 # False keeps the fold in the lottery pass (lottery.py), e.g. to time the two against each other.
 FOLD_IN_EPILOGUE = True
 # Also peel and unscale in that epilogue (bf16 out, no raw accumulator written; peel_epilogue.py).
-# Off until it has run on a GPU: gpu_check compares and times it against the peel pass.
+# Off: exact on the H200 but slower (GLM-5 prefill pass 5333 vs 4240 µs, session 11: its operand
+# loads idle the tensor cores); gpu_check compares and times it against the peel pass.
 PEEL_IN_EPILOGUE = False
 # An MoE launch's GEMM reads its A′ rows through Rflat (quack's gather_A: cp.async row gathers)
-# instead of a copy of them into expert order before it (161 µs at GLM-5 prefill). Off until the
-# H200 times it against the copy: gpu_check compares and times it.
+# instead of a copy of them into expert order before it (158 µs at GLM-5 prefill). Off: bitwise
+# equal on the H200 but slower (prefill pass 4653 vs 4240 µs, session 11); gpu_check times it.
 GATHER_IN_GEMM = False
 _log = logging.getLogger(__name__)
 
