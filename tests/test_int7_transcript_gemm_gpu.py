@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.gpu,
 SIZES = [38, 0, 130, 256, 6]
 N, K = 384, 640
 CONFIGS = ["128x128x128_c2x1_coop", "128x128x128_c1x1_coop", "128x128x128_c1x2_coop",
-           "64x128x128_c1x1_pp", "64x128x128_c1x2_coop"]
+           "64x128x128_c1x1_pp", "64x128x128_c1x2_coop", "128x256x128_c1x1_coop"]  # the last: PREFILL_CONFIG
 
 
 @pytest.mark.parametrize("key", CONFIGS)
@@ -47,7 +47,7 @@ def test_transcript_words_and_product_match_the_reference(key: str) -> None:
             assert np.array_equal(got[lo // 2:(lo + size) // 2], want), f"expert {e} transcript words"
 
 
-@pytest.mark.parametrize("key", ["128x128x128_c1x1_coop", "64x128x128_c1x1_pp"])
+@pytest.mark.parametrize("key", ["128x128x128_c1x1_coop", "64x128x128_c1x1_pp", "128x256x128_c1x1_coop"])
 def test_gathered_rows_give_the_copied_rows_results(key: str) -> None:
     """MoE: the GEMM reading A′ rows through the routing gives the product and words of the same
     GEMM on the rows copied into expert order."""
@@ -68,7 +68,8 @@ def test_gathered_rows_give_the_copied_rows_results(key: str) -> None:
     assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
 
 
-def test_peel_gemm_gives_the_triton_peel_bits() -> None:
+@pytest.mark.parametrize("key", [None, "64x256x128_c1x1_pp"])  # the selector's; peel_gemm.PREFILL_CONFIG
+def test_peel_gemm_gives_the_triton_peel_bits(key: str | None) -> None:
     from kernels.int7.peel_gemm import peel_gemm
     from kernels.int7.split_peel import peel_digits
 
@@ -83,7 +84,8 @@ def test_peel_gemm_gives_the_triton_peel_bits() -> None:
     peel_digits(raw, left, right, scale_a, scale_b, rank=128, out=want)
     got = torch.empty_like(want)
     bounds = torch.arange(experts + 1, dtype=torch.int32, device="cuda") * m
-    peel_gemm(left.view(-1, depth), right, bounds, raw.view(-1, n), scale_a.view(-1), scale_b, got.view(-1, n))
+    peel_gemm(left.view(-1, depth), right, bounds, raw.view(-1, n), scale_a.view(-1), scale_b, got.view(-1, n),
+              None if key is None else GroupedGemmConfig.from_key(key))
     assert torch.equal(got.view(torch.int16), want.view(torch.int16))
 
 

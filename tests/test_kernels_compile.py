@@ -103,7 +103,9 @@ def test_fold_epilogue_compiles_where_it_fits(config: GroupedGemmConfig) -> None
     assert not re.search(r"\b(LDL|STL)\b", sass), "registers spilled to local memory"
 
 
-INT8_CONFIGS = [c for p, c in CASES if p is Precision.INT8]
+# and the INT7 transcript and peel GEMMs' own prefill tiles (measured faster there than the selector's)
+INT8_CONFIGS = list(dict.fromkeys([c for p, c in CASES if p is Precision.INT8] + [
+    GroupedGemmConfig.from_key("128x256x128_c1x1_coop"), GroupedGemmConfig.from_key("64x256x128_c1x1_pp")]))
 
 
 @pytest.mark.parametrize("config", INT8_CONFIGS, ids=[c.key for c in INT8_CONFIGS])
@@ -130,24 +132,30 @@ def test_int7_transcript_gemm_compiles_where_it_fits(config: GroupedGemmConfig) 
 
 @pytest.mark.parametrize("experts, rows, n, k", [(32, 2048, 4096, 6144), (16, 2048, 3072, 4096),
                                                    (32, 16, 4096, 6144), (32, 16, 7168, 2048)])
-def test_int7_transcript_config_falls_back_to_a_candidate_that_fits(experts, rows, n, k) -> None:
-    """Where the int8 selector picks tiles the transcript GEMM cannot run (Qwen3's N = 3072 selects
-    128 × 192), the first fitting sweep candidate of the regime is used; gathering (MoE) needs
-    cluster_n = 1; every choice is one the compile checks above build."""
+def test_int7_transcript_and_peel_configs(experts, rows, n, k) -> None:
+    """Prefill launches take the transcript and peel GEMMs' measured prefill tiles; smaller ones
+    the int8 selector's where the transcript GEMM runs it, else (e.g. 128 × 192 tiles) the first
+    fitting sweep candidate of the regime; gathering (MoE) needs cluster_n = 1; every choice is
+    one the compile checks here build."""
     from kernels.grouped_gemm_config import regime_for, select_config
-    from kernels.int7.transcript_gemm import fits, transcript_config
+    from kernels.int7.transcript_gemm import PREFILL_CONFIG, fits, transcript_config
+
+    from kernels.int7.peel_gemm import PREFILL_CONFIG as PEEL_PREFILL, peel_config
 
     selected = select_config(Precision.INT8, experts * rows, experts, n, k)
+    prefill = regime_for(experts * rows, experts) is Regime.PREFILL
     for gather in (False, True):
         config = transcript_config(experts * rows, experts, n, k, gather)
         assert config is not None and fits(config, n, k) and (config.cluster_n == 1 or not gather)
         assert config in INT8_CONFIGS
-        if fits(selected, n, k) and (selected.cluster_n == 1 or not gather):
+        if prefill:
+            assert config == PREFILL_CONFIG
+        elif fits(selected, n, k) and (selected.cluster_n == 1 or not gather):
             assert config == selected
         else:
             assert config in candidates(Precision.INT8, regime_for(experts * rows, experts))
-    if (n, k) == (3072, 4096) and rows == 2048:
-        assert not fits(selected, n, k)  # the case this fallback exists for
+    assert peel_config(experts * rows, experts, n, 768) in INT8_CONFIGS
+    assert (peel_config(experts * rows, experts, n, 768) == PEEL_PREFILL) == prefill
 
 
 @pytest.mark.parametrize("config", FP8_CONFIGS, ids=[c.key for c in FP8_CONFIGS])

@@ -24,7 +24,7 @@ import torch
 from cutlass import Float32, Int32
 
 from kernels.grouped_gemm import launch_variant
-from kernels.grouped_gemm_config import GroupedGemmConfig, Output, Precision, select_config
+from kernels.grouped_gemm_config import GroupedGemmConfig, Output, Precision, Regime, regime_for, select_config
 from kernels.grouped_gemm_sm90 import GroupedGemmInt8ScaledSm90, compile_variant, fake_scale_arguments
 from kernels.visited_mainloop import VisitedMainloopMixin
 
@@ -72,10 +72,18 @@ def fits(config: GroupedGemmConfig, depth: int) -> bool:
     return config.tile_k == TILE_K and depth % SEGMENT == 0 and config.tile_m not in (192, 320)
 
 
+# The prefill tile, measured on the H200 (session 11, GLM-5 FC1 prefill's peel, depth 768, same
+# run): 632.8 µs at 64 × 256 ping-pong against 797.0 at the int8 selector's 128 × 128 (2 × 1
+# cluster) and 727.2 at 128 × 256.
+PREFILL_CONFIG = GroupedGemmConfig.from_key("64x256x128_c1x1_pp")
+
+
 @functools.lru_cache(maxsize=256)
 def peel_config(rows: int, experts: int, n: int, depth: int) -> GroupedGemmConfig | None:
-    """The int8 selector's config for the peel GEMM, or None where it does not `fit`."""
-    config = select_config(Precision.INT8, rows, experts, n, depth)
+    """PREFILL_CONFIG for prefill-sized launches, else the int8 selector's config; None where the
+    choice does not `fit`."""
+    prefill = regime_for(rows, experts) is Regime.PREFILL
+    config = PREFILL_CONFIG if prefill else select_config(Precision.INT8, rows, experts, n, depth)
     return config if fits(config, depth) else None
 
 
