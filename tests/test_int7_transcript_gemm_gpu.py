@@ -130,10 +130,15 @@ def test_pipeline_planted_winner_verifies_and_tickets_equal_the_triton_kernels()
     assert verify_plain_proof(HEADER, mined.take_proof(), bits=BITS, cert_version=3) == (True, "ok")
 
 
-def test_moe_pipeline_reads_a_through_the_routing_and_its_winner_verifies() -> None:
-    """MoE (cert V2) on the CuTe split pass: the GEMM reads A′ rows through the routing (no copy);
-    the served output equals the Triton split pass's bits, A·B is exact, a planted winner verifies."""
+@pytest.mark.parametrize("gather", [False, True])
+def test_moe_pipeline_on_the_cute_split_pass_and_its_winner_verifies(gather: bool, monkeypatch) -> None:
+    """MoE (cert V2) on the CuTe split pass, with A′ rows copied into expert order or (gather) read
+    through the routing: the served output equals the Triton split pass's bits, A·B is exact, a
+    planted winner verifies."""
+    from kernels.int7 import pipeline
     from kernels.int7.pipeline import SPLIT_PEEL_FROM_ROWS, MinedPass, bound_words, prepare_job
+
+    monkeypatch.setattr(pipeline, "GATHER_A_ROWS", gather)
 
     experts, top_k, m, n, k = 4, 2, SPLIT_PEEL_FROM_ROWS, 256, 2048
     tokens = experts * m // top_k

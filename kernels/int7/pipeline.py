@@ -54,6 +54,11 @@ SPLIT_PEEL_FROM_ROWS = 128  # rows per expert from which the peel is its own pas
 # and peel kernels. Bit-exact on the H200 and faster (GLM-5 prefill 5085 vs 6382 µs, session 11);
 # gpu_check's `cute_split` section and timing compare the two.
 CUTE_SPLIT = True
+# MoE on the CuTe split pass: the transcript GEMM reads A' rows through the routing (quack's
+# gather_A, cp.async) instead of a copy of them into expert order. Off: the same choice for FP8
+# measured the gather slower than the copy it saves (GLM-5 prefill pass 4653 vs 4240 µs, session
+# 11, docs/kernels-fp8mine.md); for INT7 it is bit-exact on the H200 and not timed.
+GATHER_A_ROWS = False
 
 
 def _transcript_config(rows: int, experts: int, n: int, k: int, gather: bool):
@@ -370,8 +375,8 @@ class MinedPass:
             u_a, first_a, second_a = noise_factors(s_a1, LABEL_A, self.tokens, k, rank)
             a_noised = noised(q.view(1, self.tokens, k), u_a, first_a, second_a)[0]
             index = routing.long()
-            a_idx = flat_routing.view(-1)  # the CuTe transcript GEMM reads A' rows through it
-            if self._transcript is None:  # the Triton kernels read A' in expert order
+            a_idx = flat_routing.view(-1)  # the CuTe transcript GEMM may read A' rows through it
+            if self._transcript is None or not GATHER_A_ROWS:  # else A' in expert order
                 a_noised, a_idx = a_noised[index], None
             a_clean = None if self.split_peel else q[index]  # the split pass never reads the clean rows
             apb, scale = apb[index], scale[index]
@@ -488,7 +493,7 @@ class MinedPass:
         """The CuTe transcript GEMM's tile words when the split pass uses it (else None)."""
         job = self.job
         experts, n, k = job.bt.shape
-        config = (_transcript_config(experts * self.rows, experts, n, k, job.moe)  # MoE gathers A' rows
+        config = (_transcript_config(experts * self.rows, experts, n, k, job.moe and GATHER_A_ROWS)
                   if self.split_peel and job.bt.device.type == "cuda" else None)
         fits = (config is not None and job.config.rank == 128 and (job.config.h, job.config.w) == (2, 128)
                 and self.rows % 2 == 0)
@@ -503,7 +508,8 @@ class MinedPass:
     def _gemm_split(self, a_noised: torch.Tensor, apb: torch.Tensor, s_a: torch.Tensor, scale: torch.Tensor,
                     factors: _AFactors, a_idx: torch.Tensor | None) -> None:
         """The mined GEMM writing A'·B', then Qᵀ = B'·P_A over the weights and the peel pass.
-        a_idx (MoE, CuTe GEMM): a_noised holds the token rows and the GEMM reads them through it."""
+        a_idx (MoE, CuTe GEMM, GATHER_A_ROWS): a_noised holds the token rows and the GEMM reads
+        them through it."""
         job = self.job
         config = job.config
         experts, n, k = job.bt.shape
