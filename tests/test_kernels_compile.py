@@ -33,6 +33,8 @@ from kernels.grouped_gemm_config import (  # noqa: E402
     selectable_configs,
 )
 
+from kernels.int7.gpu_check import EXTRA_PREFILL_TILES  # noqa: E402
+
 MMA_SASS = {Precision.BF16: r"HGMMA\.64x(\d+)x16\.F32\.BF16",
             Precision.FP8: r"QGMMA\.64x(\d+)x32\.F32\.E4M3\.E4M3",
             Precision.INT8: r"IGMMA\.64x(\d+)x32\.S8\.S8"}
@@ -103,9 +105,10 @@ def test_fold_epilogue_compiles_where_it_fits(config: GroupedGemmConfig) -> None
     assert not re.search(r"\b(LDL|STL)\b", sass), "registers spilled to local memory"
 
 
-# and the INT7 transcript and peel GEMMs' own prefill tiles (measured faster there than the selector's)
+# and the INT7 transcript and peel GEMMs' own prefill tiles (measured faster there than the
+# selector's) and the others gpu_check's cute_tiles section times
 INT8_CONFIGS = list(dict.fromkeys([c for p, c in CASES if p is Precision.INT8] + [
-    GroupedGemmConfig.from_key("128x256x128_c1x1_coop"), GroupedGemmConfig.from_key("64x256x128_c1x1_pp")]))
+    GroupedGemmConfig.from_key(key) for key in ("128x256x128_c1x1_coop", "64x256x128_c1x1_pp", *EXTRA_PREFILL_TILES)]))
 
 
 @pytest.mark.parametrize("config", INT8_CONFIGS, ids=[c.key for c in INT8_CONFIGS])

@@ -563,6 +563,50 @@ def _cute_split_parts(timer: "Timer", graphs: dict, a_noised: torch.Tensor, job,
         traceback.print_exc()
 
 
+# tiles the cute_tiles section times beside the prefill choices and the sweep's int8 prefill candidates
+EXTRA_PREFILL_TILES = ["128x256x128_c2x1_coop", "64x256x128_c1x1_pp", "128x128x128_c2x1_coop"]
+
+
+def section_cute_tiles() -> dict:
+    """The CuTe transcript and peel GEMMs at GLM-5 FC1 prefill over the tiles they run (random
+    operands, one run): whether their PREFILL_CONFIGs (chosen by the session-11 probe) are still
+    the fastest."""
+    from kernels.grouped_gemm_config import GroupedGemmConfig, Precision, Regime, candidates
+    from . import peel_gemm as peel_module
+    from . import transcript_gemm as transcript_module
+
+    _, experts, rows, k, n = SHAPES[3]
+    depth = 768  # q_limbs(6144) digits × 2r
+    gen = torch.Generator(device="cuda").manual_seed(11)
+
+    def int8(*shape: int) -> torch.Tensor:
+        return torch.randint(-64, 65, shape, dtype=torch.int8, device="cuda", generator=gen)
+
+    a, b, left, right = int8(experts * rows, k), int8(experts, n, k), int8(experts * rows, depth), int8(experts, n, depth)
+    bounds = torch.arange(experts + 1, device="cuda", dtype=torch.int32) * rows
+    raw = torch.empty((experts * rows, n), dtype=torch.int32, device="cuda")
+    words = torch.empty((experts * rows // TILE_H, n // TILE_W, 16), dtype=torch.int32, device="cuda")
+    scale_a, scale_b = torch.rand(experts * rows, device="cuda"), torch.rand(experts, n, device="cuda")
+    out = torch.empty((experts * rows, n), dtype=torch.bfloat16, device="cuda")
+    tiles = list(dict.fromkeys([c.key for c in candidates(Precision.INT8, Regime.PREFILL)] + EXTRA_PREFILL_TILES))
+    timer, graphs = Timer(), {}
+    for key in tiles:
+        config = GroupedGemmConfig.from_key(key)
+        if transcript_module.fits(config, n, k):
+            graphs[f"transcript {key}"] = timer.graph(
+                lambda c=config: transcript_module.transcript_gemm(a, b, bounds, raw, words, c))
+        if peel_module.fits(config, depth):
+            graphs[f"peel {key}"] = timer.graph(
+                lambda c=config: peel_module.peel_gemm(left, right, bounds, raw, scale_a, scale_b, out, c))
+    times = timer.median_us(graphs)
+    result = {"times_us": times}
+    for name, module in (("transcript", transcript_module), ("peel", peel_module)):
+        mine = {key.split(" ", 1)[1]: us for key, us in times.items() if key.startswith(name)}
+        result[f"{name} fastest"] = min(mine, key=mine.get)
+        result[f"{name} PREFILL_CONFIG is the fastest"] = result[f"{name} fastest"] == module.PREFILL_CONFIG.key
+    return result
+
+
 def section_timing(report: Report) -> dict:
     timer = Timer()
     rows = []
@@ -629,7 +673,8 @@ def main(argv: list[str] | None = None) -> int:
     report = Report(args.out, args.budget_s)
     sections = {
         "environment": section_environment, "bitexact": section_bitexact,
-        "cute_split": section_cute_split, "planted_dense_v3": section_planted_dense_v3,
+        "cute_split": section_cute_split, "cute_tiles": section_cute_tiles,
+        "planted_dense_v3": section_planted_dense_v3,
         "planted_moe_v2": section_planted_moe_v2,
         "graph": section_graph, "timing": lambda: section_timing(report),
         "breakdown": section_breakdown,
