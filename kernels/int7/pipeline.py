@@ -326,6 +326,7 @@ class MinedPass:
             self._peel_operands = peel_operands(experts, rows, n, job.config.rank, k, device)
             # Qᵀ = B'·P_A streams the weights while the compute-bound mined GEMM runs beside it
             self._q_stream = torch.cuda.Stream(device, priority=-1) if device.type == "cuda" else None
+        self._gather = job.moe and GATHER_A_ROWS  # decided once: the transcript config depends on it
         self._transcript = self._transcript_buffers(cute_split)
         self.lagged = lagged
         self.side_warps = side_warps
@@ -376,7 +377,7 @@ class MinedPass:
             a_noised = noised(q.view(1, self.tokens, k), u_a, first_a, second_a)[0]
             index = routing.long()
             a_idx = flat_routing.view(-1)  # the CuTe transcript GEMM may read A' rows through it
-            if self._transcript is None or not GATHER_A_ROWS:  # else A' in expert order
+            if self._transcript is None or not self._gather:  # else A' in expert order
                 a_noised, a_idx = a_noised[index], None
             a_clean = None if self.split_peel else q[index]  # the split pass never reads the clean rows
             apb, scale = apb[index], scale[index]
@@ -493,7 +494,7 @@ class MinedPass:
         """The CuTe transcript GEMM's tile words when the split pass uses it (else None)."""
         job = self.job
         experts, n, k = job.bt.shape
-        config = (_transcript_config(experts * self.rows, experts, n, k, job.moe and GATHER_A_ROWS)
+        config = (_transcript_config(experts * self.rows, experts, n, k, self._gather)
                   if self.split_peel and job.bt.device.type == "cuda" else None)
         fits = (config is not None and job.config.rank == 128 and (job.config.h, job.config.w) == (2, 128)
                 and self.rows % 2 == 0)
