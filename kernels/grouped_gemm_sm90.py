@@ -210,7 +210,7 @@ def compile_grouped_gemm(precision: Precision, config: GroupedGemmConfig,
 
     output: the epilogue variant; by default the precision's primary one (`primary_output`).
     side_smem: > 0 shares each SM with other streams' kernels, leaving them this many bytes of
-    shared memory (`_sharing`).
+    shared memory (`sharing`).
     """
     output = primary_output(precision) if output is None else output
     if (precision, output) not in _KERNEL_CLASSES:
@@ -225,7 +225,7 @@ _SHARED_REGS_LOAD, _SHARED_REGS_MMA = 40, 216
 
 
 @functools.lru_cache(maxsize=None)
-def _sharing(cls: type, side_smem: int) -> type:
+def sharing(cls: type, side_smem: int) -> type:
     """`cls` built to share each SM with kernels of other streams: at most 128 registers a
     thread at launch, so a CTA of up to 32K registers fits beside each persistent CTA, and
     pipeline stages sized to leave `side_smem` bytes of shared memory. At decode the GEMM is
@@ -258,7 +258,7 @@ _SM90_SMEM_PER_SM = 233472
 @contextlib.contextmanager
 def _sm90_smem_without_a_driver():
     """The DSL asks the driver for the shared memory per SM when a kernel has a 2-CTA launch
-    bound (`_sharing`); on a CPU-only machine (compile checks) sm_90's value answers."""
+    bound (`sharing`); on a CPU-only machine (compile checks) sm_90's value answers."""
     from cutlass.base_dsl.runtime import cuda as runtime
 
     original = runtime.get_device_attribute
@@ -286,7 +286,7 @@ def _compile(precision: Precision, output: Output, config: GroupedGemmConfig, si
     SFA, SFB) with A (total_M, K), B (E, N, K), D (total_M, N), C None, SFA/SFB None.
     """
     cls = _KERNEL_CLASSES[(precision, output)]
-    cls = _sharing(cls, side_smem) if side_smem else cls
+    cls = sharing(cls, side_smem) if side_smem else cls
     return compile_variant(cls, precision, output, config, fake_scale_arguments(cls, is_scaled(precision, output)),
                            side_smem)
 

@@ -46,6 +46,10 @@ def test_kernels_compile_for_sm90a_and_spills_stay_within_the_measured_defaults(
     split = [name for name in results if name.startswith(("gemm_prefill_raw", "gemm_noise_product", "split_peel"))]
     assert len(split) == 4 and all(results[name]["stack_bytes"] == 0 for name in split)
     assert results["tile_lottery"]["stack_bytes"] == 0  # the CuTe transcript GEMM's tickets
+    # the lagged CuTe pass's operand and served-row peel; the peel fits beside the SM-sharing GEMM
+    # (half of an SM's 64 K registers: 128 threads × its registers)
+    assert results["lag_operand_stack"]["stack_bytes"] == results["clean_peel"]["stack_bytes"] == 0
+    assert results["clean_peel"]["registers"] * 128 <= 32 * 1024
     assert all(results[name]["stack_bytes"] == 0
                for name in ("noised", "noised_mma_64", "noised_mma_64_r256"))
     # The bandwidth-bound A-side kernels keep everything in registers: a spill would be traffic.

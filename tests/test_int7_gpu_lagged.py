@@ -131,3 +131,13 @@ def test_lagged_moe_is_refused(job_and_weights):
 def test_a_bad_side_chain_shape_is_refused_when_the_pass_is_built(job_and_weights, options, message):
     with pytest.raises(ASideError, match=message):
         MinedPass(job_and_weights[0], M, lagged=True, **options)
+
+
+@pytest.mark.parametrize("options, message", [({"lagged": False}, "needs lagged=True"),
+                                              ({"lagged": True}, "lagged CuTe pass needs CUDA, rank 128")])
+def test_the_lagged_cute_pass_is_refused_where_it_cannot_run(job_and_weights, options, message):
+    """cute_lag=True asks for the CuTe GEMM: this job's rank 64 and 2 × 16 tiles (and, here, the CPU)
+    do not fit it, and a same-launch pass has no lag; left to None the Triton lagged pass runs."""
+    with pytest.raises(PipelineError, match=message):
+        MinedPass(job_and_weights[0], M, cute_lag=True, **options)
+    assert MinedPass(job_and_weights[0], M, lagged=True)._cute_lag is None

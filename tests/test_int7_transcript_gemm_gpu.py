@@ -169,3 +169,45 @@ def test_moe_pipeline_on_the_cute_split_pass_and_its_winner_verifies(gather: boo
     proof = mined.take_proof()
     assert proof.moe is not None and proof.moe.expert_idx == best.expert
     assert verify_plain_proof(HEADER, proof, bits=BITS, cert_version=2) == (True, "ok")
+
+
+@pytest.mark.parametrize("fused_a", [True, False])
+def test_lagged_pass_on_the_cute_gemm_serves_exactly_and_mines_the_previous_launch(fused_a: bool) -> None:
+    """MinedPass(lagged=True, cute_lag=True): every launch serves A_t·B exactly and with the Triton
+    lagged pass's bf16 bits; the first mines nothing; a winner planted on launch t−1's rows is
+    recorded at launch t and its proof (opening A_{t−1}) verifies."""
+    from kernels.int7.pipeline import MinedPass, bound_words, prepare_job
+
+    experts, m, n, k = 2, 16, 256, 2048
+    config = MiningConfig(k, 128, [0, 1], list(range(128)), 0, 0)
+    gen = np.random.default_rng(12)
+    weights = gen.integers(-64, 65, (experts, n, k), dtype=np.int8)
+    job = prepare_job(torch.from_numpy(weights).cuda(), torch.from_numpy(gen.uniform(1e-3, 2e-2, (experts, n))
+                                                                         .astype(np.float32)).cuda(),
+                      header76=HEADER, config=config, cert_version=3, bound=0, moe=False)
+    launches = [(gen.integers(-64, 65, (experts, m, k), dtype=np.int8),
+                 torch.from_numpy(gen.uniform(1e-3, 2e-2, (experts, m)).astype(np.float32)).cuda()) for _ in range(3)]
+    cute = MinedPass(job, m, lagged=True, cute_lag=True, write_i32=True, fused_a=fused_a)
+    triton = MinedPass(job, m, lagged=True, cute_lag=False, fused_a=fused_a)
+    assert cute._cute_lag is not None and triton._cute_lag is None
+    for t, (acts, scale) in enumerate(launches):
+        if t == 2:  # plant the smallest ticket of launch 1's rows
+            refs = [commit_instance(HEADER, config, launches[1][0][e], weights[e], cert_version=3)
+                    for e in range(experts)]
+            expert, best = min(((e, w) for e, ref in enumerate(refs) for w in instance_tickets(ref)),
+                               key=lambda item: ticket_value(item[1].ticket))
+            job.bound.copy_(bound_words(ticket_value(best.ticket), "cuda"))
+        codes = torch.from_numpy(acts).cuda()
+        served = cute.run_quantized(codes, scale).clone()
+        reference = triton.run_quantized(codes, scale)
+        torch.cuda.synchronize()
+        exact = np.einsum("emk,enk->emn", acts.astype(np.int64), weights.astype(np.int64))
+        assert np.array_equal(cute.out_i32.cpu().numpy(), exact), f"launch {t}"
+        assert torch.equal(served.view(torch.int16), reference.view(torch.int16)), f"launch {t}"
+        if t < 2:
+            assert cute.winner_record() is None
+    assert cute.winner_record() == {"instance": expert, "t_rows": best.t_rows, "t_cols": best.t_cols,
+                                    "ticket": best.ticket}
+    proof = cute.take_proof()
+    assert proof.a.proof.root == refs[expert].hash_a
+    assert verify_plain_proof(HEADER, proof, bits=BITS, cert_version=3) == (True, "ok")

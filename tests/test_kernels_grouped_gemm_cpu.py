@@ -270,7 +270,7 @@ for i, (precision, output, key, side_smem) in enumerate(cases):
     with open(os.path.join(out_dir, f"{i}.sass"), "w") as f:
         f.write(fn.__sass__ or "")
 """
-# the lagged FP8 decode GEMM that shares its SMs with the side stream (kernels.grouped_gemm_sm90._sharing)
+# the lagged FP8 decode GEMM that shares its SMs with the side stream (kernels.grouped_gemm_sm90.sharing)
 SHARED_CASE = GroupedGemmConfig.from_key("64x128x128_c1x1_coop")
 _MMA_SASS = {Precision.INT8: r"IGMMA\.64x(\d+)x32\.S8\.S8",
              Precision.FP8: r"QGMMA\.64x(\d+)x32\.F32\.E4M3\.E4M3"}

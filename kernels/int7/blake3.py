@@ -30,9 +30,10 @@ KEYED_HASH = 16
 IV = (0x6A09E667, 0xBB67AE85, 0x3C6EF372, 0xA54FF53A, 0x510E527F, 0x9B05688C, 0x1F83D9AB, 0x5BE0CD19)
 _LANES = 128  # chunks per program: one per thread of 4 warps
 _SPREAD_CHUNKS = 132 * 128  # below this many chunks (H200: 132 SMs) the chunk kernel uses 1-warp programs
-# Trees of at most this many leaves build all parent levels in one program (one launch instead of
-# one per level: per-launch hashing of decode activations is latency-bound); larger ones go level
-# by level across the whole GPU.
+# Levels of at most this many nodes are built, with all levels above them, in one program an
+# instance (one launch instead of one a level: per-launch hashing of decode activations is
+# latency-bound, and a prefill tree's narrow top levels were a dozen tiny launches); wider levels
+# go one launch a level across the whole GPU.
 _ONE_PROGRAM_CHUNKS = 2048
 
 
@@ -360,21 +361,21 @@ def keyed_trees(keys: torch.Tensor, data: torch.Tensor) -> KeyedTrees:
                                                  chunks, total, ROOT if chunks == 1 else 0, LANES=lanes)
     if chunks == 1:
         return KeyedTrees([], cvs[:, 0, :], 1)
-    if chunks <= _ONE_PROGRAM_CHUNKS:
-        counts = level_counts(nbytes)[1:] + [1]
-        flat = torch.empty((instances, sum(counts), 8), dtype=torch.int32, device=data.device)
-        _upper_levels_kernel[(instances,)](cvs, keys, _key_stride(keys), flat, chunks, sum(counts),
-                                           LANES=_LANES)
-        views = list(torch.split(flat, counts, dim=1))
-        return KeyedTrees([cvs] + views[:-1], views[-1][:, 0, :], chunks)
-    levels = [cvs]
-    while levels[-1].shape[1] > 1:
+    levels = [cvs]  # large trees: one launch a level across the GPU while a level is wide
+    while levels[-1].shape[1] > _ONE_PROGRAM_CHUNKS:
         count = levels[-1].shape[1]
         parents = triton.cdiv(count, 2)
         out = torch.empty((instances, parents, 8), dtype=torch.int32, device=data.device)
-        flags = KEYED_HASH | PARENT | (ROOT if count == 2 else 0)
         _parent_kernel[(triton.cdiv(instances * parents, _LANES),)](
-            levels[-1], keys, _key_stride(keys), out, count, parents, instances * parents, flags,
-            LANES=_LANES)
+            levels[-1], keys, _key_stride(keys), out, count, parents, instances * parents,
+            KEYED_HASH | PARENT | (ROOT if count == 2 else 0), LANES=_LANES)
         levels.append(out)
-    return KeyedTrees(levels[:-1], levels[-1][:, 0, :], chunks)
+    count = levels[-1].shape[1]  # then every level above in one program an instance
+    if count == 1:
+        return KeyedTrees(levels[:-1], levels[-1][:, 0, :], chunks)
+    counts = level_counts(count * 1024)[1:] + [1]
+    flat = torch.empty((instances, sum(counts), 8), dtype=torch.int32, device=data.device)
+    _upper_levels_kernel[(instances,)](levels[-1], keys, _key_stride(keys), flat, count, sum(counts),
+                                       LANES=_LANES)
+    views = list(torch.split(flat, counts, dim=1))
+    return KeyedTrees(levels + views[:-1], views[-1][:, 0, :], chunks)

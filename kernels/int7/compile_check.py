@@ -21,7 +21,8 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from . import a_side, activations, blake3, mined_gemm, noise, seeds, split_peel, tile_lottery, winner
+from . import (a_side, activations, blake3, clean_peel, lag_operand, mined_gemm, noise, seeds, split_peel,
+               tile_lottery, winner)
 from kernels.triton_jit import INTERPRETING
 
 TARGET = GPUTarget("cuda", 90, 32)
@@ -91,12 +92,12 @@ def _variants() -> list[tuple[str, object, dict, dict, int, int]]:
     for rows, warps, max_rank in noise._MMA_ROWS:  # rank 128 and the largest each takes
         for rank in sorted({128, max_rank}):
             out.append((f"noised_mma_{rows}" + ("" if rank == 128 else f"_r{rank}"), noise._noised_mma_kernel,
-                        {"x_ptr": "*i8", "u_ptr": "*i8", "first_ptr": "*i32", "second_ptr": "*i32",
+                        {"x_ptr": "*i8", "u_ptr": "*i8", "p_ptr": "*i8",
                          "out_ptr": "*i8", "rows_per_instance": "i32", "factor_stride": "i32", "K": "i32",
                          "R": "constexpr", "BR": "constexpr", "BC": "constexpr", "STAGES": "constexpr"},
                         {"R": rank, "BR": rows, "BC": noise._MMA_COLS, "STAGES": noise._MMA_STAGES}, warps, 1))
     out.append(("noise_factors", noise._prng_kernel,
-                {"key_ptr": "*i32", "label_ptr": "*i32", "u_ptr": "*i8", "first_ptr": "*i32",
+                {"key_ptr": "*i32", "label_ptr": "*i32", "u_ptr": "*i32", "first_ptr": "*i32",
                  "second_ptr": "*i32", "u_blocks": "i32", "u_total": "i32", "u_limit": "i32",
                  "s_blocks": "i32", "s_total": "i32", "s_limit": "i32", "rank": "i32", "u_programs": "i32",
                  "LANES": "constexpr"}, lanes, 4, 1))
@@ -181,10 +182,21 @@ def _split_peel_variants() -> list[tuple[str, object, dict, dict, int, int]]:
          {"small_ptr": "*i8", "wide_ptr": "*i32", "out_ptr": "*i8", "rows": "i32", "R": "constexpr",
           "DIGITS": "constexpr", "WIDE_FIRST": "constexpr", "BR": "constexpr"},
          {"R": 128, "DIGITS": digits, "WIDE_FIRST": 1, "BR": split_peel._DIGIT_ROWS}, 4, 1),
+        ("lag_operand_stack", lag_operand._stack_kernel,  # the lagged CuTe pass's [READY A' ; q] rows
+         {"an_ptr": "*i8", "q_ptr": "*i8", "sa_ptr": "*i32", "valid_ptr": "*i32", "phase_ptr": "*i32",
+          "phase_words": "i32", "out_ptr": "*i8", "sa_out_ptr": "*i32", "valid_out_ptr": "*i32", "experts": "i32",
+          "M": "i32", "K": "i32", "BR": "constexpr", "BK": "constexpr", "SMALL": "constexpr"},
+         {"BR": lag_operand._ROWS, "BK": lag_operand._COLS, "SMALL": 256}, lag_operand._WARPS, 1),
+        ("clean_peel", clean_peel._clean_peel_kernel,  # the lagged CuTe pass's served rows (M = 16)
+         {"raw_ptr": "*i32", "apb_ptr": "*i32", "ub_ptr": "*i8", "sa_ptr": "*fp32", "sb_ptr": "*fp32",
+          "out_ptr": "*bf16", "out32_ptr": "*i32", "M": "i32", "N": "i32", "raw_rows": "i32", "raw_first": "i32",
+          "R": "constexpr", "BM": "constexpr", "BN": "constexpr", "WRITE_I32": "constexpr"},
+         {"R": 128, "BM": 16, "BN": clean_peel._COLS, "WRITE_I32": 0}, clean_peel._WARPS, 1),
         ("tile_lottery", tile_lottery._tile_lottery_kernel,  # tickets of the CuTe transcript GEMM's words
          {"words_ptr": "*i32", "key_ptr": "*i32", "bound_ptr": "*i32", "mvalid_ptr": "*i32", "record_ptr": "*i32",
           "dump_ptr": "*i32", "tile_rows": "i32", **{name: "constexpr" for name in ("H", "BN", "BT", "DUMP")}},
-         {"H": mined_gemm.TILE_H, "BN": 128, "BT": tile_lottery.TILES_PER_PROGRAM, "DUMP": 0}, 4, 1),
+         {"H": mined_gemm.TILE_H, "BN": 128, "BT": tile_lottery.TILES_PER_PROGRAM, "DUMP": 0},
+         tile_lottery.TILES_PER_PROGRAM // tile_lottery.LANES_PER_WARP, 1),
     ]
 
 

@@ -10,11 +10,13 @@ and for Bᵀ (rows = output columns): X' = X + U·Pᵀ, i.e. X + U[:, first] −
 
 Two kernels apply it. With 64 or more rows per instance (prefill, B' per job) `_noised_mma_kernel`
 computes U·Pᵀ on the tensor cores: a program holds 64 rows' U (its A operand, loaded once)
-and walks K in 128-column steps (pipelined), building that step's ±1 one-hot block of P from the two index
-vectors in registers (two compares per one-hot byte, amortised over 64–128 rows) — no per-element
-gathers, x and x' stream as 16-byte rows. With fewer rows (decode's 16) the one-hot build would
-cost more than the product, and `_noised_kernel` gathers U[i, first[l]] and U[i, second[l]]
-per element instead (U is a row's r bytes, L1-resident).
+and walks K in 128-column steps (pipelined), loading that step's ±1 block of P stored dense
+(built once per call, rank-contiguous; every program of an instance reads the same blocks, from
+L2) — no per-element gathers, x and x' stream as 16-byte rows. (Until the twelfth session the
+kernel built each one-hot block from the two index vectors in registers: two compares per byte
+of it for every 64 rows.) With fewer rows (decode's 16) the dense factor would cost more than
+the product, and `_noised_kernel` gathers U[i, first[l]] and U[i, second[l]] per element
+instead (U is a row's r bytes, L1-resident).
 """
 from __future__ import annotations
 
@@ -62,19 +64,37 @@ def prng_block(key_ptr, label_ptr, index, sparse, live):
 
 @jit
 def store_uniform(out_ptr, block, limit, ok, w0, w1, w2, w3, w4, w5, w6, w7,
-                  R: tl.constexpr = 0, ROWS_T: tl.constexpr = 0):
-    """U bytes 32·block .. 32·block+31 (below limit) of PRNG block `block`: 6 bits each − 32.
-    Byte p is U[p // R][p mod R]; ROWS_T > 0 stores U transposed, (R, ROWS_T) for ROWS_T rows,
-    so a column of U is ROWS_T contiguous bytes (`noised_rows(U_T=)`)."""
+                  R: tl.constexpr, ROWS_T: tl.constexpr):
+    """U bytes 32·block .. 32·block+31 (below limit) of PRNG block `block`: 6 bits each − 32,
+    stored transposed, (R, ROWS_T) for ROWS_T rows (byte p is U[p // R][p mod R]), so a column of
+    U is ROWS_T contiguous bytes (`noised_rows(U_T=)`). Row-major U is `_store_uniform_words`'."""
     words = (w0, w1, w2, w3, w4, w5, w6, w7)
     for j in tl.static_range(8):
         for byte in tl.static_range(4):
             value = ((words[j] >> (8 * byte)) & 0x3F).to(tl.int32) - 32
             pos = block * 32 + 4 * j + byte
-            at = pos
-            if ROWS_T:
-                at = (pos % R) * ROWS_T + pos // R
-            tl.store(out_ptr + at, value.to(tl.int8), mask=ok & (pos < limit))
+            tl.store(out_ptr + (pos % R) * ROWS_T + pos // R, value.to(tl.int8), mask=ok & (pos < limit))
+
+
+@jit
+def _uniform_word(w):
+    """The 4 U bytes of one PRNG word packed in a word: byte b = ((w >> 8b) & 0x3F) − 32 (int8).
+    Bytewise: b − 32 is b & 0x1F when bit 5 is set, else b | 0xE0 (0x20·7, no carry out)."""
+    m = w & 0x3F3F3F3F
+    return (m & 0x1F1F1F1F) | (((m & 0x20202020) ^ 0x20202020) * 7)
+
+
+@jit
+def _store_uniform_words(words_ptr, block, ok, w0, w1, w2, w3, w4, w5, w6, w7):
+    """(words_ptr: a pointer per lane, at its instance's U) Row-major U words 8·block .. 8·block+7 (bytes 32·block .. +31) of PRNG block `block`, as
+    one (lanes, 8) tile: each lane stores 32 contiguous bytes (two 16-byte stores) where 32 byte
+    stores a lane, 1 KB apart across a warp, wrote every sector 32 times."""
+    tile = tl.join(tl.join(tl.join(_uniform_word(w0), _uniform_word(w4)),
+                           tl.join(_uniform_word(w2), _uniform_word(w6))),
+                   tl.join(tl.join(_uniform_word(w1), _uniform_word(w5)),
+                           tl.join(_uniform_word(w3), _uniform_word(w7))))  # [x, y, z] = word 4x + 2y + z
+    tile = tl.reshape(tile, (block.shape[0], 8)).to(tl.int32, bitcast=True)
+    tl.store(words_ptr[:, None] + block[:, None] * 8 + tl.arange(0, 8)[None, :], tile, mask=ok[:, None])
 
 
 @jit
@@ -96,7 +116,8 @@ def store_sparse(first_ptr, second_ptr, block, limit, rank, ok, w0, w1, w2, w3, 
 @jit
 def _prng_lanes(key_ptr, label_ptr, out_ptr, second_ptr, program, blocks, total, limit, rank,
                 SPARSE: tl.constexpr, LANES: tl.constexpr):
-    """Uniform (SPARSE=0): 32 factor bytes per block. Sparse (SPARSE=1): 8 (first, second) pairs."""
+    """Uniform (SPARSE=0): 32 factor bytes per block, out_ptr at U's int32 words. Sparse (SPARSE=1):
+    8 (first, second) pairs."""
     lane = program * LANES + tl.arange(0, LANES)
     live = lane < total
     inst = (lane // blocks).to(tl.int64)
@@ -106,14 +127,15 @@ def _prng_lanes(key_ptr, label_ptr, out_ptr, second_ptr, program, blocks, total,
     if SPARSE:
         store_sparse(out_ptr + inst * limit, second_ptr + inst * limit, block, limit, rank, live,
                      w0, w1, w2, w3, w4, w5, w6, w7)
-    else:
-        store_uniform(out_ptr + inst * limit, block, limit, live, w0, w1, w2, w3, w4, w5, w6, w7)
+    else:  # U as int32 words: limit (rows·rank bytes) is a multiple of 32, so blocks are whole
+        _store_uniform_words(out_ptr + inst * (limit // 4), block, live, w0, w1, w2, w3, w4, w5, w6, w7)
 
 
 @jit
 def _prng_kernel(key_ptr, label_ptr, u_ptr, first_ptr, second_ptr, u_blocks, u_total, u_limit,
                  s_blocks, s_total, s_limit, rank, u_programs, LANES: tl.constexpr):
-    """Both factors of a side in one launch: programs below u_programs make U, the rest P."""
+    """Both factors of a side in one launch: programs below u_programs make U (u_ptr: its int32
+    words), the rest P."""
     program = tl.program_id(0)
     if program < u_programs:
         _prng_lanes(key_ptr, label_ptr, u_ptr, u_ptr, program, u_blocks, u_total, u_limit, rank,
@@ -149,7 +171,7 @@ def noise_factors(keys: torch.Tensor, label: bytes, rows: int, k: int, rank: int
     second = torch.empty_like(first)
     u_programs = triton.cdiv(u_total, _LANES)
     grid = (u_programs + triton.cdiv(s_total, _LANES),)
-    _prng_kernel[grid](keys.contiguous(), constant_words(label, device), uniform, first, second,
+    _prng_kernel[grid](keys.contiguous(), constant_words(label, device), uniform.view(torch.int32), first, second,
                        max(u_blocks, 1), u_total, rows * rank, max(s_blocks, 1), s_total, k, rank, u_programs,
                        LANES=_LANES)
     return uniform, first, second
@@ -166,14 +188,21 @@ def sparse_factor(keys: torch.Tensor, label: bytes, k: int, rank: int) -> tuple[
     return first, second
 
 
-def dense_sparse_factor(first: torch.Tensor, second: torch.Tensor, rank: int) -> torch.Tensor:
+def dense_sparse_factor(first: torch.Tensor, second: torch.Tensor, rank: int, *,
+                        rank_contiguous: bool = False) -> torch.Tensor:
     """P stored dense: (instances, k, rank) int8 with +1 at (l, first[l]) and −1 at (l, second[l])
-    (first ≠ second always). Per job, for the A·P_B kernel's tensor-core operand, which must be
-    K-contiguous: the storage is P_Bᵀ ((instances, rank, k) contiguous), returned as its
-    transposed view."""
+    (first ≠ second always). The int8 tensor-core operands must be contiguous along the product's
+    depth: for a product over k (the A·P_B kernel, Qᵀ = B'·P_A) the storage is Pᵀ ((instances,
+    rank, k) contiguous), returned as its transposed view; for a product over the rank (U·Pᵀ in
+    `noised`) `rank_contiguous` stores P itself."""
     if first.shape != second.shape or first.dim() != 2 or first.dtype != torch.int32:
         raise NoiseError(f"first/second must be int32 (instances, k), got {first.dtype} "
                          f"{tuple(first.shape)} and {tuple(second.shape)}")
+    if rank_contiguous:
+        dense = torch.zeros((*first.shape, rank), dtype=torch.int8, device=first.device)
+        dense.scatter_(2, first.long().unsqueeze(2), 1)
+        dense.scatter_(2, second.long().unsqueeze(2), -1)
+        return dense
     dense_t = torch.zeros((first.shape[0], rank, first.shape[1]), dtype=torch.int8, device=first.device)
     dense_t.scatter_(1, first.long().unsqueeze(1), 1)
     dense_t.scatter_(1, second.long().unsqueeze(1), -1)
@@ -226,32 +255,28 @@ def _noised_kernel(x_ptr, u_ptr, first_ptr, second_ptr, out_ptr, rows_per_instan
 
 
 @jit
-def _noised_mma_kernel(x_ptr, u_ptr, first_ptr, second_ptr, out_ptr, rows_per_instance, factor_stride, K,
+def _noised_mma_kernel(x_ptr, u_ptr, p_ptr, out_ptr, rows_per_instance, factor_stride, K,
                        R: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr, STAGES: tl.constexpr):
     """X' = X + U·Pᵀ for BR rows of one instance over all of K, BC columns per step: U's rows are
-    the loop-invariant A operand, the step's one-hot block of P (BC × R, +1 at first, −1 at
-    second) the B operand; int32 sums wrap to int8 like the gather kernel's int16 ones. The k
-    loop is pipelined (STAGES): a step's x block and index vectors are loaded while earlier
-    steps build their one-hot blocks and multiply, so no step waits on a global load."""
+    the loop-invariant A operand, the step's (BC × R) block of the dense P (rank-contiguous,
+    `dense_sparse_factor(rank_contiguous=True)`; factor_stride = K, or 0 for one factor shared
+    by all instances) the B operand; int32 sums wrap to int8 like the gather kernel's int16 ones.
+    The k loop is pipelined (STAGES): a step's x and P blocks arrive by cp.async while earlier
+    steps multiply. P's blocks come from L2 (every program of an instance reads the same ones)."""
     row0 = tl.program_id(0) * BR
     rows = (row0 + tl.arange(0, BR)).to(tl.int64)
     inst = (row0 // rows_per_instance).to(tl.int64)  # BR divides rows_per_instance
     ts = tl.arange(0, R)
     u = tl.load(u_ptr + rows[:, None] * R + ts[None, :])
-    first_inst = first_ptr + inst * factor_stride
-    second_inst = second_ptr + inst * factor_stride
+    p_inst = p_ptr + inst * factor_stride * R
     cs = tl.arange(0, BC)
     row_at = rows[:, None] * K
     for c0 in tl.range(0, K, BC, num_stages=STAGES):
         ks = c0 + cs
         live = ks < K
         x = tl.load(x_ptr + row_at + ks[None, :], mask=live[None, :], other=0)
-        first = tl.load(first_inst + ks, mask=live, other=0)  # a dead column: +1 − 1 at 0 = 0
-        second = tl.load(second_inst + ks, mask=live, other=0)
-        # Pᵀ's block (R × BC), built in this orientation so a thread compares few columns (4
-        # index loads per thread instead of 64 in the (BC × R) orientation's default layout).
-        one_hot = (ts[:, None] == first[None, :]).to(tl.int8) - (ts[:, None] == second[None, :]).to(tl.int8)
-        noise = tl.dot(u, one_hot, out_dtype=tl.int32)
+        p = tl.load(p_inst + ks[:, None] * R + ts[None, :], mask=live[:, None], other=0)
+        noise = tl.dot(u, tl.trans(p), out_dtype=tl.int32)
         tl.store(out_ptr + row_at + ks[None, :], (x.to(tl.int32) + noise).to(tl.int8), mask=live[None, :])
 
 
@@ -267,15 +292,17 @@ def noised(x: torch.Tensor, uniform: torch.Tensor, first: torch.Tensor,
                          f"{tuple(uniform.shape)}, first {first.dtype} {tuple(first.shape)} do not agree")
     rank = uniform.shape[2]
     out = torch.empty_like(x)
-    args = (x.contiguous(), uniform.contiguous(), first.contiguous(), second.contiguous(), out, rows,
-            0 if first.shape[0] == 1 else k, k)
+    factor_stride = 0 if first.shape[0] == 1 else k
     for block_rows, warps, max_rank in _MMA_ROWS:
         if rows % block_rows == 0 and rank <= max_rank:
+            dense = dense_sparse_factor(first.contiguous(), second.contiguous(), rank, rank_contiguous=True)
             _noised_mma_kernel[(instances * rows // block_rows,)](
-                *args, R=rank, BR=block_rows, BC=_MMA_COLS, STAGES=_MMA_STAGES, num_warps=warps)
+                x.contiguous(), uniform.contiguous(), dense, out, rows, factor_stride, k,
+                R=rank, BR=block_rows, BC=_MMA_COLS, STAGES=_MMA_STAGES, num_warps=warps)
             return out
     block_rows = math.gcd(rows, _ROWS)  # a program's rows share one instance
     block_k = min(_COLS, triton.next_power_of_2(k))
     grid = (instances * rows // block_rows, triton.cdiv(k, block_k))
-    _noised_kernel[grid](*args, R=rank, BR=block_rows, BK=block_k, num_warps=_NOISED_WARPS)
+    _noised_kernel[grid](x.contiguous(), uniform.contiguous(), first.contiguous(), second.contiguous(), out,
+                         rows, factor_stride, k, R=rank, BR=block_rows, BK=block_k, num_warps=_NOISED_WARPS)
     return out

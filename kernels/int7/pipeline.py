@@ -38,9 +38,11 @@ from proof.int7.seeds import job_key, salted_for
 
 from .a_side import (SIDE_WARPS, check_side_chain, fused_a_side, fused_applies, noised_a_side,
                      side_chain_split)
-from .activations import int7_codes, prepare_rows
+from .activations import a_times_p_b, int7_codes, prepare_rows
 from .blake3 import KeyedTrees, bytes_from_words, keyed_trees, words_from_bytes
+from .clean_peel import MAX_ROWS as CLEAN_ROWS, clean_peel
 from .mined_gemm import TILE_WIDTHS, LagPhase, Tiling, mined_gemm
+from .lag_operand import stack_lagged_rows
 from .noise import dense_sparse_factor, noise_factors, noised
 from .seeds import noise_seed_a, noise_seed_b
 from .tile_lottery import tile_lottery
@@ -59,6 +61,16 @@ CUTE_SPLIT = True
 # measured the gather slower than the copy it saves (GLM-5 prefill pass 4653 vs 4240 µs, session
 # 11, docs/kernels-fp8mine.md); for INT7 it is bit-exact on the H200 and not timed.
 GATHER_A_ROWS = False
+
+
+# The lagged decode pass on the CuTe int8 GEMM where it fits (`_CuteLag`): one transcript GEMM over
+# [READY A' ; q] per expert (B' read once for the mined and the served rows), the tickets by
+# tile_lottery, the served rows peeled by clean_peel, instead of the Triton mined kernel with its
+# second MMA and in-kernel peel. Written without a GPU in the twelfth session: off until measured.
+CUTE_LAGGED = False
+# Shared memory the lagged CuTe GEMM leaves on every SM for the side chain (with half the
+# registers: `grouped_gemm_sm90.sharing`); the FP8 lagged pass measured 64 KiB best (docs/kernels-fp8mine.md).
+LAGGED_SIDE_SMEM = 64 * 1024
 
 
 def _transcript_config(rows: int, experts: int, n: int, k: int, gather: bool):
@@ -248,6 +260,46 @@ def _on_side(side: torch.cuda.Stream | None, main: torch.cuda.Stream | None) -> 
         yield
 
 
+def _wanted(asked: bool | None, default: bool) -> bool:
+    """A constructor's switch: None takes the module default."""
+    return default if asked is None else asked
+
+
+@dataclass
+class _CuteLag:
+    """The lagged CuTe pass's static buffers: the stacked operand (E, 2M, K), its row bounds, A·B'
+    of both row sets (E, 2M, N) int32, the tile words, READY's s_A and row counts as the lottery
+    reads them, the GEMM's config, and the event that orders A·P_B before the peel."""
+
+    config: object  # GroupedGemmConfig (the CuTe modules import lazily)
+    stacked: torch.Tensor
+    bounds: torch.Tensor
+    raw: torch.Tensor
+    words: torch.Tensor
+    s_a: torch.Tensor
+    valid: torch.Tensor
+    apb_ready: torch.cuda.Event | None
+
+    @classmethod
+    def build(cls, job: MiningJob, rows: int) -> _CuteLag | None:
+        """The buffers where the launch fits the CuTe pass, else None."""
+        experts, n, k = job.bt.shape
+        device = job.bt.device
+        if (device.type != "cuda" or job.config.rank != 128 or (job.config.h, job.config.w) != (2, 128)
+                or k % 128 or n % 128 or rows % 16 or rows > CLEAN_ROWS):
+            return None
+        from .transcript_gemm import sharing_config
+        config = sharing_config(experts * 2 * rows, experts, n, k)
+        if config is None:
+            return None
+        return cls(config, torch.empty((experts, 2 * rows, k), dtype=torch.int8, device=device),
+                   torch.arange(experts + 1, device=device, dtype=torch.int32) * 2 * rows,
+                   torch.empty((experts, 2 * rows, n), dtype=torch.int32, device=device),
+                   torch.empty((experts * rows, n // 128, 16), dtype=torch.int32, device=device),
+                   torch.zeros((experts, 8), dtype=torch.int32, device=device),
+                   torch.zeros(experts, dtype=torch.int32, device=device), torch.cuda.Event())
+
+
 class MinedPass:
     """The per-launch A side and the mined GEMM for one job and one static shape.
 
@@ -271,13 +323,15 @@ class MinedPass:
     words by `transcript_gemm`, the tickets by `tile_lottery`, and (without write_i32, whose exact
     in-place A·B the Triton peel writes) the peel by `peel_gemm`; None uses it where CUTE_SPLIT is
     on and the launch fits (CUDA, rank 128, 2 × 128 tiles, K a multiple of 128).
+    cute_lag (lagged only): the lagged pass on the CuTe int8 GEMM (`_CuteLag`); None uses it where
+    CUTE_LAGGED is on and the launch fits.
     """
 
     def __init__(self, job: MiningJob, rows: int, *, tokens: int | None = None,
                  tiling: Tiling | None = None, write_i32: bool = False,
                  fused_a: bool | None = None, lagged: bool = False, side_warps: int = SIDE_WARPS,
                  split_peel: bool | None = None, side_split: int | None = None,
-                 cute_split: bool | None = None) -> None:
+                 cute_split: bool | None = None, cute_lag: bool | None = None) -> None:
         if job.ready is not None:  # the job's B side ran on a side stream: order it before us
             torch.cuda.current_stream(job.bt.device).wait_event(job.ready)
         self.job = job
@@ -343,6 +397,13 @@ class MinedPass:
             # high priority: the side chain's blocks are placed as soon as a GEMM program retires
             self._side = torch.cuda.Stream(device, priority=-1) if cuda else None
             self._retained = torch.cuda.Event() if cuda else None
+        if cute_lag and not lagged:
+            raise PipelineError("cute_lag=True is the lagged pass on the CuTe GEMM: it needs lagged=True")
+        self._cute_lag = _CuteLag.build(job, rows) if lagged and _wanted(cute_lag, CUTE_LAGGED) else None
+        if cute_lag and self._cute_lag is None:
+            raise PipelineError(f"the lagged CuTe pass needs CUDA, rank 128, 2 × 128 tiles, K and N multiples "
+                                f"of 128 and 16..{CLEAN_ROWS} rows an expert in multiples of 16; got {rows} rows × "
+                                f"{tuple(job.bt.shape)}, rank {job.config.rank}, tile {job.config.h} × {job.config.w}")
 
     def run(self, x: torch.Tensor, routing: torch.Tensor | None = None) -> torch.Tensor:
         """The mined pass on floating activations (quantised to int7 per row); bf16 output.
@@ -366,7 +427,8 @@ class MinedPass:
             if x.shape != (self.tokens, k) or routing is None or routing.shape != (experts, self.rows):
                 raise PipelineError(f"MoE pass needs activations ({self.tokens}, {k}) and routing "
                                     f"({experts}, {self.rows})")
-            q, scale, apb = prepare_rows(x, job.p_b, rows_per_instance=self.tokens, scale=scale)
+            index = routing.long()
+            q, scale, apb = self._codes_and_apb(x, scale, self.tokens, index)
             a_trees = keyed_trees(job.key_words, q.view(1, -1))
             flat_routing = routing.to(torch.int32).contiguous().view(1, -1)
             r_trees = keyed_trees(job.key_words, flat_routing.view(torch.int8))
@@ -375,12 +437,11 @@ class MinedPass:
                                 routing_hash=r_trees.roots, offsets_hash=o_trees.roots)
             u_a, first_a, second_a = noise_factors(s_a1, LABEL_A, self.tokens, k, rank)
             a_noised = noised(q.view(1, self.tokens, k), u_a, first_a, second_a)[0]
-            index = routing.long()
             a_idx = flat_routing.view(-1)  # the CuTe transcript GEMM may read A' rows through it
             if self._transcript is None or not self._gather:  # else A' in expert order
                 a_noised, a_idx = a_noised[index], None
             a_clean = None if self.split_peel else q[index]  # the split pass never reads the clean rows
-            apb, scale = apb[index], scale[index]
+            scale = scale[index]
             s_a = s_a1.expand(experts, 8).contiguous()
             factors = _AFactors(u_a[0][index], first_a, second_a)
         else:
@@ -395,7 +456,7 @@ class MinedPass:
                 a_noised, apb, s_a = fused_a_side(q.contiguous(), job.s_b, job.key_words, job.p_b,
                                                   rank=rank, salted=job.salted)
             else:
-                q, scale, apb = prepare_rows(x, job.p_b, rows_per_instance=self.rows, scale=scale)
+                q, scale, apb = self._codes_and_apb(x, scale, self.rows)
                 a_noised, s_a, factors = self._staged_noise(q)
             a_clean, a_idx = q, None
         if self.split_peel:
@@ -408,6 +469,21 @@ class MinedPass:
             self.slot.retain("routing", flat_routing, by_instance=False)
         self.slot.publish()
         return self.out
+
+    def _codes_and_apb(self, x: torch.Tensor, scale: torch.Tensor | None, rows_per_instance: int,
+                       index: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(q, scale, A·P_B), A·P_B's rows taken by `index` (MoE: into expert order). With the split
+        peel on CUDA, A·P_B runs on the Qᵀ stream, where its only reader (`digit_operands`) runs
+        too: it streams q (tensor cores, memory-bound) beside the A hash on the serving stream
+        (integer-bound) instead of in front of it."""
+        if not self.split_peel or self._q_stream is None:
+            q, scale, apb = prepare_rows(x, self.job.p_b, rows_per_instance=rows_per_instance, scale=scale)
+            return q, scale, apb if index is None else apb[index]
+        q, scale = int7_codes(x, scale)
+        q = q.contiguous()
+        with _on_side(self._q_stream, torch.cuda.current_stream(q.device)):
+            apb = a_times_p_b(q, self.job.p_b, rows_per_instance=rows_per_instance)
+            return q, scale, apb if index is None else apb[index]
 
     def _run_lagged(self, x: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
         """Serve x_t, mine the ready rows of launch t−1, and compute launch t's pending rows on the
@@ -426,8 +502,42 @@ class MinedPass:
             with _on_side(side, main):
                 self._noise_into(q.contiguous())
 
+        if self._cute_lag is not None:
+            return self._run_lagged_cute(x, scale)
         q, scale, apb = prepare_rows(x, self.job.p_b, rows_per_instance=self.rows, scale=scale, after_codes=fork)
         self._gemm(ready.a_noised, q, apb, ready.s_a, scale, ready.valid, lag, after_apb=True)
+        self.slot.retain("a", ready.q.view(ready.q.shape[0], -1).view(torch.int32), by_instance=True, lag=lag)
+        self._flip_after_retain(main)
+        self.slot.publish()
+        if side is not None:
+            main.wait_stream(side)
+        return self.out
+
+    def _run_lagged_cute(self, x: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+        """`_run_lagged` on the CuTe GEMM: the side stream computes A·P_B (the served rows' peel
+        term) and then launch t's pending rows; the serving stream stacks READY's A' on q_t, runs
+        the transcript GEMM beside the side chain (SM-sharing variant), draws READY's tickets and
+        peels the served rows once A·P_B is there."""
+        job, lag, side = self.job, self._lag.lag, self._side
+        cute, ready = self._cute_lag, self._lag.states[0]
+        main = torch.cuda.current_stream(x.device) if side is not None else None
+        q, scale = int7_codes(x, scale)
+        q = q.contiguous()
+        with _on_side(side, main):
+            apb = a_times_p_b(q, job.p_b, rows_per_instance=self.rows)
+            if side is not None:
+                cute.apb_ready.record(side)
+            self._noise_into(q)
+        stack_lagged_rows(ready.a_noised, ready.s_a, ready.valid, lag, q, cute.stacked, cute.s_a, cute.valid)
+        from .transcript_gemm import transcript_gemm
+        experts, n, k = job.bt.shape
+        transcript_gemm(cute.stacked.view(-1, k), job.bt_noised, cute.bounds, cute.raw.view(-1, n), cute.words,
+                        cute.config, side_smem=LAGGED_SIDE_SMEM)
+        tile_lottery(cute.words, cute.s_a, job.bound, cute.valid, self.slot.record, rows=2 * self.rows,
+                     tile_h=job.config.h, tile_w=job.config.w)
+        if main is not None:
+            main.wait_event(cute.apb_ready)
+        clean_peel(cute.raw, self.rows, apb, job.u_b, scale.float().contiguous(), job.scale_b, self.out, self.out_i32)
         self.slot.retain("a", ready.q.view(ready.q.shape[0], -1).view(torch.int32), by_instance=True, lag=lag)
         self._flip_after_retain(main)
         self.slot.publish()
@@ -502,7 +612,7 @@ class MinedPass:
             raise PipelineError(f"the CuTe split pass needs the split peel on CUDA, rank 128, 2 × 128 tiles "
                                 f"and a config that fits; got {self.rows} rows × {tuple(job.bt.shape)}, "
                                 f"tile {job.config.h} × {job.config.w}")
-        if not (fits and (CUTE_SPLIT if wanted is None else wanted)):
+        if not (fits and _wanted(wanted, CUTE_SPLIT)):
             return None
         return torch.empty((experts * self.rows // 2, n // 128, 16), dtype=torch.int32, device=job.bt.device)
 

@@ -18,6 +18,7 @@ imports cutlass and quack at import time, like kernels.grouped_gemm_sm90.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Callable
 
@@ -29,7 +30,7 @@ from cutlass import Int32
 from kernels.grouped_gemm import launch_variant
 from kernels.grouped_gemm_config import (GroupedGemmConfig, Output, Precision, Regime, candidates, regime_for,
                                          select_config)
-from kernels.grouped_gemm_sm90 import GroupedGemmInt8Sm90, compile_variant
+from kernels.grouped_gemm_sm90 import GroupedGemmInt8Sm90, sharing, compile_variant
 from kernels.mining_epilogue import MiningParamsMixin, fake_tile_words_arguments, mining_arguments
 from kernels.visited_mainloop import VisitedMainloopMixin
 from proof.int7.transcript import JACKPOT_WORDS, ROTATION
@@ -140,17 +141,33 @@ def transcript_config(rows: int, experts: int, n: int, k: int, gather: bool = Fa
     return next(filter(usable, preferred + chosen + candidates(Precision.INT8, regime)), None)
 
 
+@functools.lru_cache(maxsize=256)
+def sharing_config(rows: int, experts: int, n: int, k: int) -> GroupedGemmConfig | None:
+    """A config for the variant that shares its SMs (`transcript_gemm(side_smem=)`: cooperative,
+    one consumer warpgroup, so 64-row tiles): the int8 selector's where it is one (ping-pong
+    made cooperative, as `grouped_gemm(side_smem=)` does), else the first such sweep candidate
+    of the regime that fits, else None."""
+    regime = regime_for(rows, experts)
+    for config in [select_config(Precision.INT8, rows, experts, n, k)] + candidates(Precision.INT8, regime):
+        config = dataclasses.replace(config, pingpong=False)
+        if config.tile_m == 64 and fits(config, n, k):
+            return config
+    return None
+
+
 @functools.lru_cache(maxsize=None)
-def compile_transcript_gemm(config: GroupedGemmConfig, gather: bool = False) -> Callable:
+def compile_transcript_gemm(config: GroupedGemmConfig, gather: bool = False, side_smem: int = 0) -> Callable:
     """The int8 → s32 grouped GEMM with the transcript, for sm_90a (fake tensors); gather: A's
-    rows read through an index (`compile_variant`)."""
-    return compile_variant(Int8TranscriptSm90, Precision.INT8, Output.INT32, config, fake_tile_words_arguments,
-                           gather=gather)
+    rows read through an index (`compile_variant`); side_smem > 0: the variant that shares every
+    SM with other streams' kernels (`grouped_gemm_sm90.sharing`: one consumer warpgroup)."""
+    cls = sharing(Int8TranscriptSm90, side_smem) if side_smem else Int8TranscriptSm90
+    return compile_variant(cls, Precision.INT8, Output.INT32, config, fake_tile_words_arguments,
+                           side_smem=side_smem, gather=gather)
 
 
 def transcript_gemm(a: torch.Tensor, b: torch.Tensor, bounds: torch.Tensor, out: torch.Tensor,
                     words: torch.Tensor, config: GroupedGemmConfig | None = None,
-                    a_idx: torch.Tensor | None = None) -> torch.Tensor:
+                    a_idx: torch.Tensor | None = None, side_smem: int = 0) -> torch.Tensor:
     """out = A'·B' (int32, exact) per expert, and every whole 2 × 128 lottery tile's 16 transcript
     words into `words`, int32 (rows / 2, n / 128, 16): tile row t of expert e at [bounds[e] / 2 + t]
     (so every expert's rows must be even; the pipeline's are).
@@ -158,6 +175,9 @@ def transcript_gemm(a: torch.Tensor, b: torch.Tensor, bounds: torch.Tensor, out:
     a (rows, k) int8 (A′ rows in expert order), b (e, n, k) int8 (B′ᵀ), bounds (e+1,) int32.
     a_idx: (rows,) int32; then a is (tokens, k) and output row r reads a[a_idx[r]] (the MoE
     routing: no copy of A′ into expert order; the config needs cluster_n = 1).
+    side_smem: leave this much shared memory (and half the registers) of every SM to kernels of
+    other streams (the lagged decode pass's side chain); the config must be cooperative with one
+    consumer warpgroup.
     """
     experts, n, k = b.shape
     rows = a.shape[0] if a_idx is None else a_idx.shape[0]
@@ -167,6 +187,6 @@ def transcript_gemm(a: torch.Tensor, b: torch.Tensor, bounds: torch.Tensor, out:
         raise ValueError(f"{name} does not fit the transcript GEMM{' with a gather' if a_idx is not None else ''} "
                          f"for {rows} rows × {tuple(b.shape)}")
     check_operand("words", words, (rows // TILE_ROWS, n // TILE_COLS, JACKPOT_WORDS), torch.int32)
-    launch_variant(compile_transcript_gemm(config, a_idx is not None), a, b, bounds, out, config,
+    launch_variant(compile_transcript_gemm(config, a_idx is not None, side_smem), a, b, bounds, out, config,
                    mining_arguments(bounds, words), a_idx=a_idx)
     return out
