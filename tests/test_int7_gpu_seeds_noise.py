@@ -127,7 +127,7 @@ def test_prepare_rows_on_int7_codes_with_a_shared_factor(monkeypatch, target_pro
 
 @pytest.mark.parametrize("instances, rows, k, rank, shared", [
     (2, 64, 1024 + 8, 32, False),  # 64-row programs (4 warps), a part-empty last column step
-    (1, 128, 300, 128, True),      # 128-row programs (8 warps), one factor for every instance
+    (1, 128, 300, 128, True),      # two 64-row programs, one factor for every instance
     (1, 192, 256, 256, False),     # 192 rows: 64-row programs; rank 256
 ])
 def test_noised_on_the_tensor_cores_matches_reference_and_the_gather_kernel(monkeypatch, instances, rows, k,
@@ -143,5 +143,7 @@ def test_noised_on_the_tensor_cores_matches_reference_and_the_gather_kernel(monk
         f, s = first[0 if shared else i].numpy(), second[0 if shared else i].numpy()
         expected = ref_noise.noised(x[i].numpy(), ref_noise.apply_sparse(uniform[i].numpy(), f, s))
         assert np.array_equal(on_tensor_cores[i].cpu().numpy(), expected)
+    monkeypatch.setattr(device_noise, "LOAD_DENSE_P", not device_noise.LOAD_DENSE_P)  # the other form of P
+    assert torch.equal(device_noise.noised(*args), on_tensor_cores)
     monkeypatch.setattr(device_noise, "_MMA_ROWS", ())  # every row count takes the gather kernel
     assert torch.equal(device_noise.noised(*args), on_tensor_cores)

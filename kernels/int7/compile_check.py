@@ -89,13 +89,17 @@ def _variants() -> list[tuple[str, object, dict, dict, int, int]]:
                  "rows_per_instance": "i32", "factor_stride": "i32", "K": "i32", "R": "constexpr",
                  "BR": "constexpr", "BK": "constexpr"}, {"R": 128, "BR": noise._ROWS, "BK": noise._COLS},
                 noise._NOISED_WARPS, 1))
-    for rows, warps, max_rank in noise._MMA_ROWS:  # rank 128 and the largest each takes
+    for rows, warps, max_rank in noise._MMA_ROWS:  # rank 128 and the largest each takes; P built or loaded
         for rank in sorted({128, max_rank}):
-            out.append((f"noised_mma_{rows}" + ("" if rank == 128 else f"_r{rank}"), noise._noised_mma_kernel,
-                        {"x_ptr": "*i8", "u_ptr": "*i8", "p_ptr": "*i8",
-                         "out_ptr": "*i8", "rows_per_instance": "i32", "factor_stride": "i32", "K": "i32",
-                         "R": "constexpr", "BR": "constexpr", "BC": "constexpr", "STAGES": "constexpr"},
-                        {"R": rank, "BR": rows, "BC": noise._MMA_COLS, "STAGES": noise._MMA_STAGES}, warps, 1))
+            for load_p in (0, 1):
+                out.append((f"noised_mma_{rows}" + ("" if rank == 128 else f"_r{rank}") + ("_load_p" if load_p else ""),
+                            noise._noised_mma_kernel,
+                            {"x_ptr": "*i8", "u_ptr": "*i8", "first_ptr": "*i32", "second_ptr": "*i32", "p_ptr": "*i8",
+                             "out_ptr": "*i8", "rows_per_instance": "i32", "factor_stride": "i32", "K": "i32",
+                             "R": "constexpr", "BR": "constexpr", "BC": "constexpr", "STAGES": "constexpr",
+                             "LOAD_P": "constexpr"},
+                            {"R": rank, "BR": rows, "BC": noise._MMA_COLS, "STAGES": noise._MMA_STAGES,
+                             "LOAD_P": load_p}, warps, 1))
     out.append(("noise_factors", noise._prng_kernel,
                 {"key_ptr": "*i32", "label_ptr": "*i32", "u_ptr": "*i32", "first_ptr": "*i32",
                  "second_ptr": "*i32", "u_blocks": "i32", "u_total": "i32", "u_limit": "i32",

@@ -10,11 +10,10 @@ and for Bᵀ (rows = output columns): X' = X + U·Pᵀ, i.e. X + U[:, first] −
 
 Two kernels apply it. With 64 or more rows per instance (prefill, B' per job) `_noised_mma_kernel`
 computes U·Pᵀ on the tensor cores: a program holds 64 rows' U (its A operand, loaded once)
-and walks K in 128-column steps (pipelined), loading that step's ±1 block of P stored dense
-(built once per call, rank-contiguous; every program of an instance reads the same blocks, from
-L2) — no per-element gathers, x and x' stream as 16-byte rows. (Until the twelfth session the
-kernel built each one-hot block from the two index vectors in registers: two compares per byte
-of it for every 64 rows.) With fewer rows (decode's 16) the dense factor would cost more than
+and walks K in 128-column steps (pipelined), building that step's ±1 one-hot block of P from the
+two index vectors in registers (two compares per one-hot byte, amortised over 64 rows), or
+(`LOAD_DENSE_P`) loading it from P stored dense once per call — no per-element gathers, x and x'
+stream as 16-byte rows. With fewer rows (decode's 16) the one-hot build would cost more than
 the product, and `_noised_kernel` gathers U[i, first[l]] and U[i, second[l]] per element
 instead (U is a row's r bytes, L1-resident).
 """
@@ -39,7 +38,13 @@ _MMA_COLS = 128  # k per step of the tensor-core kernel (wgmma N)
 # pipelined k loop 405 µs, 128 rows of 8 warps 546 (unpipelined 670 and 509); B' (131072 rows)
 # 789 vs 1308 µs for the former default (128 rows, unpipelined).
 _MMA_ROWS = ((64, 4, 256),)
-_MMA_STAGES = 3  # k steps in flight: x and both index vectors arrive by cp.async
+_MMA_STAGES = 3  # k steps in flight: x and both index vectors (or P's block) arrive by cp.async
+# The tensor-core kernel loads P's blocks from P stored dense (built once a call) instead of
+# building one-hot blocks from the index vectors in registers. Written in the twelfth session,
+# which had no device (bit-exact in the interpreter, compiled for sm_90a: 112 registers, 80 KB of
+# shared memory): off until the same-run timing (scratch probe `s12_aside.py`'s "noised" stages)
+# says it is faster than the one-hot build (405 µs at GLM-5 prefill A).
+LOAD_DENSE_P = False
 _SINGLE_BLOCK_KEYED = tl.constexpr(1 | 2 | 8 | 16)  # a global read inside a kernel must be constexpr
 
 
@@ -255,19 +260,24 @@ def _noised_kernel(x_ptr, u_ptr, first_ptr, second_ptr, out_ptr, rows_per_instan
 
 
 @jit
-def _noised_mma_kernel(x_ptr, u_ptr, p_ptr, out_ptr, rows_per_instance, factor_stride, K,
-                       R: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr, STAGES: tl.constexpr):
+def _noised_mma_kernel(x_ptr, u_ptr, first_ptr, second_ptr, p_ptr, out_ptr, rows_per_instance, factor_stride, K,
+                       R: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr, STAGES: tl.constexpr,
+                       LOAD_P: tl.constexpr):
     """X' = X + U·Pᵀ for BR rows of one instance over all of K, BC columns per step: U's rows are
-    the loop-invariant A operand, the step's (BC × R) block of the dense P (rank-contiguous,
-    `dense_sparse_factor(rank_contiguous=True)`; factor_stride = K, or 0 for one factor shared
-    by all instances) the B operand; int32 sums wrap to int8 like the gather kernel's int16 ones.
-    The k loop is pipelined (STAGES): a step's x and P blocks arrive by cp.async while earlier
-    steps multiply. P's blocks come from L2 (every program of an instance reads the same ones)."""
+    the loop-invariant A operand, the step's block of P the B operand; int32 sums wrap to int8
+    like the gather kernel's int16 ones. LOAD_P: P's (BC × R) block is loaded from P stored dense
+    (rank-contiguous, `dense_sparse_factor(rank_contiguous=True)`, at p_ptr; from L2, since every
+    program of an instance reads the same blocks); else the ±1 one-hot block of Pᵀ (R × BC) is
+    built in registers from the two index vectors. factor_stride = K, or 0 for one factor shared
+    by all instances. The k loop is pipelined (STAGES): a step's loads arrive by cp.async while
+    earlier steps multiply, so no step waits on a global load."""
     row0 = tl.program_id(0) * BR
     rows = (row0 + tl.arange(0, BR)).to(tl.int64)
     inst = (row0 // rows_per_instance).to(tl.int64)  # BR divides rows_per_instance
     ts = tl.arange(0, R)
     u = tl.load(u_ptr + rows[:, None] * R + ts[None, :])
+    first_inst = first_ptr + inst * factor_stride
+    second_inst = second_ptr + inst * factor_stride
     p_inst = p_ptr + inst * factor_stride * R
     cs = tl.arange(0, BC)
     row_at = rows[:, None] * K
@@ -275,8 +285,16 @@ def _noised_mma_kernel(x_ptr, u_ptr, p_ptr, out_ptr, rows_per_instance, factor_s
         ks = c0 + cs
         live = ks < K
         x = tl.load(x_ptr + row_at + ks[None, :], mask=live[None, :], other=0)
-        p = tl.load(p_inst + ks[:, None] * R + ts[None, :], mask=live[:, None], other=0)
-        noise = tl.dot(u, tl.trans(p), out_dtype=tl.int32)
+        if LOAD_P:
+            p = tl.load(p_inst + ks[:, None] * R + ts[None, :], mask=live[:, None], other=0)
+            noise = tl.dot(u, tl.trans(p), out_dtype=tl.int32)
+        else:
+            first = tl.load(first_inst + ks, mask=live, other=0)  # a dead column: +1 − 1 at 0 = 0
+            second = tl.load(second_inst + ks, mask=live, other=0)
+            # built in this orientation so a thread compares few columns (4 index loads per
+            # thread instead of 64 in the (BC × R) orientation's default layout)
+            one_hot = (ts[:, None] == first[None, :]).to(tl.int8) - (ts[:, None] == second[None, :]).to(tl.int8)
+            noise = tl.dot(u, one_hot, out_dtype=tl.int32)
         tl.store(out_ptr + row_at + ks[None, :], (x.to(tl.int32) + noise).to(tl.int8), mask=live[None, :])
 
 
@@ -293,16 +311,17 @@ def noised(x: torch.Tensor, uniform: torch.Tensor, first: torch.Tensor,
     rank = uniform.shape[2]
     out = torch.empty_like(x)
     factor_stride = 0 if first.shape[0] == 1 else k
+    first, second = first.contiguous(), second.contiguous()
     for block_rows, warps, max_rank in _MMA_ROWS:
         if rows % block_rows == 0 and rank <= max_rank:
-            dense = dense_sparse_factor(first.contiguous(), second.contiguous(), rank, rank_contiguous=True)
+            dense = dense_sparse_factor(first, second, rank, rank_contiguous=True) if LOAD_DENSE_P else first
             _noised_mma_kernel[(instances * rows // block_rows,)](
-                x.contiguous(), uniform.contiguous(), dense, out, rows, factor_stride, k,
-                R=rank, BR=block_rows, BC=_MMA_COLS, STAGES=_MMA_STAGES, num_warps=warps)
+                x.contiguous(), uniform.contiguous(), first, second, dense, out, rows, factor_stride, k,
+                R=rank, BR=block_rows, BC=_MMA_COLS, STAGES=_MMA_STAGES, LOAD_P=int(LOAD_DENSE_P), num_warps=warps)
             return out
     block_rows = math.gcd(rows, _ROWS)  # a program's rows share one instance
     block_k = min(_COLS, triton.next_power_of_2(k))
     grid = (instances * rows // block_rows, triton.cdiv(k, block_k))
-    _noised_kernel[grid](x.contiguous(), uniform.contiguous(), first.contiguous(), second.contiguous(), out,
+    _noised_kernel[grid](x.contiguous(), uniform.contiguous(), first, second, out,
                          rows, factor_stride, k, R=rank, BR=block_rows, BK=block_k, num_warps=_NOISED_WARPS)
     return out

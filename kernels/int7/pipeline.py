@@ -63,6 +63,11 @@ CUTE_SPLIT = True
 GATHER_A_ROWS = False
 
 
+# The split pass enqueues A·P_B on its Qᵀ stream, beside the A hash, instead of in front of it on
+# the serving stream (`MinedPass._codes_and_apb`). Written in the twelfth session, which had no
+# device (the same outputs on the CPU): off until a same-run timing (scratch probe
+# `s12_aside.py`'s passes) says the overlap is faster (A·P_B took 132 µs at GLM-5 prefill).
+APB_BESIDE_HASH = False
 # The lagged decode pass on the CuTe int8 GEMM where it fits (`_CuteLag`): one transcript GEMM over
 # [READY A' ; q] per expert (B' read once for the mined and the served rows), the tickets by
 # tile_lottery, the served rows peeled by clean_peel, instead of the Triton mined kernel with its
@@ -473,15 +478,16 @@ class MinedPass:
     def _codes_and_apb(self, x: torch.Tensor, scale: torch.Tensor | None, rows_per_instance: int,
                        index: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(q, scale, A·P_B), A·P_B's rows taken by `index` (MoE: into expert order). With the split
-        peel on CUDA, A·P_B runs on the Qᵀ stream, where its only reader (`digit_operands`) runs
-        too: it streams q (tensor cores, memory-bound) beside the A hash on the serving stream
-        (integer-bound) instead of in front of it."""
-        if not self.split_peel or self._q_stream is None:
+        peel on CUDA and APB_BESIDE_HASH, A·P_B runs on the Qᵀ stream, where its only reader
+        (`digit_operands`) runs too: it streams q (tensor cores, memory-bound) beside the A hash
+        on the serving stream (integer-bound) instead of in front of it."""
+        if not (APB_BESIDE_HASH and self.split_peel):
             q, scale, apb = prepare_rows(x, self.job.p_b, rows_per_instance=rows_per_instance, scale=scale)
             return q, scale, apb if index is None else apb[index]
         q, scale = int7_codes(x, scale)
         q = q.contiguous()
-        with _on_side(self._q_stream, torch.cuda.current_stream(q.device)):
+        main = torch.cuda.current_stream(q.device) if self._q_stream is not None else None
+        with _on_side(self._q_stream, main):
             apb = a_times_p_b(q, self.job.p_b, rows_per_instance=rows_per_instance)
             return q, scale, apb if index is None else apb[index]
 
@@ -490,6 +496,8 @@ class MinedPass:
         side stream. The launch ends with the serving stream joined to the side stream, so it is
         self-contained (one CUDA graph; every replay rotates the state once, by the phase word: on
         the H200 the GEMM then starts ~21 µs earlier than behind a 6.3 MB READY ← PENDING copy)."""
+        if self._cute_lag is not None:
+            return self._run_lagged_cute(x, scale)
         side = self._side
         main = torch.cuda.current_stream(x.device) if side is not None else None
         lag = self._lag.lag
@@ -502,16 +510,9 @@ class MinedPass:
             with _on_side(side, main):
                 self._noise_into(q.contiguous())
 
-        if self._cute_lag is not None:
-            return self._run_lagged_cute(x, scale)
         q, scale, apb = prepare_rows(x, self.job.p_b, rows_per_instance=self.rows, scale=scale, after_codes=fork)
         self._gemm(ready.a_noised, q, apb, ready.s_a, scale, ready.valid, lag, after_apb=True)
-        self.slot.retain("a", ready.q.view(ready.q.shape[0], -1).view(torch.int32), by_instance=True, lag=lag)
-        self._flip_after_retain(main)
-        self.slot.publish()
-        if side is not None:
-            main.wait_stream(side)
-        return self.out
+        return self._end_lagged(main)
 
     def _run_lagged_cute(self, x: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
         """`_run_lagged` on the CuTe GEMM: the side stream computes A·P_B (the served rows' peel
@@ -538,11 +539,18 @@ class MinedPass:
         if main is not None:
             main.wait_event(cute.apb_ready)
         clean_peel(cute.raw, self.rows, apb, job.u_b, scale.float().contiguous(), job.scale_b, self.out, self.out_i32)
-        self.slot.retain("a", ready.q.view(ready.q.shape[0], -1).view(torch.int32), by_instance=True, lag=lag)
+        return self._end_lagged(main)
+
+    def _end_lagged(self, main: torch.cuda.Stream | None) -> torch.Tensor:
+        """A lagged launch's end: retain READY's rows (the opening of a winner among them), flip
+        the phase, publish the record, and join the side stream (one self-contained graph)."""
+        ready = self._lag.states[0]
+        self.slot.retain("a", ready.q.view(ready.q.shape[0], -1).view(torch.int32), by_instance=True,
+                         lag=self._lag.lag)
         self._flip_after_retain(main)
         self.slot.publish()
-        if side is not None:
-            main.wait_stream(side)
+        if self._side is not None:
+            main.wait_stream(self._side)
         return self.out
 
     def _flip_after_retain(self, main: torch.cuda.Stream | None) -> None:
