@@ -1,7 +1,7 @@
 """The lagged decode pass's served rows after the CuTe GEMM: A·B from A·B' (raw int32) and the
 bf16 output. B' = B + E_B with E_B = P_B·U_Bᵀ per expert, so A·B = A·B' − (A·P_B)·U_Bᵀ: a rank-r
 product per expert, exact in wrapping int32 as three int8 dots with A·P_B split into signed
-base-256 limbs (`mined_gemm.split_limb`; |A·P_B| ≤ 64·K keeps the top limb within ±65 up to
+base-256 limbs (`mined_gemm.minus_rank_term`; |A·P_B| ≤ 64·K keeps the top limb within ±65 up to
 K = 2^16), then the scales in the stacked peel's order ((A·B) · s_a · s_b, rounded to bf16), so
 the served bits equal the Triton lagged pass's.
 
@@ -16,7 +16,7 @@ import triton.language as tl
 
 from kernels.triton_jit import jit
 
-from .mined_gemm import check_operand, split_limb
+from .mined_gemm import check_operand, minus_rank_term
 
 _COLS = 64  # output columns a program
 _WARPS = 4
@@ -41,10 +41,7 @@ def _clean_peel_kernel(raw_ptr, apb_ptr, ub_ptr, sa_ptr, sb_ptr, out_ptr, out32_
     ub = tl.load(ub_ptr + (e * N + rn).to(tl.int64)[:, None] * R + ts[None, :])
     result = tl.load(raw_ptr + (e * raw_rows + raw_first + rm).to(tl.int64)[:, None] * N + rn[None, :],
                      mask=live[:, None], other=0)
-    for limb in tl.static_range(3):
-        low, rest = split_limb(rest)
-        product = tl.dot(low, tl.trans(ub), tl.full((BM, BN), 0, tl.int32), out_dtype=tl.int32)
-        result -= product * (1 << (8 * limb))
+    result = minus_rank_term(result, rest, ub)
     at = (e * M + rm).to(tl.int64)[:, None] * N + rn[None, :]
     if WRITE_I32:
         tl.store(out32_ptr + at, result, mask=live[:, None])

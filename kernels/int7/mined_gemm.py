@@ -139,6 +139,18 @@ def split_limb(rest):
 
 
 @jit
+def minus_rank_term(result, rest, ub):
+    """result − rest·ubᵀ in wrapping int32: rest (BM × r) int32 split into three signed base-256
+    int8 limbs (|rest| < 2^23), one int8 dot with ub (BN × r) each. Shared by the stacked peel
+    and the lagged CuTe pass's served-row peel."""
+    for limb in tl.static_range(3):
+        low, rest = split_limb(rest)
+        product = tl.dot(low, tl.trans(ub), tl.full(result.shape, 0, tl.int32), out_dtype=tl.int32)
+        result -= product * (1 << (8 * limb))
+    return result
+
+
+@jit
 def _tile_rows(words, BM: tl.constexpr, H: tl.constexpr):
     """A tile's transcript word from its H rows' words: (BM,) → (BM/H,) by XOR.
 
@@ -224,11 +236,7 @@ def _mined_gemm_kernel(an_ptr, ac_ptr, bt_ptr, apb_ptr, ub_ptr, key_ptr, bound_p
         for rr in range(0, R // BK):
             kr = rr * BK + rk
             ub = tl.load(ub_ptr + ub_rows[:, None] + kr[None, :])
-            rest = tl.load(apb_ptr + apb_rows[:, None] + kr[None, :])
-            for limb in tl.static_range(3):
-                low, rest = split_limb(rest)
-                product = tl.dot(low, tl.trans(ub), tl.full((BM, BN), 0, tl.int32), out_dtype=tl.int32)
-                result -= product * (1 << (8 * limb))
+            result = minus_rank_term(result, tl.load(apb_ptr + apb_rows[:, None] + kr[None, :]), ub)
     else:
         result = acc
     out_offsets = (e * M + rm).to(tl.int64)[:, None] * N + rn[None, :]
