@@ -546,6 +546,12 @@ def _time_shape(timer: Timer, shape: tuple) -> dict:
     return row
 
 
+def _bounds_and_words(experts: int, rows: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The CuTe transcript GEMM's row bounds (E + 1, `rows` an expert) and tile-word buffer."""
+    bounds = torch.arange(experts + 1, device="cuda", dtype=torch.int32) * rows
+    return bounds, torch.empty((experts * rows // TILE_H, n // TILE_W, 16), dtype=torch.int32, device="cuda")
+
+
 def _cute_split_parts(timer: "Timer", graphs: dict, a_noised: torch.Tensor, job, s_a: torch.Tensor,
                       chosen: MinedPass, raw: torch.Tensor, operands: tuple, scaled: tuple) -> None:
     """Graphs of the CuTe split pass's kernels alone, where they run: the transcript GEMM, the
@@ -557,8 +563,7 @@ def _cute_split_parts(timer: "Timer", graphs: dict, a_noised: torch.Tensor, job,
         from .transcript_gemm import transcript_gemm
         experts, rows, k = a_noised.shape
         n = job.bt_noised.shape[1]
-        bounds = torch.arange(experts + 1, device="cuda", dtype=torch.int32) * rows
-        words = torch.empty((experts * rows // TILE_H, n // TILE_W, 16), dtype=torch.int32, device="cuda")
+        bounds, words = _bounds_and_words(experts, rows, n)
         flat, flat_raw = a_noised.view(-1, k), raw.view(-1, n)
         graphs["cute_raw"] = timer.graph(lambda: transcript_gemm(flat, job.bt_noised, bounds, flat_raw, words))
         graphs["tile_lottery"] = timer.graph(lambda: tile_lottery(
@@ -591,9 +596,8 @@ def section_cute_tiles() -> dict:
         return torch.randint(-64, 65, shape, dtype=torch.int8, device="cuda", generator=gen)
 
     a, b, left, right = int8(experts * rows, k), int8(experts, n, k), int8(experts * rows, depth), int8(experts, n, depth)
-    bounds = torch.arange(experts + 1, device="cuda", dtype=torch.int32) * rows
+    bounds, words = _bounds_and_words(experts, rows, n)
     raw = torch.empty((experts * rows, n), dtype=torch.int32, device="cuda")
-    words = torch.empty((experts * rows // TILE_H, n // TILE_W, 16), dtype=torch.int32, device="cuda")
     scale_a, scale_b = torch.rand(experts * rows, device="cuda"), torch.rand(experts, n, device="cuda")
     out = torch.empty((experts * rows, n), dtype=torch.bfloat16, device="cuda")
     tiles = list(dict.fromkeys([c.key for c in candidates(Precision.INT8, Regime.PREFILL)] + EXTRA_PREFILL_TILES))

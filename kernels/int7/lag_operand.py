@@ -17,7 +17,7 @@ from kernels.triton_jit import jit
 
 from .mined_gemm import LagPhase, check_lag, check_operand, lag_set
 
-_ROWS = 16  # rows a program (divides M: decode row counts are multiples of 16)
+ROW_BLOCK = 16  # rows a program (divides M: decode row counts are multiples of 16)
 _COLS = 1024  # bytes of a row a program
 _WARPS = 4
 
@@ -61,8 +61,8 @@ def stack_lagged_rows(a_noised: torch.Tensor, s_a: torch.Tensor, valid: torch.Te
     valid_out (E,) int32 = READY's s_A and mineable row counts. a_noised (E, M, K) int8, s_a and
     valid are set 0's views of the LagPhase pair `lag` (READY = set `lag.phase`); q (E, M, K) int8."""
     experts, rows, k = q.shape
-    if rows % _ROWS:
-        raise LagOperandError(f"rows per expert must be a multiple of {_ROWS}, got {rows}")
+    if rows % ROW_BLOCK:
+        raise LagOperandError(f"rows per expert must be a multiple of {ROW_BLOCK}, got {rows}")
     check_lag(lag)
     for name, t, shape, dtype in (("a_noised", a_noised, (experts, rows, k), torch.int8),
                                   ("q", q, (experts, rows, k), torch.int8),
@@ -73,6 +73,6 @@ def stack_lagged_rows(a_noised: torch.Tensor, s_a: torch.Tensor, valid: torch.Te
                                   ("valid_out", valid_out, (experts,), torch.int32)):
         check_operand(name, t, shape, dtype)
     block_k = min(_COLS, triton.next_power_of_2(k))
-    grid = (experts * 2 * rows // _ROWS, triton.cdiv(k, block_k))
+    grid = (experts * 2 * rows // ROW_BLOCK, triton.cdiv(k, block_k))
     _stack_kernel[grid](a_noised, q, s_a, valid, lag.phase, lag.words, out, s_a_out, valid_out, experts, rows, k,
-                        BR=_ROWS, BK=block_k, SMALL=256, num_warps=_WARPS)
+                        BR=ROW_BLOCK, BK=block_k, SMALL=256, num_warps=_WARPS)

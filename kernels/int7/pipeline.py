@@ -42,7 +42,7 @@ from .activations import a_times_p_b, int7_codes, prepare_rows
 from .blake3 import KeyedTrees, bytes_from_words, keyed_trees, words_from_bytes
 from .clean_peel import MAX_ROWS as CLEAN_ROWS, clean_peel
 from .mined_gemm import TILE_WIDTHS, LagPhase, Tiling, mined_gemm
-from .lag_operand import stack_lagged_rows
+from .lag_operand import ROW_BLOCK as LAG_ROW_BLOCK, stack_lagged_rows
 from .noise import dense_sparse_factor, noise_factors, noised
 from .seeds import noise_seed_a, noise_seed_b
 from .tile_lottery import tile_lottery
@@ -291,7 +291,7 @@ class _CuteLag:
         experts, n, k = job.bt.shape
         device = job.bt.device
         if (device.type != "cuda" or job.config.rank != 128 or (job.config.h, job.config.w) != (2, 128)
-                or k % 128 or n % 128 or rows % 16 or rows > CLEAN_ROWS):
+                or k % 128 or n % 128 or rows % LAG_ROW_BLOCK or rows > CLEAN_ROWS):
             return None
         from .transcript_gemm import sharing_config
         config = sharing_config(experts * 2 * rows, experts, n, k)
@@ -407,8 +407,9 @@ class MinedPass:
         self._cute_lag = _CuteLag.build(job, rows) if lagged and _wanted(cute_lag, CUTE_LAGGED) else None
         if cute_lag and self._cute_lag is None:
             raise PipelineError(f"the lagged CuTe pass needs CUDA, rank 128, 2 × 128 tiles, K and N multiples "
-                                f"of 128 and 16..{CLEAN_ROWS} rows an expert in multiples of 16; got {rows} rows × "
-                                f"{tuple(job.bt.shape)}, rank {job.config.rank}, tile {job.config.h} × {job.config.w}")
+                                f"of 128 and {LAG_ROW_BLOCK}..{CLEAN_ROWS} rows an expert in multiples of "
+                                f"{LAG_ROW_BLOCK}; got {rows} rows × {tuple(job.bt.shape)}, rank {job.config.rank}, "
+                                f"tile {job.config.h} × {job.config.w}")
 
     def run(self, x: torch.Tensor, routing: torch.Tensor | None = None) -> torch.Tensor:
         """The mined pass on floating activations (quantised to int7 per row); bf16 output.
