@@ -9,13 +9,13 @@ from dataclasses import dataclass, field
 
 # Every integer total of MiningStats, in the order the status display, the gRPC message and the
 # Prometheus collector show them (one list, so a new counter cannot be left out of one of them).
-COUNTERS = ("credited_work", "tickets", "launches_mined", "launches_unmined", "winners",
+COUNTERS = ("credited_work", "tickets", "launches_mined", "launches_unmined", "launches_held", "winners",
             "proofs_built", "verify_failed", "refused_by_rules", "submitted", "accepted",
             "rejected", "persisted", "resubmitted", "dropped_stale", "dropped_backlog", "oom_events",
             "mining_errors")
 # Counted where a layer's GEMM runs (every expert-parallel rank) vs where winners are handled.
-LAUNCH_COUNTERS = ("credited_work", "tickets", "launches_mined", "launches_unmined", "oom_events",
-                   "mining_errors")
+LAUNCH_COUNTERS = ("credited_work", "tickets", "launches_mined", "launches_unmined", "launches_held",
+                   "oom_events", "mining_errors")
 SUBMISSION_COUNTERS = tuple(name for name in COUNTERS if name not in LAUNCH_COUNTERS)
 
 
@@ -32,6 +32,7 @@ class MiningStats:
     tickets: int = 0
     launches_mined: int = 0
     launches_unmined: int = 0
+    launches_held: int = 0  # of the unmined: eligible, but held back by the slowdown budget
     winners: int = 0
     proofs_built: int = 0
     verify_failed: int = 0

@@ -12,7 +12,23 @@ from pathlib import Path
 from typing import Any
 
 from miner.accounting import COUNTERS
+from miner.progress import slowdown_text
 from miner.service import ADDRESS_FILE, DEFAULT_CONTROL
+
+MAX_SLOWDOWN_HELP = ("mine only as much as keeps serving at most this fraction slower (0.1 = 10 %%), "
+                     "measured per launch size (miner.governor; default: no cap, every eligible launch mines)")
+
+
+def slowdown_fraction(text: str) -> float:
+    """argparse type of --max-slowdown: a fraction above 0 (0 would be --mode off)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < value <= 100:
+        raise argparse.ArgumentTypeError(f"must be above 0 (0.1 = at most 10 % slower; --mode off mines "
+                                         f"nothing), got {value}")
+    return value
 
 
 def _add_run(sub: argparse._SubParsersAction) -> None:
@@ -45,6 +61,7 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
     w = p.add_argument_group("worker")
     w.add_argument("--mode", default="auto", help="auto, off, fp8-moe, int7-moe or int7-dense")
     w.add_argument("--min-mining-tokens", type=int, default=16, help="smaller launches serve unmined")
+    w.add_argument("--max-slowdown", type=slowdown_fraction, help=MAX_SLOWDOWN_HELP)
     w.add_argument("--data-dir", type=Path, help="unsent proofs and the submitted log (default: a temp dir "
                                                  "for the embedded devnet, ./pearl-moe-data otherwise)")
     w.add_argument("--control", default=DEFAULT_CONTROL, help="gRPC control address (port 0 = any)")
@@ -139,10 +156,12 @@ def _print_status(status: dict[str, Any], status_line: Any) -> None:
     print(f"  serving: {serving['requests']} requests, prefill {serving['prefill_tokens_per_s']:.0f} tok/s, "
           f"decode {serving['decode_tokens_per_s']:.0f} tok/s")
     print(f"  mining: hashrate {mining['hashrate']:.3g} work/s, launches mined {mining['launches_mined']} "
-          f"unmined {mining['launches_unmined']}, proofs {mining['proofs_built']}, "
+          f"unmined {mining['launches_unmined']} (held by the slowdown budget {mining['launches_held']}), "
+          f"proofs {mining['proofs_built']}, "
           f"verify failed {mining['verify_failed']}, refused by rules {mining['refused_by_rules']}, "
           f"persisted {mining['persisted']}, pending {mining['pending_winners']}, "
           f"OOM {mining['oom_events']}, errors {mining['mining_errors']}")
+    print(f"  slowdown: {slowdown_text(mining)}")
     for reason, count in sorted(mining.get("rejected_reasons", {}).items()):
         print(f"  rejected {int(count)}x: {reason}")
 

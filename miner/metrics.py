@@ -36,6 +36,10 @@ class StatusCollector(Collector):
         yield GaugeMetricFamily("pearl_moe_hashrate", "credited work per second", value=mining["hashrate"])
         yield GaugeMetricFamily("pearl_moe_pending_winners", "winners not yet submitted",
                                 value=mining["pending_winners"])
+        yield GaugeMetricFamily("pearl_moe_max_slowdown", "the slowdown cap on mining (0: none)",
+                                value=mining["max_slowdown"])
+        yield GaugeMetricFamily("pearl_moe_measured_slowdown", "mining's measured slowdown of serving "
+                                "(-1: not known yet)", value=mining["measured_slowdown"])
         for name in _SERVING_COUNTERS:
             yield CounterMetricFamily(f"pearl_moe_{name}", f"serving: {name.replace('_', ' ')}",
                                       value=serving[name])

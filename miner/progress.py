@@ -18,6 +18,13 @@ def human(value: float) -> str:
     return f"{value:.0f}"
 
 
+def slowdown_text(mining: dict[str, Any]) -> str:
+    """Mining's measured slowdown of serving and its cap (miner.governor), for people."""
+    cap, measured = float(mining.get("max_slowdown", 0.0)), float(mining.get("measured_slowdown", -1.0))
+    shown = "not measured yet" if measured < 0 else f"{100 * measured:.1f} % measured"
+    return f"{shown}, cap {'none' if cap == 0 else f'{100 * cap:.1f} %'}"
+
+
 def status_line(status: dict[str, Any]) -> str:
     mining, serving = status["mining"], status["serving"]
     height = status["height"]
@@ -26,7 +33,8 @@ def status_line(status: dict[str, Any]) -> str:
             f"serve {serving['tokens_per_s']:.0f} tok/s (decode {serving['decode_tokens_per_s']:.0f}) "
             f"reqs={serving['requests']} | work {human(mining['credited_work'])} "
             f"({human(mining['hashrate'])}/s) tickets={mining['tickets']} winners={mining['winners']} "
-            f"submitted={mining['submitted']} accepted={mining['accepted']} rejected={mining['rejected']}")
+            f"submitted={mining['submitted']} accepted={mining['accepted']} rejected={mining['rejected']} | "
+            f"slowdown {slowdown_text(mining)}")
 
 
 class ProgressDisplay:

@@ -63,7 +63,8 @@ def run_worker(args: argparse.Namespace, stack: ExitStack) -> int:
         model=model, network=network, data_dir=Path(args.data_dir), weights=args.weights, seed=args.seed,
         device=args.device or ("cuda" if torch.cuda.is_available() else "cpu"),
         prompts=args.prompts, batch_size=args.batch_size, prompt_len=args.prompt_len,
-        max_new_tokens=args.max_new_tokens, min_mining_tokens=args.min_mining_tokens, mode=args.mode,
+        max_new_tokens=args.max_new_tokens, min_mining_tokens=args.min_mining_tokens,
+        max_slowdown=args.max_slowdown, mode=args.mode,
         duration_s=args.duration, max_blocks=max_blocks,
     )
     worker = Worker(config, source, backend_factory(config.device, args.lagged_decode))

@@ -23,6 +23,7 @@ from miner.cpu_fp8 import CpuFp8Backend
 from miner.cpu_int7 import CpuInt7Backend
 from miner.events import EventBus
 from miner.generation import Generator, file_prompts, generated_prompts
+from miner.governor import SlowdownGovernor
 from miner.jobs import Backoff, JobPoller, JobSource, MiningJob
 from miner.layer import MinedLayer
 from miner.model import ModelConfig, build_model
@@ -45,6 +46,7 @@ class WorkerConfig:
     prompt_len: int = 64
     max_new_tokens: int = 16
     min_mining_tokens: int = 16
+    max_slowdown: float | None = None  # cap on mining's slowdown of serving (miner.governor); None: none
     mode: str = AUTO
     poll_interval: float = 1.0
     backoff_initial_s: float = 0.5
@@ -96,8 +98,10 @@ class Worker:
         self.control = _Control(preference=config.mode)
         self._lock = threading.Lock()
         self.stop_requested = threading.Event()
+        self.governor = SlowdownGovernor(config.max_slowdown)
         self.layers = [MinedLayer(block.layer_id, self.stats, self.may_mine, self.completion.offer,
-                                  self._mining_fault, config.min_mining_tokens) for block in self.model.moe_blocks]
+                                  self._mining_fault, config.min_mining_tokens, self.governor)
+                       for block in self.model.moe_blocks]
         for block, layer in zip(self.model.moe_blocks, self.layers):
             block.launcher = layer
         self.poller.subscribe(self._on_job)
@@ -179,6 +183,7 @@ class Worker:
         s = self.generator.stats
         mining = self.stats.snapshot()
         mining["pending_winners"] = self.completion.pending
+        mining.update(self.governor.snapshot())
         return {
             "state": self.state(), "mode": self.control.mode.value,
             "mode_preference": self.control.preference, "mode_reason": self.control.mode_reason,

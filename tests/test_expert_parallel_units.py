@@ -153,7 +153,7 @@ def test_relayed_backend_names_the_rank_of_a_failed_verification() -> None:
 def test_summary_adds_ranks_and_divides_by_the_slowest() -> None:
     ranks = [{"rank": r, "requests": 4, "prefill_tokens": 100, "decode_tokens": 20, "prefill_ms": 1000,
               "decode_ms": 1000 + 1000 * r, "credited_work": 10, "tickets": 5, "launches_mined": 2,
-              "launches_unmined": 1, "oom_events": 0, "mining_errors": 0} for r in range(2)]
+              "launches_unmined": 1, "launches_held": 0, "oom_events": 0, "mining_errors": 0} for r in range(2)]
     serving = serving_figures(ranks)
     assert serving == {"requests": 8, "prefill_tokens": 200, "decode_tokens": 40, "prefill_tokens_per_s": 200.0,
                        "decode_tokens_per_s": 20.0, "tokens_per_s": 80.0}

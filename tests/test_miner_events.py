@@ -3,7 +3,7 @@ import io
 
 from miner.accounting import MiningStats
 from miner.events import EventBus
-from miner.progress import ProgressDisplay, human, status_line
+from miner.progress import ProgressDisplay, human, slowdown_text, status_line
 
 
 def test_bus_replays_history_and_never_blocks_on_a_slow_subscriber() -> None:
@@ -45,9 +45,12 @@ def test_progress_display_prints_events_and_a_status_line() -> None:
     status = {"uptime_s": 12.0, "state": "mining", "mode": "int7-moe", "height": 5, "job_id": "abcdef0123",
               "serving": {"tokens_per_s": 100.0, "decode_tokens_per_s": 20.0, "requests": 3},
               "mining": {"credited_work": 2_500_000_000, "hashrate": 1.5e9, "tickets": 7, "winners": 1,
-                         "submitted": 1, "accepted": 1, "rejected": 0}}
+                         "submitted": 1, "accepted": 1, "rejected": 0, "max_slowdown": 0.1,
+                         "measured_slowdown": 0.082}}
     display.tick(status)
     text = out.getvalue()
     assert "accepted: block for job abc accepted" in text and "quiet" not in text
     assert status_line(status) in text and "work 2.50G (1.50G/s)" in text and "h=5" in text
+    assert "slowdown 8.2 % measured, cap 10.0 %" in text
+    assert slowdown_text({}) == "not measured yet, cap none"
     assert human(999) == "999" and human(1234) == "1.23k" and human(3e15) == "3.00P"

@@ -20,6 +20,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from miner.cli import MAX_SLOWDOWN_HELP, slowdown_fraction
 from miner.expert_parallel.distributed import EPContext, connect_from_env, disconnect, on_cuda
 from miner.expert_parallel.runtime import ExpertParallelWorker
 from miner.jobs import JobSource
@@ -49,6 +50,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--devnet-profile", default="regtest")
     p.add_argument("--mode", default="auto", help="auto, off, fp8-moe, int7-moe or int7-dense")
     p.add_argument("--min-mining-tokens", type=int, default=16, help="smaller launches serve unmined")
+    p.add_argument("--max-slowdown", type=slowdown_fraction, help=MAX_SLOWDOWN_HELP + " (per rank)")
     p.add_argument("--backend-factory", default="miner.worker:cpu_backend",
                    help="MODULE:NAME of the mining backend factory (mode, layer_id, config) -> backend")
     p.add_argument("--data-dir", type=Path, default=Path("pearl-moe-ep-data"))
@@ -143,7 +145,8 @@ def main(argv: list[str] | None = None) -> int:
             model=load_config(args.model), network=network_of(args), data_dir=args.data_dir,
             weights=args.weights, seed=args.seed, prompts=args.prompts, batch_size=args.batch_size,
             prompt_len=args.prompt_len, max_new_tokens=args.max_new_tokens,
-            min_mining_tokens=args.min_mining_tokens, mode=args.mode, duration_s=args.duration,
+            min_mining_tokens=args.min_mining_tokens, max_slowdown=args.max_slowdown, mode=args.mode,
+            duration_s=args.duration,
             max_blocks=args.max_blocks)
         if args.warmup_batches < 0 or (args.max_batches is not None and args.max_batches <= args.warmup_batches):
             raise ValueError(f"--max-batches must exceed --warmup-batches ({args.warmup_batches})")

@@ -28,6 +28,7 @@ from miner.expert_parallel.sync import Control, StepSync
 from miner.expert_parallel.winners import ProofBuilder, WinnerSink
 from miner.generation import Generator, ServeStats, file_prompts, generated_prompts
 from miner.jobs import JobSource, MiningJob
+from miner.governor import SlowdownGovernor
 from miner.layer import MinedLayer
 from miner.model import ModelConfig, build_model
 from miner.modes import Mode, choose_mode
@@ -125,8 +126,9 @@ class ExpertParallelWorker:
         self.steps = 0
         self._lock = threading.Lock()
         self.builder = ProofBuilder(ctx.rank, self.plan.first(ctx.rank), lambda: self.control.job)
+        self.governor = SlowdownGovernor(config.max_slowdown)  # this rank's launches: its own budget
         self.layers = [MinedLayer(s.layer_id, self.stats, self.may_mine, self.builder.offer, self._mining_fault,
-                                  config.min_mining_tokens) for s in self.shards]
+                                  config.min_mining_tokens, self.governor) for s in self.shards]
         for shard, layer in zip(self.shards, self.layers):
             shard.launcher = layer
         self.sync = StepSync(ctx.rank, ctx.world_size, ctx.control_group)
@@ -285,6 +287,7 @@ class ExpertParallelWorker:
         mining.update({name: host.total(name) for name in MINING_FIGURES})
         mining["hashrate"] = host.hashrate
         mining["pending_winners"] = host.completion.pending
+        mining.update(self.governor.snapshot())  # rank 0's
         backend = self.layers[0].backend if self.layers else None
         return {
             "state": self.state(), "mode": self.mode.value, "mode_preference": host.preference,

@@ -1,0 +1,207 @@
+"""The slowdown budget: mine only as much as keeps serving within a chosen slowdown.
+
+A mined launch costs more than the same launch served unmined (on the H200 the INT7 prefill pass
+is ~1.9× its unmined GEMM and decode ~1.25×; on the CPU several times). An operator who accepts,
+say, 10 % fewer tokens per second sets ``max_slowdown = 0.10``. The governor times every layer
+launch (CUDA events on the launch's stream, read once they have completed, so serving never waits
+for them; host time on the CPU), learns per launch size what a mined launch costs over an unmined
+one, and lets a launch mine only while the credit that serving time earns pays for its extra time.
+
+Credit accrues at ``max_slowdown`` seconds per second of wall time and a mined launch spends
+(1 + max_slowdown) × its extra time, so over any stretch that starts with an empty bank the
+extra time is at most ``max_slowdown`` × the time serving would have taken unmined. The bank
+holds at most ``WINDOW_S`` seconds' worth (or one launch's need, if larger), so idle or paused
+time buys no long burst of mining later. Without a cap the governor only measures.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+
+WINDOW_S = 30.0  # the most serving time whose credit is banked
+SMOOTHING = 0.2  # weight of the newest launch in a size's running mean
+WARMUP_LAUNCHES = 1  # the first launches of each size and kind compile kernels: never used as times
+
+
+class GovernorError(ValueError):
+    """A bad slowdown cap."""
+
+
+def size_class(tokens: int) -> int:
+    """Launches are compared within power-of-two token counts: a decode launch and a prefill launch
+    differ by far more than the launches inside one class."""
+    return max(tokens, 1).bit_length()
+
+
+@dataclass
+class _Times:
+    """Running mean of one size and kind's launch seconds, past the warm-up launches."""
+
+    seen: int = 0
+    mean_s: float | None = None
+    total_s: float = 0.0  # the launches past warm-up, summed
+    counted: int = 0
+
+    def add(self, seconds: float) -> bool:
+        """Take one launch's time; False for a warm-up launch (not used)."""
+        self.seen += 1
+        if self.seen <= WARMUP_LAUNCHES:
+            return False
+        self.mean_s = seconds if self.mean_s is None else (1 - SMOOTHING) * self.mean_s + SMOOTHING * seconds
+        self.total_s += seconds
+        self.counted += 1
+        return True
+
+
+@dataclass
+class _Launch:
+    size: int
+    mined: bool
+    reserved: float  # credit taken when the launch was admitted
+    start: torch.cuda.Event | float
+    end: torch.cuda.Event | float
+
+
+class SlowdownGovernor:
+    """Decides which eligible launches mine under a slowdown cap and measures the slowdown.
+
+    Called from the serving thread (``admit``, ``timed``); ``snapshot`` from any thread.
+    """
+
+    def __init__(self, max_slowdown: float | None = None, *, window_s: float = WINDOW_S,
+                 clock: Callable[[], float] = time.monotonic, timer: Callable[[], float] = time.perf_counter) -> None:
+        """clock: wall time (credit, the measured base); timer: host launch time on the CPU."""
+        if max_slowdown is not None and not 0 < max_slowdown <= 100:
+            raise GovernorError(f"max_slowdown must be a fraction above 0 (0.1 = at most 10 % slower), "
+                                f"got {max_slowdown}")
+        if window_s <= 0:
+            raise GovernorError(f"window_s must be positive, got {window_s}")
+        self.max_slowdown, self.window_s, self.clock, self.timer = max_slowdown, window_s, clock, timer
+        self._times: dict[tuple[int, bool], _Times] = {}
+        self._pending: deque[_Launch] = deque()
+        self._credit = 0.0
+        self._refilled: float | None = None
+        self._first: float | None = None
+        self._lock = threading.Lock()
+
+    # -- decisions (serving thread) -----------------------------------------------------------
+    def admit(self, tokens: int) -> float | None:
+        """Whether a launch of `tokens` may mine: the credit it reserves (pass it to `timed`), or
+        None to serve it unmined. Uncapped: always 0.0."""
+        self._collect()
+        if self.max_slowdown is None:
+            return 0.0
+        size = size_class(tokens)
+        with self._lock:
+            self._refill()
+            if self._mean(size, False) is None:
+                return None  # learn the unmined time of this size first
+            need = self._need(size)  # 0 until a mined launch of this size was timed
+            if self._credit < need or self._credit < 0:
+                return None
+            self._credit -= need
+            return need
+
+    @contextmanager
+    def timed(self, device_tensor: torch.Tensor, tokens: int, mined: bool, reserved: float = 0.0) -> Iterator[None]:
+        """Time the launch run inside (on `device_tensor`'s device). If it raises, its reservation
+        is returned and it is not timed. Nothing is timed while a CUDA graph is being captured
+        (its replays are launches of their own)."""
+        cuda = device_tensor.is_cuda
+        if cuda and torch.cuda.is_current_stream_capturing():
+            with self._lock:
+                self._credit += reserved  # nothing is measured, so nothing is spent
+            yield
+            return
+        if cuda:
+            start: torch.cuda.Event | float = torch.cuda.Event(enable_timing=True)
+            start.record()
+        else:
+            start = self.timer()
+        with self._lock:
+            if self._first is None:
+                self._first = self.clock()
+        try:
+            yield
+        except BaseException:
+            with self._lock:
+                self._credit += reserved
+            raise
+        if cuda:
+            end: torch.cuda.Event | float = torch.cuda.Event(enable_timing=True)
+            end.record()
+        else:
+            end = self.timer()
+        self._pending.append(_Launch(size_class(tokens), mined, reserved, start, end))
+        self._collect()
+
+    # -- measurement --------------------------------------------------------------------------
+    def _collect(self) -> None:
+        """Account every finished launch, oldest first (a CUDA launch once its end event is done)."""
+        while self._pending:
+            launch = self._pending[0]
+            if isinstance(launch.end, torch.cuda.Event):
+                if not launch.end.query():
+                    return
+                seconds = launch.start.elapsed_time(launch.end) / 1000.0
+            else:
+                seconds = launch.end - launch.start
+            self._pending.popleft()
+            self._account(launch, seconds)
+
+    def _account(self, launch: _Launch, seconds: float) -> None:
+        with self._lock:
+            times = self._times.setdefault((launch.size, launch.mined), _Times())
+            used = times.add(seconds)
+            if not launch.mined or self.max_slowdown is None:
+                return
+            unmined = self._mean(launch.size, False)
+            spent = (1 + self.max_slowdown) * max(0.0, seconds - unmined) if used and unmined is not None else 0.0
+            self._credit += launch.reserved - spent  # a warm-up launch gets its reservation back
+
+    def _mean(self, size: int, mined: bool) -> float | None:
+        times = self._times.get((size, mined))
+        return None if times is None else times.mean_s
+
+    def _refill(self) -> None:
+        now = self.clock()
+        if self._refilled is not None:
+            largest = max((self._need(size) for size, mined in self._times if mined), default=0.0)
+            cap = max(self.max_slowdown * self.window_s, largest)
+            self._credit = min(cap, self._credit + self.max_slowdown * (now - self._refilled))
+        self._refilled = now
+
+    def _need(self, size: int) -> float:
+        mined, unmined = self._mean(size, True), self._mean(size, False)
+        return 0.0 if mined is None or unmined is None else (1 + self.max_slowdown) * max(0.0, mined - unmined)
+
+    # -- reporting (any thread) ---------------------------------------------------------------
+    def measured_slowdown(self) -> float | None:
+        """Extra time of the mined launches over the same launches unmined, as a fraction of the
+        wall time since the first launch less that extra (how much longer serving took than it
+        would have unmined). None until a mined launch of every mined size has an unmined time."""
+        with self._lock:
+            if self._first is None:
+                return None
+            extra = 0.0
+            for (size, mined), times in self._times.items():
+                if not mined or not times.counted:
+                    continue
+                unmined = self._mean(size, False)
+                if unmined is None:
+                    return None
+                extra += max(0.0, times.total_s - times.counted * unmined)
+            base = self.clock() - self._first - extra
+        return extra / base if base > 0 else None
+
+    def snapshot(self) -> dict[str, float]:
+        """The cap (0 = none) and the measured slowdown (−1 = not known yet), for the status."""
+        measured = self.measured_slowdown()
+        return {"max_slowdown": self.max_slowdown or 0.0,
+                "measured_slowdown": -1.0 if measured is None else measured}

@@ -1,0 +1,190 @@
+"""The slowdown budget (miner.governor): the cap holds on simulated serving, the bank is bounded,
+warm-up launches and failures cost nothing, and the layer and the CLI use it."""
+import argparse
+
+import pytest
+import torch
+
+from miner.accounting import MiningStats
+from miner.backend import LaunchResult
+from miner.cli import slowdown_fraction
+from miner.governor import WARMUP_LAUNCHES, GovernorError, SlowdownGovernor, size_class
+from miner.layer import MinedLayer
+from miner.model.moe import grouped_fc1
+
+CPU = torch.zeros(1)
+
+
+class FakeClock:
+    """Wall time and launch time in one: a launch advances it by what it costs."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def serve(governor: SlowdownGovernor, clock: FakeClock, launches: int, unmined_s: float, mined_s: float,
+          tokens: int = 256) -> int:
+    """Serve `launches` launches of one size; returns how many mined."""
+    mined = 0
+    for _ in range(launches):
+        reserved = governor.admit(tokens)
+        with governor.timed(CPU, tokens, mined=reserved is not None, reserved=reserved or 0.0):
+            clock.now += unmined_s if reserved is None else mined_s
+        mined += reserved is not None
+    return mined
+
+
+def governor_on(clock: FakeClock, cap: float | None, **kwargs) -> SlowdownGovernor:
+    return SlowdownGovernor(cap, clock=clock, timer=clock, **kwargs)
+
+
+@pytest.mark.parametrize("cap, mined_s", [(0.1, 3.0), (0.05, 1.25), (0.5, 10.0), (0.3, 1.5)])
+def test_the_measured_slowdown_stays_within_the_cap_and_uses_it(cap, mined_s) -> None:
+    clock = FakeClock()
+    governor = governor_on(clock, cap)
+    mined = serve(governor, clock, 3000, unmined_s=1.0, mined_s=mined_s)
+    measured = governor.measured_slowdown()
+    assert measured is not None and measured <= cap * 1.02
+    assert measured >= cap * 0.8  # the budget is spent, not left idle
+    # a share f of the launches mined adds f·extra per unmined second: the cap is f = cap / extra
+    assert mined == pytest.approx(3000 * cap / (mined_s - 1.0), rel=0.05)
+
+
+def test_a_launch_cheaper_than_the_cap_always_mines_after_warm_up() -> None:
+    clock = FakeClock()
+    governor = governor_on(clock, 0.5)
+    mined = serve(governor, clock, 200, unmined_s=1.0, mined_s=1.2)
+    assert mined >= 200 - 2 * (WARMUP_LAUNCHES + 1)  # only the unmined baseline launches are held
+
+
+def test_the_unmined_time_is_learned_before_any_launch_mines() -> None:
+    clock = FakeClock()
+    governor = governor_on(clock, 0.2)
+    decisions = []
+    for _ in range(WARMUP_LAUNCHES + 2):
+        reserved = governor.admit(256)
+        decisions.append(reserved is not None)
+        with governor.timed(CPU, 256, mined=reserved is not None, reserved=reserved or 0.0):
+            clock.now += 1.0
+    assert decisions == [False] * (WARMUP_LAUNCHES + 1) + [True]
+    assert governor.admit(2048) is None  # another size: its own baseline first
+
+
+def test_warm_up_launches_cost_no_credit() -> None:
+    clock = FakeClock()
+    governor = governor_on(clock, 0.1)
+    serve(governor, clock, WARMUP_LAUNCHES + 1, unmined_s=1.0, mined_s=1.0)  # the baseline
+    reserved = governor.admit(256)
+    assert reserved == 0.0
+    with governor.timed(CPU, 256, mined=True, reserved=reserved):
+        clock.now += 500.0  # kernels compile on the first mined launch
+    assert governor.admit(256) is not None  # not held back for the compile time
+    assert governor.measured_slowdown() is None or governor.measured_slowdown() < 0.1
+
+
+def test_a_failed_launch_gives_its_reservation_back() -> None:
+    clock = FakeClock()
+    governor = governor_on(clock, 0.1)
+    serve(governor, clock, 40, unmined_s=1.0, mined_s=2.0)
+    clock.now += 100.0  # bank credit
+    before = governor.admit(256)
+    assert before is not None and before > 0
+    with pytest.raises(RuntimeError):
+        with governor.timed(CPU, 256, mined=True, reserved=before):
+            raise RuntimeError("mining failed")
+    assert governor.admit(256) == pytest.approx(before)
+
+
+def test_idle_time_buys_no_long_burst() -> None:
+    clock = FakeClock()
+    governor = governor_on(clock, 0.1, window_s=30.0)
+    serve(governor, clock, 50, unmined_s=1.0, mined_s=2.0)
+    clock.now += 10_000.0  # paused or idle for hours
+    burst = 0
+    while governor.admit(256) is not None:  # launches of ~0 s: only banked credit pays
+        with governor.timed(CPU, 256, mined=True, reserved=0.0):
+            clock.now += 2.0
+        burst += 1
+        assert burst < 100
+    assert burst <= 30 * 0.1 / (1.1 * 1.0) + 2  # the bank holds WINDOW_S seconds' credit, not 1000 s'
+
+
+def test_uncapped_it_admits_everything_and_measures_once_there_is_a_baseline() -> None:
+    clock = FakeClock()
+    governor = governor_on(clock, None)
+    assert governor.snapshot() == {"max_slowdown": 0.0, "measured_slowdown": -1.0}
+    for mined in [False] * 3 + [True] * 8:
+        assert governor.admit(256) == 0.0
+        with governor.timed(CPU, 256, mined=mined):
+            clock.now += 1.5 if mined else 1.0
+    # 7 mined launches past warm-up, 0.5 s extra each, over 3 + 8·1.5 = 15 s of wall time
+    extra = 7 * 0.5
+    assert governor.measured_slowdown() == pytest.approx(extra / (15.0 - extra))
+
+
+def test_sizes_are_power_of_two_classes() -> None:
+    assert size_class(1) == size_class(1) != size_class(2)
+    assert size_class(256) == size_class(511) != size_class(512)
+    assert size_class(0) == size_class(1)
+
+
+@pytest.mark.parametrize("bad", [0.0, -0.1, 1000.0])
+def test_a_bad_cap_is_refused(bad) -> None:
+    with pytest.raises(GovernorError, match="max_slowdown"):
+        SlowdownGovernor(bad)
+    with pytest.raises(argparse.ArgumentTypeError, match="above 0"):
+        slowdown_fraction(str(bad))
+    with pytest.raises(argparse.ArgumentTypeError, match="not a number"):
+        slowdown_fraction("ten percent")
+    assert slowdown_fraction("0.1") == 0.1
+
+
+class SlowBackend:
+    """Mines by serving the same GEMM, taking a fixed extra time on the fake clock."""
+
+    name = "slow"
+
+    def __init__(self, clock: FakeClock, extra_s: float, w13: torch.Tensor) -> None:
+        self.clock, self.extra_s, self.w13 = clock, extra_s, w13
+
+    def mine_launch(self, x: torch.Tensor, ids: torch.Tensor) -> LaunchResult:
+        self.clock.now += self.extra_s
+        return LaunchResult(grouped_fc1(x, ids, self.w13), winners=[], credited_work=1, tickets=1)
+
+
+def test_the_layer_holds_launches_the_budget_cannot_pay_and_serves_them() -> None:
+    gen = torch.Generator().manual_seed(3)
+    w13 = torch.randn(4, 32, 64, generator=gen)
+    x = torch.randn(24, 64, generator=gen)
+    ids = torch.stack([torch.randperm(4, generator=gen)[:2] for _ in range(24)])
+    clock = FakeClock()
+    governor = governor_on(clock, 0.25)
+    stats = MiningStats()
+    layer = MinedLayer(0, stats, lambda: True, lambda b, r: None, lambda exc: None, min_tokens=1, governor=governor)
+    layer.backend = SlowBackend(clock, 4.0, w13)  # type: ignore[assignment]
+    reference = grouped_fc1(x, ids, w13)
+    for _ in range(60):
+        clock.now += 1.0  # the rest of the step
+        torch.testing.assert_close(layer.launch(x, ids, w13), reference)
+    assert stats.launches_mined > 0 and stats.launches_held > 0
+    assert stats.launches_mined + stats.launches_unmined == 60
+    assert stats.launches_held <= stats.launches_unmined
+    measured = governor.measured_slowdown()
+    assert measured is not None and measured <= 0.25 * 1.05
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_cuda_launches_are_timed_by_events_without_waiting() -> None:
+    governor = SlowdownGovernor(None)
+    a = torch.randn(4096, 4096, device="cuda")
+    for mined in (False, False, True, True):
+        with governor.timed(a, 4096, mined=mined):
+            for _ in range(4 if mined else 1):
+                a @ a
+    torch.cuda.synchronize()
+    governor.admit(4096)  # collects the finished launches
+    measured = governor.measured_slowdown()
+    assert measured is not None and measured > 0
