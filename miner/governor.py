@@ -119,11 +119,7 @@ class SlowdownGovernor:
                 self._credit += reserved  # nothing is measured, so nothing is spent
             yield
             return
-        if cuda:
-            start: torch.cuda.Event | float = torch.cuda.Event(enable_timing=True)
-            start.record()
-        else:
-            start = self.timer()
+        start = self._mark(cuda)
         with self._lock:
             if self._first is None:
                 self._first = self.clock()
@@ -133,13 +129,16 @@ class SlowdownGovernor:
             with self._lock:
                 self._credit += reserved
             raise
-        if cuda:
-            end: torch.cuda.Event | float = torch.cuda.Event(enable_timing=True)
-            end.record()
-        else:
-            end = self.timer()
-        self._pending.append(_Launch(size_class(tokens), mined, reserved, start, end))
+        self._pending.append(_Launch(size_class(tokens), mined, reserved, start, self._mark(cuda)))
         self._collect()
+
+    def _mark(self, cuda: bool) -> torch.cuda.Event | float:
+        """A point in time: an event recorded on the current CUDA stream, or the host timer."""
+        if not cuda:
+            return self.timer()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
 
     # -- measurement --------------------------------------------------------------------------
     def _collect(self) -> None:
