@@ -87,9 +87,10 @@ def _add_clients(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--no-replay", action="store_true", help="only events from now on")
     e.add_argument("--count", type=int, help="stop after this many events")
     e.set_defaults(func=cmd_events)
-    c = sub.add_parser("control", help="pause, resume or set the mining mode of a running worker")
-    c.add_argument("action", choices=("pause", "resume", "mode"))
-    c.add_argument("value", nargs="?", default="", help="the mode for 'mode', a reason for 'pause'")
+    c = sub.add_parser("control", help="pause, resume, or set the mining mode or slowdown cap of a running worker")
+    c.add_argument("action", choices=("pause", "resume", "mode", "slowdown"))
+    c.add_argument("value", nargs="?", default="", help="the mode for 'mode', a reason for 'pause', the cap "
+                                                        "for 'slowdown' (a fraction such as 0.1, or 'none')")
     c.add_argument("--address")
     c.add_argument("--data-dir", type=Path, default=Path("pearl-moe-data"))
     c.set_defaults(func=cmd_control)
@@ -198,12 +199,21 @@ def cmd_control(args: argparse.Namespace) -> int:
 
     from miner.service import ControlClient
 
+    cap = 0.0
+    if args.action == "slowdown" and args.value.lower() not in ("none", "0"):
+        try:
+            cap = slowdown_fraction(args.value)
+        except argparse.ArgumentTypeError as exc:
+            print(f"pearl-moe control slowdown: {exc}", file=sys.stderr)
+            return 2
     client = ControlClient(_control_address(args))
     try:
         if args.action == "pause":
             status = client.pause(args.value)
         elif args.action == "resume":
             status = client.resume()
+        elif args.action == "slowdown":
+            status = client.set_max_slowdown(cap)
         else:
             status = client.set_mode(args.value)
     except grpc.RpcError as exc:
@@ -211,7 +221,9 @@ def cmd_control(args: argparse.Namespace) -> int:
         return 2
     finally:
         client.close()
-    print(f"state {status.state}, mode {status.mode} ({status.mode_reason})")
+    slowdown = slowdown_text({"max_slowdown": status.mining.max_slowdown,
+                              "measured_slowdown": status.mining.measured_slowdown})
+    print(f"state {status.state}, mode {status.mode} ({status.mode_reason}), slowdown {slowdown}")
     return 0
 
 

@@ -33,6 +33,18 @@ class GovernorError(ValueError):
     """A bad slowdown cap."""
 
 
+def slowdown_cap_text(max_slowdown: float | None) -> str:
+    """The event a new cap publishes."""
+    return "no slowdown cap" if max_slowdown is None else f"slowdown cap set to {100 * max_slowdown:.1f} %"
+
+
+def check_cap(max_slowdown: float | None) -> None:
+    """Refuse (GovernorError) a cap that is not a fraction above 0, or None."""
+    if max_slowdown is not None and not 0 < max_slowdown <= 100:
+        raise GovernorError(f"max_slowdown must be a fraction above 0 (0.1 = at most 10 % slower), "
+                            f"got {max_slowdown}")
+
+
 def size_class(tokens: int) -> int:
     """Launches are compared within power-of-two token counts: a decode launch and a prefill launch
     differ by far more than the launches inside one class."""
@@ -77,9 +89,7 @@ class SlowdownGovernor:
     def __init__(self, max_slowdown: float | None = None, *, window_s: float = WINDOW_S,
                  clock: Callable[[], float] = time.monotonic, timer: Callable[[], float] = time.perf_counter) -> None:
         """clock: wall time (credit, the measured base); timer: host launch time on the CPU."""
-        if max_slowdown is not None and not 0 < max_slowdown <= 100:
-            raise GovernorError(f"max_slowdown must be a fraction above 0 (0.1 = at most 10 % slower), "
-                                f"got {max_slowdown}")
+        check_cap(max_slowdown)
         if window_s <= 0:
             raise GovernorError(f"window_s must be positive, got {window_s}")
         self.max_slowdown, self.window_s, self.clock, self.timer = max_slowdown, window_s, clock, timer
@@ -89,6 +99,13 @@ class SlowdownGovernor:
         self._refilled: float | None = None
         self._first: float | None = None
         self._lock = threading.Lock()
+
+    def set_cap(self, max_slowdown: float | None) -> None:
+        """A new cap (None: none), from the next launch on. The bank restarts empty, so credit
+        banked under a looser cap buys no burst under a tighter one; the times learned stay."""
+        check_cap(max_slowdown)
+        with self._lock:
+            self.max_slowdown, self._credit, self._refilled = max_slowdown, 0.0, None
 
     # -- decisions (serving thread) -----------------------------------------------------------
     def admit(self, tokens: int) -> float | None:

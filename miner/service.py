@@ -29,6 +29,8 @@ class Controllable(Protocol):
 
     def set_mode(self, mode: str) -> None: ...
 
+    def set_max_slowdown(self, max_slowdown: float | None) -> None: ...
+
 
 def status_message(status: dict[str, Any]) -> pb.Status:
     """Build the Status message from a worker's status dict (the same dict the display uses)."""
@@ -59,6 +61,13 @@ class ControlServicer(pb_grpc.MinerControlServicer):
     def SetMode(self, request: pb.SetModeRequest, context: grpc.ServicerContext) -> pb.Status:
         try:
             self.worker.set_mode(request.mode)
+        except ValueError as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        return status_message(self.worker.status())
+
+    def SetMaxSlowdown(self, request: pb.SetMaxSlowdownRequest, context: grpc.ServicerContext) -> pb.Status:
+        try:
+            self.worker.set_max_slowdown(request.max_slowdown or None)  # 0: no cap
         except ValueError as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         return status_message(self.worker.status())
@@ -106,6 +115,10 @@ class ControlClient:
 
     def set_mode(self, mode: str) -> pb.Status:
         return self.stub.SetMode(pb.SetModeRequest(mode=mode), timeout=self.timeout)
+
+    def set_max_slowdown(self, max_slowdown: float) -> pb.Status:
+        """0: no cap."""
+        return self.stub.SetMaxSlowdown(pb.SetMaxSlowdownRequest(max_slowdown=max_slowdown), timeout=self.timeout)
 
     def events(self, replay: bool = True) -> Iterator[pb.Event]:
         return self.stub.WatchEvents(pb.WatchRequest(replay=replay))

@@ -23,7 +23,7 @@ from miner.cpu_fp8 import CpuFp8Backend
 from miner.cpu_int7 import CpuInt7Backend
 from miner.events import EventBus
 from miner.generation import Generator, file_prompts, generated_prompts
-from miner.governor import SlowdownGovernor
+from miner.governor import SlowdownGovernor, slowdown_cap_text
 from miner.jobs import Backoff, JobPoller, JobSource, MiningJob
 from miner.layer import MinedLayer
 from miner.model import ModelConfig, build_model
@@ -170,6 +170,11 @@ class Worker:
         self.control.paused = ""
         self.control.cooldown_until = 0.0
         self.events.publish("resumed", "mining resumed")
+
+    def set_max_slowdown(self, max_slowdown: float | None) -> None:
+        """A new slowdown cap (None: none); a bad one raises ValueError (GovernorError)."""
+        self.governor.set_cap(max_slowdown)
+        self.events.publish("slowdown", slowdown_cap_text(max_slowdown))
 
     def set_mode(self, mode: str) -> None:
         if mode not in CHOICES:

@@ -6,6 +6,7 @@ import dataclasses
 from collections import Counter
 from pathlib import Path
 
+import grpc
 import pytest
 import torch
 import torch.distributed as dist
@@ -258,6 +259,15 @@ def test_rank0_status_pause_and_mode_over_grpc(tmp_path: Path) -> None:
             worker.serve()
             assert worker.stats.launches_mined == mined  # paused ranks serve unmined
             client.resume()
+            client.set_max_slowdown(0.25)  # every rank takes it with the next step's Control
+            worker.serve()
+            assert worker.governor.max_slowdown == 0.25 and client.status().mining.max_slowdown == 0.25
+            with pytest.raises(grpc.RpcError) as err:
+                client.set_max_slowdown(-1.0)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            client.set_max_slowdown(0.0)
+            worker.serve()
+            assert worker.governor.max_slowdown is None
             client.set_mode("off")
             worker.serve()
             assert worker.mode.value == "off" and client.status().mode_preference == "off"

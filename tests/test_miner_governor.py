@@ -188,3 +188,18 @@ def test_cuda_launches_are_timed_by_events_without_waiting() -> None:
     governor.admit(4096)  # collects the finished launches
     measured = governor.measured_slowdown()
     assert measured is not None and measured > 0
+
+
+def test_a_new_cap_starts_an_empty_bank_and_keeps_the_times_learned() -> None:
+    clock = FakeClock()
+    governor = governor_on(clock, 0.5)
+    serve(governor, clock, 40, unmined_s=1.0, mined_s=2.0)
+    clock.now += 100.0  # a full bank under the loose cap
+    governor.set_cap(0.05)
+    assert governor.admit(256) is None  # the tight cap has earned nothing yet
+    clock.now += 30.0
+    assert governor.admit(256) == pytest.approx(1.05 * 1.0)  # the mined and unmined means were kept
+    governor.set_cap(None)
+    assert governor.admit(256) == 0.0
+    with pytest.raises(GovernorError):
+        governor.set_cap(0.0)

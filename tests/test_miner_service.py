@@ -66,6 +66,27 @@ def test_pause_resume_and_set_mode(running) -> None:
         client.close()
 
 
+def test_the_slowdown_cap_is_set_live(running, capsys) -> None:
+    worker, address = running
+    client = ControlClient(address)
+    try:
+        assert client.set_max_slowdown(0.2).mining.max_slowdown == pytest.approx(0.2)
+        assert worker.governor.max_slowdown == pytest.approx(0.2)
+        with pytest.raises(grpc.RpcError) as err:
+            client.set_max_slowdown(-0.5)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "max_slowdown" in err.value.details()
+        assert cli.main(["control", "slowdown", "0.1", "--address", address]) == 0
+        assert "cap 10.0 %" in capsys.readouterr().out and worker.governor.max_slowdown == pytest.approx(0.1)
+        assert cli.main(["control", "slowdown", "ten", "--address", address]) == 2
+        assert "not a number" in capsys.readouterr().err
+        assert cli.main(["control", "slowdown", "none", "--address", address]) == 0
+        assert "cap none" in capsys.readouterr().out and worker.governor.max_slowdown is None
+        assert any(e.kind == "slowdown" and "10.0 %" in e.message for e in worker.events.recent())
+    finally:
+        client.set_max_slowdown(0.0)
+        client.close()
+
+
 def test_watch_events_streams_new_events(running) -> None:
     worker, address = running
     client = ControlClient(address)

@@ -17,6 +17,7 @@ from miner.completion import CompletionWorker
 from miner.events import EventBus
 from miner.expert_parallel.sync import Control
 from miner.expert_parallel.winners import CompletionSink, RelayedWinner, WinnerSink
+from miner.governor import check_cap, slowdown_cap_text
 from miner.jobs import JobPoller, JobSource, MiningJob
 from miner.modes import CHOICES
 from miner.persistence import SubmissionStore
@@ -38,6 +39,7 @@ class HostSide:
         self._work: deque[tuple[float, int]] = deque()  # (time, credited work of all ranks)
         self.paused = ""
         self.preference = config.mode
+        self.max_slowdown = config.max_slowdown
         self.stop_requested = threading.Event()
         self.started = time.monotonic()
         self.poller.subscribe(self._on_job)
@@ -51,7 +53,7 @@ class HostSide:
 
     def control(self) -> Control:
         """What every rank applies at this step."""
-        return Control(self.poller.current, self.preference, bool(self.paused), self.finished())
+        return Control(self.poller.current, self.preference, bool(self.paused), self.finished(), self.max_slowdown)
 
     def finished(self) -> bool:
         c = self.config
@@ -99,6 +101,12 @@ class HostSide:
             raise ValueError(f"mode {mode!r} is not one of {CHOICES}")
         self.preference = mode
         self.events.publish("mode_preference", f"mode preference set to {mode}")
+
+    def set_max_slowdown(self, max_slowdown: float | None) -> None:
+        """Every rank's new slowdown cap (None: none), from the next step's Control."""
+        check_cap(max_slowdown)
+        self.max_slowdown = max_slowdown
+        self.events.publish("slowdown", slowdown_cap_text(max_slowdown))
 
     def check_blocks(self) -> None:
         """Account the blocks of submitted jobs the chain has moved past (accepted or not)."""

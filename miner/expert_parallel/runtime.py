@@ -194,6 +194,8 @@ class ExpertParallelWorker:
             self.preparer.request(control.job, control.preference)
         else:
             self.control = control
+        if control.max_slowdown != self.governor.max_slowdown:
+            self.governor.set_cap(control.max_slowdown)
         self.steps += 1
 
     # -- serving ------------------------------------------------------------------------------
@@ -269,6 +271,9 @@ class ExpertParallelWorker:
 
     def set_mode(self, mode: str) -> None:
         self._host().set_mode(mode)
+
+    def set_max_slowdown(self, max_slowdown: float | None) -> None:
+        self._host().set_max_slowdown(max_slowdown)
 
     def state(self) -> str:
         host = self._host()

@@ -28,6 +28,7 @@ class Control:
     preference: str  # the mode preference (auto, off or a mode)
     paused: bool
     stop: bool
+    max_slowdown: float | None = None  # every rank's slowdown cap (miner.governor); None: none
 
 
 class StepSync:

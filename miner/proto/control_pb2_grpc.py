@@ -59,6 +59,11 @@ class MinerControlStub:
                 request_serializer=miner_dot_proto_dot_control__pb2.SetModeRequest.SerializeToString,
                 response_deserializer=miner_dot_proto_dot_control__pb2.Status.FromString,
                 _registered_method=True)
+        self.SetMaxSlowdown = channel.unary_unary(
+                '/pearl_moe.control.v1.MinerControl/SetMaxSlowdown',
+                request_serializer=miner_dot_proto_dot_control__pb2.SetMaxSlowdownRequest.SerializeToString,
+                response_deserializer=miner_dot_proto_dot_control__pb2.Status.FromString,
+                _registered_method=True)
 
 
 class MinerControlServicer:
@@ -94,6 +99,12 @@ class MinerControlServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetMaxSlowdown(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MinerControlServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -120,6 +131,11 @@ def add_MinerControlServicer_to_server(servicer, server):
             'SetMode': grpc.unary_unary_rpc_method_handler(
                     servicer.SetMode,
                     request_deserializer=miner_dot_proto_dot_control__pb2.SetModeRequest.FromString,
+                    response_serializer=miner_dot_proto_dot_control__pb2.Status.SerializeToString,
+            ),
+            'SetMaxSlowdown': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetMaxSlowdown,
+                    request_deserializer=miner_dot_proto_dot_control__pb2.SetMaxSlowdownRequest.FromString,
                     response_serializer=miner_dot_proto_dot_control__pb2.Status.SerializeToString,
             ),
     }
@@ -257,6 +273,33 @@ class MinerControl:
             target,
             '/pearl_moe.control.v1.MinerControl/SetMode',
             miner_dot_proto_dot_control__pb2.SetModeRequest.SerializeToString,
+            miner_dot_proto_dot_control__pb2.Status.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetMaxSlowdown(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pearl_moe.control.v1.MinerControl/SetMaxSlowdown',
+            miner_dot_proto_dot_control__pb2.SetMaxSlowdownRequest.SerializeToString,
             miner_dot_proto_dot_control__pb2.Status.FromString,
             options,
             channel_credentials,
