@@ -12,6 +12,13 @@ Credit accrues at ``max_slowdown`` seconds per second of wall time and a mined l
 extra time is at most ``max_slowdown`` × the time serving would have taken unmined. The bank
 holds at most ``WINDOW_S`` seconds' worth (or one launch's need, if larger), so idle or paused
 time buys no long burst of mining later. Without a cap the governor only measures.
+
+Launch sizes compete for the credit by what they mine per second of slowdown (tokens ÷ extra
+time; the mined layers share one GEMM shape, so work is proportional to tokens). On the H200 an
+INT7 prefill launch mines ~3× the rows per extra µs of a decode launch, and decode launches come
+tens of times more often: first come, first served, they would take every credit as it accrues
+and no prefill launch would ever mine. So a size below ``EFFICIENCY_SLACK`` of the best mines
+only from a bank over half full, that is from credit the better sizes leave unused.
 """
 from __future__ import annotations
 
@@ -27,6 +34,7 @@ import torch
 WINDOW_S = 30.0  # the most serving time whose credit is banked
 SMOOTHING = 0.2  # weight of the newest launch in a size's running mean
 WARMUP_LAUNCHES = 1  # the first launches of each size and kind compile kernels: never used as times
+EFFICIENCY_SLACK = 0.9  # sizes within this share of the best tokens per extra second count as the best
 
 
 class GovernorError(ValueError):
@@ -57,15 +65,18 @@ class _Times:
 
     seen: int = 0
     mean_s: float | None = None
+    mean_tokens: float = 0.0
     total_s: float = 0.0  # the launches past warm-up, summed
     counted: int = 0
 
-    def add(self, seconds: float) -> bool:
+    def add(self, seconds: float, tokens: int) -> bool:
         """Take one launch's time; False for a warm-up launch (not used)."""
         self.seen += 1
         if self.seen <= WARMUP_LAUNCHES:
             return False
-        self.mean_s = seconds if self.mean_s is None else (1 - SMOOTHING) * self.mean_s + SMOOTHING * seconds
+        first = self.mean_s is None
+        self.mean_s = seconds if first else (1 - SMOOTHING) * self.mean_s + SMOOTHING * seconds
+        self.mean_tokens = tokens if first else (1 - SMOOTHING) * self.mean_tokens + SMOOTHING * tokens
         self.total_s += seconds
         self.counted += 1
         return True
@@ -74,6 +85,7 @@ class _Times:
 @dataclass
 class _Launch:
     size: int
+    tokens: int
     mined: bool
     reserved: float  # credit taken when the launch was admitted
     start: torch.cuda.Event | float
@@ -120,7 +132,8 @@ class SlowdownGovernor:
             if self._mean(size, False) is None:
                 return None  # learn the unmined time of this size first
             need = self._need(size)  # 0 until a mined launch of this size was timed
-            if self._credit < need or self._credit < 0:
+            floor = need if self._among_the_best(size) else max(need, self._bank() / 2)
+            if self._credit < floor or self._credit < 0:
                 return None
             self._credit -= need
             return need
@@ -146,7 +159,7 @@ class SlowdownGovernor:
             with self._lock:
                 self._credit += reserved
             raise
-        self._pending.append(_Launch(size_class(tokens), mined, reserved, start, self._mark(cuda)))
+        self._pending.append(_Launch(size_class(tokens), tokens, mined, reserved, start, self._mark(cuda)))
         self._collect()
 
     def _mark(self, cuda: bool) -> torch.cuda.Event | float:
@@ -174,7 +187,7 @@ class SlowdownGovernor:
     def _account(self, launch: _Launch, seconds: float) -> None:
         with self._lock:
             times = self._times.setdefault((launch.size, launch.mined), _Times())
-            used = times.add(seconds)
+            used = times.add(seconds, launch.tokens)
             if not launch.mined or self.max_slowdown is None:
                 return
             unmined = self._mean(launch.size, False)
@@ -188,10 +201,27 @@ class SlowdownGovernor:
     def _refill(self) -> None:
         now = self.clock()
         if self._refilled is not None:
-            largest = max((self._need(size) for size, mined in self._times if mined), default=0.0)
-            cap = max(self.max_slowdown * self.window_s, largest)
-            self._credit = min(cap, self._credit + self.max_slowdown * (now - self._refilled))
+            self._credit = min(self._bank(), self._credit + self.max_slowdown * (now - self._refilled))
         self._refilled = now
+
+    def _bank(self) -> float:
+        """The most credit held: WINDOW_S seconds' worth, or the largest launch's need."""
+        largest = max((self._need(size) for size in self._mined_sizes()), default=0.0)
+        return max(self.max_slowdown * self.window_s, largest)
+
+    def _mined_sizes(self) -> list[int]:
+        return [size for size, mined in self._times if mined]
+
+    def _efficiency(self, size: int) -> float:
+        """Tokens mined per second of credit spent (infinite while free or not yet timed)."""
+        need = self._need(size)
+        return self._times[(size, True)].mean_tokens / need if need > 0 else float("inf")
+
+    def _among_the_best(self, size: int) -> bool:
+        if (size, True) not in self._times:
+            return True
+        best = max(self._efficiency(s) for s in self._mined_sizes())
+        return self._efficiency(size) >= EFFICIENCY_SLACK * best
 
     def _need(self, size: int) -> float:
         mined, unmined = self._mean(size, True), self._mean(size, False)

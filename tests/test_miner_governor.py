@@ -203,3 +203,33 @@ def test_a_new_cap_starts_an_empty_bank_and_keeps_the_times_learned() -> None:
     assert governor.admit(256) == 0.0
     with pytest.raises(GovernorError):
         governor.set_cap(0.0)
+
+
+def serve_mixture(governor: SlowdownGovernor, clock: FakeClock, steps: int) -> dict[str, int]:
+    """GLM-5-like INT7 serving on the H200 (eleventh-session times): each step one prefill launch
+    (65536 rows: 2.538 ms unmined, 4.711 mined) and 64 decode launches (512 rows: 0.205 / 0.260)."""
+    tokens = {"prefill": 0, "decode": 0}
+    for _ in range(steps):
+        for kind, rows, unmined_s, mined_s in [("prefill", 65536, 2.538e-3, 4.711e-3)] + \
+                [("decode", 512, 0.205e-3, 0.260e-3)] * 64:
+            reserved = governor.admit(rows)
+            with governor.timed(CPU, rows, mined=reserved is not None, reserved=reserved or 0.0):
+                clock.now += unmined_s if reserved is None else mined_s
+            tokens[kind] += rows if reserved is not None else 0
+    return tokens
+
+
+def test_the_budget_goes_to_the_launches_that_mine_most_per_second_of_slowdown(monkeypatch) -> None:
+    clock = FakeClock()
+    governor = governor_on(clock, 0.1)
+    mined = serve_mixture(governor, clock, 3000)
+    assert governor.measured_slowdown() <= 0.1 * 1.02
+    # a prefill launch costs 2.173 ms extra a step's 1.566 ms of credit: 72 % of them can mine
+    assert mined["prefill"] >= 0.68 * 3000 * 65536
+    assert mined["decode"] <= 0.01 * mined["prefill"]  # decode only while exploring
+    monkeypatch.setattr("miner.governor.EFFICIENCY_SLACK", 0.0)  # first come, first served
+    fcfs_clock = FakeClock()
+    fcfs = governor_on(fcfs_clock, 0.1)
+    first_come = serve_mixture(fcfs, fcfs_clock, 3000)
+    assert fcfs.measured_slowdown() <= 0.1 * 1.02
+    assert sum(mined.values()) >= 2.2 * sum(first_come.values())  # 2.35× the rows for the same slowdown
