@@ -124,10 +124,10 @@ class SlowdownGovernor:
         """Whether a launch of `tokens` may mine: the credit it reserves (pass it to `timed`), or
         None to serve it unmined. Uncapped: always 0.0."""
         self._collect()
-        if self.max_slowdown is None:
-            return 0.0
         size = size_class(tokens)
-        with self._lock:
+        with self._lock:  # the cap may change from the control thread (set_cap)
+            if self.max_slowdown is None:
+                return 0.0
             self._refill()
             if self._mean(size, False) is None:
                 return None  # learn the unmined time of this size first
