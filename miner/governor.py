@@ -35,6 +35,7 @@ WINDOW_S = 30.0  # the most serving time whose credit is banked
 SMOOTHING = 0.2  # weight of the newest launch in a size's running mean
 WARMUP_LAUNCHES = 1  # the first launches of each size and kind compile kernels: never used as times
 EFFICIENCY_SLACK = 0.9  # sizes within this share of the best tokens per extra second count as the best
+BASELINE_EVERY = 256  # capped: after this many mined launches in a row a size serves one unmined (drift)
 
 
 class GovernorError(ValueError):
@@ -106,6 +107,7 @@ class SlowdownGovernor:
             raise GovernorError(f"window_s must be positive, got {window_s}")
         self.max_slowdown, self.window_s, self.clock, self.timer = max_slowdown, window_s, clock, timer
         self._times: dict[tuple[int, bool], _Times] = {}
+        self._mined_in_a_row: dict[int, int] = {}  # per size, admitted since its last unmined launch
         self._pending: deque[_Launch] = deque()
         self._credit = 0.0
         self._refilled: float | None = None
@@ -129,13 +131,15 @@ class SlowdownGovernor:
             if self.max_slowdown is None:
                 return 0.0
             self._refill()
-            if self._mean(size, False) is None:
-                return None  # learn the unmined time of this size first
+            if self._mean(size, False) is None or self._mined_in_a_row.get(size, 0) >= BASELINE_EVERY:
+                self._mined_in_a_row[size] = 0
+                return None  # learn (or refresh) the unmined time of this size first
             need = self._need(size)  # 0 until a mined launch of this size was timed
             floor = need if self._among_the_best(size) else max(need, self._bank() / 2)
             if self._credit < floor or self._credit < 0:
                 return None
             self._credit -= need
+            self._mined_in_a_row[size] = self._mined_in_a_row.get(size, 0) + 1
             return need
 
     @contextmanager

@@ -8,7 +8,7 @@ import torch
 from miner.accounting import MiningStats
 from miner.backend import LaunchResult
 from miner.cli import slowdown_fraction
-from miner.governor import WARMUP_LAUNCHES, GovernorError, SlowdownGovernor, size_class
+from miner.governor import BASELINE_EVERY, WARMUP_LAUNCHES, GovernorError, SlowdownGovernor, size_class
 from miner.layer import MinedLayer
 from miner.model.moe import grouped_fc1
 
@@ -233,3 +233,19 @@ def test_the_budget_goes_to_the_launches_that_mine_most_per_second_of_slowdown(m
     first_come = serve_mixture(fcfs, fcfs_clock, 3000)
     assert fcfs.measured_slowdown() <= 0.1 * 1.02
     assert sum(mined.values()) >= 2.2 * sum(first_come.values())  # 2.35× the rows for the same slowdown
+
+
+def test_a_loose_cap_still_refreshes_the_unmined_time() -> None:
+    clock = FakeClock()
+    governor = governor_on(clock, 100.0)  # never binds: measures without limiting
+    unmined_s = 1.0
+    held = 0
+    for i in range(3 * BASELINE_EVERY):
+        if i == BASELINE_EVERY:
+            unmined_s = 2.0  # the unmined launch got slower (e.g. clocks, another model)
+        reserved = governor.admit(256)
+        held += reserved is None
+        with governor.timed(CPU, 256, mined=reserved is not None, reserved=reserved or 0.0):
+            clock.now += unmined_s if reserved is None else unmined_s + 0.5
+    assert held <= WARMUP_LAUNCHES + 1 + 3  # the baseline, then one launch in BASELINE_EVERY
+    assert governor._mean(size_class(256), False) > 1.1  # the new unmined time was seen
