@@ -232,6 +232,20 @@ class SlowdownGovernor:
         return 0.0 if mined is None or unmined is None else (1 + self.max_slowdown) * max(0.0, mined - unmined)
 
     # -- reporting (any thread) ---------------------------------------------------------------
+    def launch_means(self) -> list[dict[str, float | None]]:
+        """Per launch size (smallest first): the mean tokens and the running means of a launch's
+        milliseconds unmined and mined (None where not timed yet), past warm-up."""
+        with self._lock:
+            sizes = sorted({size for size, _ in self._times})
+            rows = []
+            for size in sizes:
+                unmined, mined = self._times.get((size, False)), self._times.get((size, True))
+                timed = [t for t in (mined, unmined) if t is not None and t.mean_s is not None]
+                rows.append({"tokens": timed[0].mean_tokens if timed else None,
+                             "unmined_ms": None if unmined is None or unmined.mean_s is None else unmined.mean_s * 1e3,
+                             "mined_ms": None if mined is None or mined.mean_s is None else mined.mean_s * 1e3})
+        return rows
+
     def measured_slowdown(self) -> float | None:
         """Extra time of the mined launches over the same launches unmined, as a fraction of the
         wall time since the first launch less that extra (how much longer serving took than it

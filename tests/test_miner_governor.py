@@ -249,3 +249,13 @@ def test_a_loose_cap_still_refreshes_the_unmined_time() -> None:
             clock.now += unmined_s if reserved is None else unmined_s + 0.5
     assert held <= WARMUP_LAUNCHES + 1 + 3  # the baseline, then one launch in BASELINE_EVERY
     assert governor._mean(size_class(256), False) > 1.1  # the new unmined time was seen
+
+
+def test_launch_means_report_each_size() -> None:
+    clock = FakeClock()
+    governor = governor_on(clock, None)
+    for tokens, mined, seconds in [(256, False, 1.0)] * 2 + [(256, True, 1.5)] * 2 + [(4, False, 0.1)]:
+        with governor.timed(CPU, tokens, mined=mined):
+            clock.now += seconds
+    assert governor.launch_means() == [{"tokens": None, "unmined_ms": None, "mined_ms": None},  # warm-up only
+                                       {"tokens": 256, "unmined_ms": 1000.0, "mined_ms": 1500.0}]

@@ -144,6 +144,13 @@ def markdown(data: dict[str, Any]) -> str:
             if row:
                 lines.append(f"| {p['profile']} | {bench.get('mode', '-')} | {phase} | {_fmt(row['unmined'])} | "
                              f"{_fmt(row['mined'])} | {_fmt(row['ratio'], 3)} |")
+    lines += ["", "Layer launches as the slowdown budget times them (CUDA events; running means, all batches):", "",
+              "| profile | tokens | unmined ms | mined ms | mined / unmined |", "|---|---|---|---|---|"]
+    for p in data["phases"]:
+        for row in p.get("bench", {}).get("launch_times", []):
+            ratio = row["mined_ms"] / row["unmined_ms"] if row["mined_ms"] and row["unmined_ms"] else None
+            lines.append(f"| {p['profile']} | {_fmt(row['tokens'], 0)} | {_fmt(row['unmined_ms'], 3)} | "
+                         f"{_fmt(row['mined_ms'], 3)} | {_fmt(ratio, 3)} |")
     errors = [f"- {p['profile']}: {e}" for p in data["phases"] for e in p.get("errors", [])]
     errors += [f"- {e}" for e in data.get("errors", [])]
     if errors:
@@ -255,6 +262,7 @@ def benchmark(worker: Worker, sizes: Sizes, prompts: Prompts, device: torch.devi
                 runs[kind].append(figures)
     worker.resume()
     bench["mined_launches"] = worker.stats.launches_mined - launches
+    bench["launch_times"] = worker.governor.launch_means()  # layer launches, by CUDA events
     for name in ("prefill", "decode", "overall"):
         unmined = statistics.median(r[name] for r in runs["unmined"]) if runs["unmined"] else None
         mined = statistics.median(r[name] for r in runs["mined"]) if runs["mined"] else None
