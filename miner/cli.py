@@ -194,15 +194,22 @@ def cmd_events(args: argparse.Namespace) -> int:
     return 0
 
 
+def _is_zero(text: str) -> bool:
+    try:
+        return float(text) == 0
+    except ValueError:
+        return False
+
+
 def cmd_control(args: argparse.Namespace) -> int:
     import grpc
 
     from miner.service import ControlClient
 
-    cap = 0.0
-    if args.action == "slowdown" and args.value.lower() not in ("none", "0"):
+    cap = 0.0  # the wire's "no cap"
+    if args.action == "slowdown" and args.value.strip().lower() != "none":
         try:
-            cap = slowdown_fraction(args.value)
+            cap = 0.0 if _is_zero(args.value) else slowdown_fraction(args.value)
         except argparse.ArgumentTypeError as exc:
             print(f"pearl-moe control slowdown: {exc}", file=sys.stderr)
             return 2

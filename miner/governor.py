@@ -22,6 +22,7 @@ only from a bank over half full, that is from credit the better sizes leave unus
 """
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import deque
@@ -30,6 +31,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
+
+log = logging.getLogger(__name__)
 
 WINDOW_S = 30.0  # the most serving time whose credit is banked
 SMOOTHING = 0.2  # weight of the newest launch in a size's running mean
@@ -52,6 +55,12 @@ def check_cap(max_slowdown: float | None) -> None:
     if max_slowdown is not None and not 0 < max_slowdown <= 100:
         raise GovernorError(f"max_slowdown must be a fraction above 0 (0.1 = at most 10 % slower), "
                             f"got {max_slowdown}")
+
+
+def _capturing(device: torch.device) -> bool:
+    """Whether the current stream of `device` is capturing a CUDA graph."""
+    with torch.cuda.device(device):
+        return torch.cuda.is_current_stream_capturing()
 
 
 def size_class(tokens: int) -> int:
@@ -147,13 +156,13 @@ class SlowdownGovernor:
         """Time the launch run inside (on `device_tensor`'s device). If it raises, its reservation
         is returned and it is not timed. Nothing is timed while a CUDA graph is being captured
         (its replays are launches of their own)."""
-        cuda = device_tensor.is_cuda
-        if cuda and torch.cuda.is_current_stream_capturing():
+        stream = torch.cuda.current_stream(device_tensor.device) if device_tensor.is_cuda else None
+        if stream is not None and _capturing(device_tensor.device):
             with self._lock:
                 self._credit += reserved  # nothing is measured, so nothing is spent
             yield
             return
-        start = self._mark(cuda)
+        start = self._mark(stream)
         with self._lock:
             if self._first is None:
                 self._first = self.clock()
@@ -163,28 +172,37 @@ class SlowdownGovernor:
             with self._lock:
                 self._credit += reserved
             raise
-        self._pending.append(_Launch(size_class(tokens), tokens, mined, reserved, start, self._mark(cuda)))
+        self._pending.append(_Launch(size_class(tokens), tokens, mined, reserved, start, self._mark(stream)))
         self._collect()
 
-    def _mark(self, cuda: bool) -> torch.cuda.Event | float:
-        """A point in time: an event recorded on the current CUDA stream, or the host timer."""
-        if not cuda:
+    def _mark(self, stream: torch.cuda.Stream | None) -> torch.cuda.Event | float:
+        """A point in time: an event recorded on the launch's CUDA stream, or the host timer."""
+        if stream is None:
             return self.timer()
         event = torch.cuda.Event(enable_timing=True)
-        event.record()
+        event.record(stream)
         return event
 
     # -- measurement --------------------------------------------------------------------------
     def _collect(self) -> None:
-        """Account every finished launch, oldest first (a CUDA launch once its end event is done)."""
+        """Account every finished launch, oldest first (a CUDA launch once its end event is done).
+        Never raises: a launch whose time cannot be read is dropped (serving must not fail for a
+        measurement), and nothing is read while a CUDA graph is captured (queries are not allowed)."""
         while self._pending:
             launch = self._pending[0]
-            if isinstance(launch.end, torch.cuda.Event):
-                if not launch.end.query():
-                    return
-                seconds = launch.start.elapsed_time(launch.end) / 1000.0
-            else:
-                seconds = launch.end - launch.start
+            try:
+                if isinstance(launch.end, torch.cuda.Event):
+                    if torch.cuda.is_current_stream_capturing() or not launch.end.query():
+                        return
+                    seconds = launch.start.elapsed_time(launch.end) / 1000.0
+                else:
+                    seconds = launch.end - launch.start
+            except Exception as exc:  # noqa: BLE001 — the measurement is lost, the launch was served
+                self._pending.popleft()
+                log.warning("slowdown budget: a launch's time could not be read (%s); left out", exc)
+                with self._lock:
+                    self._credit += launch.reserved
+                continue
             self._pending.popleft()
             self._account(launch, seconds)
 
@@ -192,7 +210,10 @@ class SlowdownGovernor:
         with self._lock:
             times = self._times.setdefault((launch.size, launch.mined), _Times())
             used = times.add(seconds, launch.tokens)
-            if not launch.mined or self.max_slowdown is None:
+            if not launch.mined:
+                self._mined_in_a_row[launch.size] = 0  # a fresh unmined time, whatever the reason
+                return
+            if self.max_slowdown is None:
                 return
             unmined = self._mean(launch.size, False)
             spent = (1 + self.max_slowdown) * max(0.0, seconds - unmined) if used and unmined is not None else 0.0
@@ -216,16 +237,18 @@ class SlowdownGovernor:
     def _mined_sizes(self) -> list[int]:
         return [size for size, mined in self._times if mined]
 
-    def _efficiency(self, size: int) -> float:
-        """Tokens mined per second of credit spent (infinite while free or not yet timed)."""
+    def _efficiency(self, size: int) -> float | None:
+        """Tokens mined per second of credit spent; None while free or not yet timed."""
         need = self._need(size)
-        return self._times[(size, True)].mean_tokens / need if need > 0 else float("inf")
+        return self._times[(size, True)].mean_tokens / need if need > 0 else None
 
     def _among_the_best(self, size: int) -> bool:
-        if (size, True) not in self._times:
+        """A free or untimed size always is (it costs nothing known), without setting the bar."""
+        mine = self._efficiency(size) if (size, True) in self._times else None
+        if mine is None:
             return True
-        best = max(self._efficiency(s) for s in self._mined_sizes())
-        return self._efficiency(size) >= EFFICIENCY_SLACK * best
+        best = max(e for e in (self._efficiency(s) for s in self._mined_sizes()) if e is not None)
+        return mine >= EFFICIENCY_SLACK * best
 
     def _need(self, size: int) -> float:
         mined, unmined = self._mean(size, True), self._mean(size, False)

@@ -81,6 +81,9 @@ def test_the_slowdown_cap_is_set_live(running, capsys) -> None:
         assert "not a number" in capsys.readouterr().err
         assert cli.main(["control", "slowdown", "none", "--address", address]) == 0
         assert "cap none" in capsys.readouterr().out and worker.governor.max_slowdown is None
+        assert cli.main(["control", "slowdown", "0.05", "--address", address]) == 0
+        assert cli.main(["control", "slowdown", "0.0", "--address", address]) == 0  # 0 is no cap too
+        assert "cap none" in capsys.readouterr().out and worker.governor.max_slowdown is None
         assert any(e.kind == "slowdown" and "10.0 %" in e.message for e in worker.events.recent())
     finally:
         client.set_max_slowdown(0.0)

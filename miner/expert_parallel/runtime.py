@@ -126,7 +126,7 @@ class ExpertParallelWorker:
         self.steps = 0
         self._lock = threading.Lock()
         self.builder = ProofBuilder(ctx.rank, self.plan.first(ctx.rank), lambda: self.control.job)
-        self.governor = SlowdownGovernor(config.max_slowdown)  # this rank's launches: its own budget
+        self.governor = SlowdownGovernor(self._rank_cap(config.max_slowdown))
         self.layers = [MinedLayer(s.layer_id, self.stats, self.may_mine, self.builder.offer, self._mining_fault,
                                   config.min_mining_tokens, self.governor) for s in self.shards]
         for shard, layer in zip(self.shards, self.layers):
@@ -137,6 +137,13 @@ class ExpertParallelWorker:
         self.preparer = JobPreparer(self)
 
     # -- mining state -------------------------------------------------------------------------
+    def _rank_cap(self, max_slowdown: float | None) -> float | None:
+        """This rank's share of the model's slowdown cap. The ranks run in lockstep (every MoE
+        layer waits on its all-to-all), so a rank's mined launch stalls them all and the ranks'
+        extra times add up in the worst case: each rank gets cap / world_size, which keeps the
+        model within the cap however the ranks' mined launches fall."""
+        return None if max_slowdown is None else max_slowdown / self.ctx.world_size
+
     def may_mine(self) -> bool:
         return (not self.control.paused and self.mode != Mode.OFF
                 and time.monotonic() >= self.cooldown_until)
@@ -194,8 +201,8 @@ class ExpertParallelWorker:
             self.preparer.request(control.job, control.preference)
         else:
             self.control = control
-        if control.max_slowdown != self.governor.max_slowdown:
-            self.governor.set_cap(control.max_slowdown)
+        if self._rank_cap(control.max_slowdown) != self.governor.max_slowdown:
+            self.governor.set_cap(self._rank_cap(control.max_slowdown))
         self.steps += 1
 
     # -- serving ------------------------------------------------------------------------------
@@ -292,7 +299,8 @@ class ExpertParallelWorker:
         mining.update({name: host.total(name) for name in MINING_FIGURES})
         mining["hashrate"] = host.hashrate
         mining["pending_winners"] = host.completion.pending
-        mining.update(self.governor.snapshot())  # rank 0's
+        mining.update(self.governor.snapshot())  # rank 0's measured slowdown
+        mining["max_slowdown"] = host.max_slowdown or 0.0  # the model's cap, as set (rank 0 has it first)
         backend = self.layers[0].backend if self.layers else None
         return {
             "state": self.state(), "mode": self.mode.value, "mode_preference": host.preference,
