@@ -20,14 +20,16 @@ MAX_SLOWDOWN_HELP = ("mine only as much as keeps serving at most this fraction s
 
 
 def slowdown_fraction(text: str) -> float:
-    """argparse type of --max-slowdown: a fraction above 0 (0 would be --mode off)."""
+    """argparse type of --max-slowdown: a fraction above 0 (0 would be --mode off), checked by the
+    governor's own rule (imported here: it needs torch, which status/events do not)."""
+    from miner.governor import GovernorError, check_cap
     try:
         value = float(text)
+        check_cap(value)
+    except GovernorError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not 0 < value <= 100:
-        raise argparse.ArgumentTypeError(f"must be above 0 (0.1 = at most 10 % slower; --mode off mines "
-                                         f"nothing), got {value}")
     return value
 
 

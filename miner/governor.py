@@ -262,11 +262,11 @@ class SlowdownGovernor:
             sizes = sorted({size for size, _ in self._times})
             rows = []
             for size in sizes:
-                unmined, mined = self._times.get((size, False)), self._times.get((size, True))
-                timed = [t for t in (mined, unmined) if t is not None and t.mean_s is not None]
+                unmined, mined = self._mean(size, False), self._mean(size, True)
+                timed = [self._times[(size, kind)] for kind, mean in ((True, mined), (False, unmined)) if mean is not None]
                 rows.append({"tokens": timed[0].mean_tokens if timed else None,
-                             "unmined_ms": None if unmined is None or unmined.mean_s is None else unmined.mean_s * 1e3,
-                             "mined_ms": None if mined is None or mined.mean_s is None else mined.mean_s * 1e3})
+                             "unmined_ms": None if unmined is None else unmined * 1e3,
+                             "mined_ms": None if mined is None else mined * 1e3})
         return rows
 
     def measured_slowdown(self) -> float | None:
