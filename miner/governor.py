@@ -100,6 +100,7 @@ class _Launch:
     reserved: float  # credit taken when the launch was admitted
     start: torch.cuda.Event | float
     end: torch.cuda.Event | float
+    device: torch.device | None  # the events' device; None: host times
 
 
 class SlowdownGovernor:
@@ -118,6 +119,8 @@ class SlowdownGovernor:
         self._times: dict[tuple[int, bool], _Times] = {}
         self._mined_in_a_row: dict[int, int] = {}  # per size, admitted since its last unmined launch
         self._pending: deque[_Launch] = deque()
+        # read events, recorded again: no event is created per launch (an event stays on one device)
+        self._spare_events: dict[torch.device, list[torch.cuda.Event]] = {}
         self._credit = 0.0
         self._refilled: float | None = None
         self._first: float | None = None
@@ -172,14 +175,16 @@ class SlowdownGovernor:
             with self._lock:
                 self._credit += reserved
             raise
-        self._pending.append(_Launch(size_class(tokens), tokens, mined, reserved, start, self._mark(stream)))
+        self._pending.append(_Launch(size_class(tokens), tokens, mined, reserved, start, self._mark(stream),
+                                    None if stream is None else stream.device))
         self._collect()
 
     def _mark(self, stream: torch.cuda.Stream | None) -> torch.cuda.Event | float:
         """A point in time: an event recorded on the launch's CUDA stream, or the host timer."""
         if stream is None:
             return self.timer()
-        event = torch.cuda.Event(enable_timing=True)
+        spare = self._spare_events.get(stream.device)
+        event = spare.pop() if spare else torch.cuda.Event(enable_timing=True)
         event.record(stream)
         return event
 
@@ -204,6 +209,8 @@ class SlowdownGovernor:
                     self._credit += launch.reserved
                 continue
             self._pending.popleft()
+            if launch.device is not None:
+                self._spare_events.setdefault(launch.device, []).extend((launch.start, launch.end))
             self._account(launch, seconds)
 
     def _account(self, launch: _Launch, seconds: float) -> None:

@@ -196,6 +196,28 @@ def test_cuda_launches_are_timed_by_events_read_only_once_done() -> None:
     assert means["mined_ms"] > 1.5 * means["unmined_ms"] > 0
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_cuda_timing_events_are_reused_once_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    created = []
+
+    class CountedEvent(torch.cuda.Event):
+        def __new__(cls, *args, **kwargs):
+            event = super().__new__(cls, *args, **kwargs)
+            created.append(event)
+            return event
+
+    monkeypatch.setattr(torch.cuda, "Event", CountedEvent)
+    governor = SlowdownGovernor(None)
+    a = torch.randn(256, 256, device="cuda")
+    for _ in range(50):
+        with governor.timed(a, 16, mined=True):
+            a @ a
+        torch.cuda.synchronize()
+    governor.admit(16)
+    assert len(created) <= 4  # two events a launch, read and recorded again
+    assert governor.launch_means()[-1]["mined_ms"] > 0
+
+
 def test_a_new_cap_starts_an_empty_bank_and_keeps_the_times_learned() -> None:
     clock = FakeClock()
     governor = governor_on(clock, 0.5)
