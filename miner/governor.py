@@ -11,7 +11,8 @@ Credit accrues at ``max_slowdown`` seconds per second of wall time and a mined l
 (1 + max_slowdown) × its extra time, so over any stretch that starts with an empty bank the
 extra time is at most ``max_slowdown`` × the time serving would have taken unmined. The bank
 holds at most ``WINDOW_S`` seconds' worth (or one launch's need, if larger), so idle or paused
-time buys no long burst of mining later. Without a cap the governor only measures.
+time buys no long burst of mining later. Without a cap every eligible launch mines except one in
+``BASELINE_EVERY`` + 1 of each size, served unmined so the slowdown is measured all the same.
 
 Launch sizes compete for the credit by what they mine per second of slowdown (tokens ÷ extra
 time; the mined layers share one GEMM shape, so work is proportional to tokens). On the H200 an
@@ -38,7 +39,7 @@ WINDOW_S = 30.0  # the most serving time whose credit is banked
 SMOOTHING = 0.2  # weight of the newest launch in a size's running mean
 WARMUP_LAUNCHES = 1  # the first launches of each size and kind compile kernels: never used as times
 EFFICIENCY_SLACK = 0.9  # sizes within this share of the best tokens per extra second count as the best
-BASELINE_EVERY = 256  # capped: after this many mined launches in a row a size serves one unmined (drift)
+BASELINE_EVERY = 256  # after this many mined launches in a row a size serves one unmined (drift; uncapped: a measure)
 
 
 class GovernorError(ValueError):
@@ -136,14 +137,20 @@ class SlowdownGovernor:
     # -- decisions (serving thread) -----------------------------------------------------------
     def admit(self, tokens: int) -> float | None:
         """Whether a launch of `tokens` may mine: the credit it reserves (pass it to `timed`), or
-        None to serve it unmined. Uncapped: always 0.0."""
+        None to serve it unmined. Uncapped: 0.0, except one launch of a size in BASELINE_EVERY + 1,
+        served unmined so that the slowdown is measured without a cap too."""
         self._collect()
         size = size_class(tokens)
         with self._lock:  # the cap may change from the control thread (set_cap)
-            if self.max_slowdown is None:
+            in_a_row = self._mined_in_a_row.get(size, 0)
+            if self.max_slowdown is None:  # mine, but one launch in BASELINE_EVERY + 1 measures
+                if in_a_row >= BASELINE_EVERY:
+                    self._mined_in_a_row[size] = 0
+                    return None
+                self._mined_in_a_row[size] = in_a_row + 1
                 return 0.0
             self._refill()
-            if self._mean(size, False) is None or self._mined_in_a_row.get(size, 0) >= BASELINE_EVERY:
+            if self._mean(size, False) is None or in_a_row >= BASELINE_EVERY:
                 self._mined_in_a_row[size] = 0
                 return None  # learn (or refresh) the unmined time of this size first
             need = self._need(size)  # 0 until a mined launch of this size was timed
@@ -151,7 +158,7 @@ class SlowdownGovernor:
             if self._credit < floor or self._credit < 0:
                 return None
             self._credit -= need
-            self._mined_in_a_row[size] = self._mined_in_a_row.get(size, 0) + 1
+            self._mined_in_a_row[size] = in_a_row + 1
             return need
 
     @contextmanager

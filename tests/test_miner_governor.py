@@ -279,6 +279,20 @@ def test_a_loose_cap_still_refreshes_the_unmined_time() -> None:
     assert governor._mean(size_class(256), False) > 1.1  # the new unmined time was seen
 
 
+def test_without_a_cap_one_launch_in_baseline_every_measures_the_slowdown() -> None:
+    clock = FakeClock()
+    governor = governor_on(clock, None)
+    held = 0
+    for _ in range(3 * (BASELINE_EVERY + 1)):
+        reserved = governor.admit(256)
+        held += reserved is None
+        with governor.timed(CPU, 256, mined=reserved is not None, reserved=reserved or 0.0):
+            clock.now += 1.0 if reserved is None else 1.5
+    assert held == 3  # every eligible launch mines but these
+    measured = governor.measured_slowdown()
+    assert measured is not None and abs(measured - 0.5) < 0.03
+
+
 def test_launch_means_report_each_size() -> None:
     clock = FakeClock()
     governor = governor_on(clock, None)
