@@ -13,18 +13,21 @@ winner; the same for the lagged pass, whose second replay records the first repl
 tile); timing (mined pass vs unmined int8 GEMMs on the decode and prefill shapes of
 grouped-gemm-anchors.md §6: CUDA-graph replays, warm-up, L2 flushed before every replay,
 interleaved variants, medians; at decode also the lagged pass, and the acceptance takes the
-faster of the two passes); breakdown (the A-side stages one by one).
+faster of the two passes); breakdown (the A-side stages one by one); switches (not run by
+default: the mined pass under every switched-off path's setting beside the default and the
+unmined GEMM, one run a shape).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import struct
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -40,6 +43,8 @@ from .blake3 import bytes_from_words, keyed_trees
 from .a_side import fused_a_side, fused_applies, noised_a_side
 from .mined_gemm import DUMP_WORDS, Tiling, default_tiling, lottery_tile, mined_gemm, plain_gemm
 from .noise import dense_sparse_factor, noise_factors, noised
+from . import noise as noise_module
+from . import pipeline as pipeline_module
 from .pipeline import MinedPass, bound_words, prepare_job
 from .seeds import noise_seed_a
 from .split_peel import noise_product, peel_operands, split_peel
@@ -636,6 +641,75 @@ def section_timing(report: Report) -> dict:
     return {"rows": rows}
 
 
+# The switched-off prefill paths (docs/decisions.md): (label, {(module, attribute): value}).
+PREFILL_SWITCHES = [("default", {}),
+                    ("LOAD_DENSE_P", {(noise_module, "LOAD_DENSE_P"): True}),
+                    ("APB_BESIDE_HASH", {(pipeline_module, "APB_BESIDE_HASH"): True}),
+                    ("both", {(noise_module, "LOAD_DENSE_P"): True, (pipeline_module, "APB_BESIDE_HASH"): True})]
+
+
+@contextlib.contextmanager
+def _switched(settings: dict) -> Iterator[None]:
+    """Module switches set for the block (a graph captured inside keeps the kernels they chose)."""
+    saved = {key: getattr(*key) for key in settings}
+    try:
+        for (module, name), value in settings.items():
+            setattr(module, name, value)
+        yield
+    finally:
+        for (module, name), value in saved.items():
+            setattr(module, name, value)
+
+
+def _switch_row(timer: Timer, shape: tuple) -> dict:
+    """One shape: the unmined int8 GEMMs and the mined pass under each switch setting, one run."""
+    name, experts, rows, k, n = shape
+    weights, x = _shape_inputs(experts, rows, k, n)
+    job = prepare_job(weights, torch.rand(experts, n, device="cuda") / 64, header76=HEADER, config=config(k=k),
+                      cert_version=3, bound=0, moe=False)
+    torch.cuda.current_stream().wait_event(job.ready)
+    q, scale_a, _ = prepare_rows(x, job.p_b, rows_per_instance=rows)
+    out = torch.empty((experts, rows, n), dtype=torch.bfloat16, device="cuda")
+    graphs, errors = {}, {}
+    for tiling in (DECODE_PLAIN_TILINGS if rows <= 32 else PREFILL_PLAIN_TILINGS):
+        graphs[f"unmined {_tag(tiling)}"] = timer.graph(
+            lambda t=tiling: plain_gemm(q, weights, scale_a, job.scale_b, out=out, tiling=t))
+    variants = ([(label, settings, {}) for label, settings in PREFILL_SWITCHES] if rows > 32 else
+                [("lagged", {}, {"lagged": True, "cute_lag": False}),
+                 ("lagged, CuTe GEMM", {}, {"lagged": True, "cute_lag": True}),
+                 ("lagged, CuTe GEMM, SMs not shared", {(pipeline_module, "LAGGED_SIDE_SMEM"): 0},
+                  {"lagged": True, "cute_lag": True})])
+    passes = []
+    for label, settings, options in variants:
+        try:
+            with _switched(settings):
+                passes.append(MinedPass(job, rows, **options))
+                graphs[f"mined {label}"] = timer.graph(lambda p=passes[-1]: p.run(x))
+        except Exception as error:  # noqa: BLE001 — the other settings still stand
+            errors[label] = repr(error)[:300]
+    times = timer.median_us(graphs)
+    unmined = min(us for key, us in times.items() if key.startswith("unmined"))
+    return {"shape": name, "times_us": times, "errors": errors,
+            "over_unmined": {key: round(us / unmined, 3) for key, us in times.items() if key.startswith("mined")}}
+
+
+def section_switches(report: Report) -> dict:
+    """Every switched-off path beside the default, one run per shape: the prefill A-side switches
+    on the prefill shapes, the lagged pass on the CuTe GEMM (with and without sharing its SMs) on
+    the decode shapes; a switch turns on where its pass is faster (docs/decisions.md)."""
+    timer, rows = Timer(), []
+    for shape in SHAPES:
+        if report.elapsed() > report.budget_s:
+            rows.append({"shape": shape[0], "skipped": "time budget spent"})
+            continue
+        try:
+            rows.append(_switch_row(timer, shape))
+        except Exception:  # noqa: BLE001 — report the shape's failure and go on
+            rows.append({"shape": shape[0], "error": traceback.format_exc()[-2000:]})
+        torch.cuda.empty_cache()
+    return {"rows": rows}
+
+
 def section_breakdown() -> dict:
     """The A side stage by stage on the first decode and the first prefill shape (µs)."""
     timer = Timer()
@@ -689,7 +763,7 @@ def main(argv: list[str] | None = None) -> int:
         "planted_dense_v3": section_planted_dense_v3,
         "planted_moe_v2": section_planted_moe_v2,
         "graph": section_graph, "timing": lambda: section_timing(report),
-        "breakdown": section_breakdown,
+        "breakdown": section_breakdown, "switches": lambda: section_switches(report),
     }
     for name in args.sections.split(","):
         if name not in sections:
