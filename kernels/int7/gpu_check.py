@@ -641,11 +641,9 @@ def section_timing(report: Report) -> dict:
     return {"rows": rows}
 
 
-# The switched-off prefill paths (docs/decisions.md): (label, {(module, attribute): value}).
+# The prefill switch settings timed by `switches` (docs/decisions.md): (label, {(module, attribute): value}).
 PREFILL_SWITCHES = [("default", {}),
-                    ("LOAD_DENSE_P", {(noise_module, "LOAD_DENSE_P"): True}),
-                    ("APB_BESIDE_HASH", {(pipeline_module, "APB_BESIDE_HASH"): True}),
-                    ("both", {(noise_module, "LOAD_DENSE_P"): True, (pipeline_module, "APB_BESIDE_HASH"): True})]
+                    ("one-hot P built in the noised kernel", {(noise_module, "LOAD_DENSE_P"): False})]
 
 
 @contextlib.contextmanager
@@ -694,8 +692,8 @@ def _switch_row(timer: Timer, shape: tuple) -> dict:
 
 
 def section_switches(report: Report) -> dict:
-    """Every switched-off path beside the default, one run per shape: the prefill A-side switches
-    on the prefill shapes, the lagged pass on the CuTe GEMM (with and without sharing its SMs) on
+    """Every switch's other setting beside the default, one run per shape: the noised kernel's
+    form of P on the prefill shapes, the lagged pass on the CuTe GEMM (with and without sharing its SMs) on
     the decode shapes; a switch turns on where its pass is faster (docs/decisions.md)."""
     timer, rows = Timer(), []
     for shape in SHAPES:

@@ -40,11 +40,11 @@ _MMA_COLS = 128  # k per step of the tensor-core kernel (wgmma N)
 _MMA_ROWS = ((64, 4, 256),)
 _MMA_STAGES = 3  # k steps in flight: x and both index vectors (or P's block) arrive by cp.async
 # The tensor-core kernel loads P's blocks from P stored dense (built once a call) instead of
-# building one-hot blocks from the index vectors in registers. Written in the twelfth session,
-# which had no device (bit-exact in the interpreter, compiled for sm_90a: 112 registers, 80 KB of
-# shared memory): off until the same-run timing (scratch probe `s12_aside.py`'s "noised" stages)
-# says it is faster than the one-hot build (405 µs at GLM-5 prefill A).
-LOAD_DENSE_P = False
+# building one-hot blocks from the index vectors in registers. Measured on the H200 (fourteenth
+# session, bitwise equal): noised A at GLM-5 prefill 309.4 against 405.1 µs, the whole mined
+# pass 4715.4 against 4875.0 µs (Qwen3 prefill 1407.8 against 1448.8), so on; False keeps the
+# one-hot build.
+LOAD_DENSE_P = True
 _SINGLE_BLOCK_KEYED = tl.constexpr(1 | 2 | 8 | 16)  # a global read inside a kernel must be constexpr
 
 

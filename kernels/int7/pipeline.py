@@ -63,15 +63,12 @@ CUTE_SPLIT = True
 GATHER_A_ROWS = False
 
 
-# The split pass enqueues A·P_B on its Qᵀ stream, beside the A hash, instead of in front of it on
-# the serving stream (`MinedPass._codes_and_apb`). Written in the twelfth session, which had no
-# device (the same outputs on the CPU): off until a same-run timing (scratch probe
-# `s12_aside.py`'s passes) says the overlap is faster (A·P_B took 132 µs at GLM-5 prefill).
-APB_BESIDE_HASH = False
 # The lagged decode pass on the CuTe int8 GEMM where it fits (`_CuteLag`): one transcript GEMM over
 # [READY A' ; q] per expert (B' read once for the mined and the served rows), the tickets by
 # tile_lottery, the served rows peeled by clean_peel, instead of the Triton mined kernel with its
-# second MMA and in-kernel peel. Written without a GPU in the twelfth session: off until measured.
+# second MMA and in-kernel peel. Measured on the H200 (fourteenth session, same run): no faster than
+# the Triton lagged pass (GLM-5 decode 263.4 vs 259.6 µs, DeepSeek-V3 295.8 vs 298.8, Qwen3 101.1
+# vs 97.6; 382.4 at GLM-5 without sharing its SMs), so off; kept as the base for a lighter side chain.
 CUTE_LAGGED = False
 # Shared memory the lagged CuTe GEMM leaves on every SM for the side chain (with half the
 # registers: `grouped_gemm_sm90.sharing`); the FP8 lagged pass measured 64 KiB best (docs/kernels-fp8mine.md).
@@ -478,19 +475,9 @@ class MinedPass:
 
     def _codes_and_apb(self, x: torch.Tensor, scale: torch.Tensor | None, rows_per_instance: int,
                        index: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(q, scale, A·P_B), A·P_B's rows taken by `index` (MoE: into expert order). With the split
-        peel on CUDA and APB_BESIDE_HASH, A·P_B runs on the Qᵀ stream, where its only reader
-        (`digit_operands`) runs too: it streams q (tensor cores, memory-bound) beside the A hash
-        on the serving stream (integer-bound) instead of in front of it."""
-        if not (APB_BESIDE_HASH and self.split_peel):
-            q, scale, apb = prepare_rows(x, self.job.p_b, rows_per_instance=rows_per_instance, scale=scale)
-            return q, scale, apb if index is None else apb[index]
-        q, scale = int7_codes(x, scale)
-        q = q.contiguous()
-        main = torch.cuda.current_stream(q.device) if self._q_stream is not None else None
-        with _on_side(self._q_stream, main):
-            apb = a_times_p_b(q, self.job.p_b, rows_per_instance=rows_per_instance)
-            return q, scale, apb if index is None else apb[index]
+        """(q, scale, A·P_B), A·P_B's rows taken by `index` (MoE: into expert order)."""
+        q, scale, apb = prepare_rows(x, self.job.p_b, rows_per_instance=rows_per_instance, scale=scale)
+        return q, scale, apb if index is None else apb[index]
 
     def _run_lagged(self, x: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
         """Serve x_t, mine the ready rows of launch t−1, and compute launch t's pending rows on the
