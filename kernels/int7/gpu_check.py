@@ -624,21 +624,27 @@ def section_cute_tiles() -> dict:
     return result
 
 
-def section_timing(report: Report) -> dict:
+def _each_shape(report: Report, section: str, time_shape: Callable[[Timer, tuple], dict]) -> dict:
+    """`time_shape` on every shape within the time budget, one Timer; a shape's failure is
+    reported and the rest go on; the report is saved after every shape."""
     timer = Timer()
     rows = []
-    report.results["timing"] = {"ok": False, "rows": rows}
+    report.results[section] = {"ok": False, "rows": rows}
     for shape in SHAPES:
         if report.elapsed() > report.budget_s:
             rows.append({"shape": shape[0], "skipped": "time budget spent"})
             continue
         try:
-            rows.append(_time_shape(timer, shape))
+            rows.append(time_shape(timer, shape))
         except Exception:  # noqa: BLE001 — report the shape's failure and go on
             rows.append({"shape": shape[0], "error": traceback.format_exc()[-2000:]})
         torch.cuda.empty_cache()  # the shape's buffers and graph pools are gone with its frame
         report.save()
     return {"rows": rows}
+
+
+def section_timing(report: Report) -> dict:
+    return _each_shape(report, "timing", _time_shape)
 
 
 # The prefill switch settings timed by `switches` (docs/decisions.md): (label, {(module, attribute): value}).
@@ -693,19 +699,9 @@ def _switch_row(timer: Timer, shape: tuple) -> dict:
 
 def section_switches(report: Report) -> dict:
     """Every switch's other setting beside the default, one run per shape: the noised kernel's
-    form of P on the prefill shapes, the lagged pass on the CuTe GEMM (with and without sharing its SMs) on
-    the decode shapes; a switch turns on where its pass is faster (docs/decisions.md)."""
-    timer, rows = Timer(), []
-    for shape in SHAPES:
-        if report.elapsed() > report.budget_s:
-            rows.append({"shape": shape[0], "skipped": "time budget spent"})
-            continue
-        try:
-            rows.append(_switch_row(timer, shape))
-        except Exception:  # noqa: BLE001 — report the shape's failure and go on
-            rows.append({"shape": shape[0], "error": traceback.format_exc()[-2000:]})
-        torch.cuda.empty_cache()
-    return {"rows": rows}
+    form of P on the prefill shapes, the lagged pass on the CuTe GEMM (with and without sharing
+    its SMs) on the decode shapes; a switch turns on where its pass is faster (docs/decisions.md)."""
+    return _each_shape(report, "switches", _switch_row)
 
 
 def section_breakdown() -> dict:
