@@ -425,6 +425,16 @@ def _shape_inputs(experts: int, rows: int, k: int, n: int):
     return weights, x
 
 
+def _timed_job(experts: int, rows: int, k: int, n: int):
+    """(weights, x, job) of a timed shape: random inputs and a dense V3 job with bound 0 (nothing
+    wins, so every tile is hashed and compared), its B side done before the caller's stream goes on."""
+    weights, x = _shape_inputs(experts, rows, k, n)
+    job = prepare_job(weights, torch.rand(experts, n, device="cuda") / 64, header76=HEADER, config=config(k=k),
+                      cert_version=3, bound=0, moe=False)
+    torch.cuda.current_stream().wait_event(job.ready)
+    return weights, x, job
+
+
 def _best(timer: Timer, candidates: dict[str, Callable[[], object]]) -> tuple[str, float, dict]:
     """Graph each candidate that compiles and runs; return the fastest (name, µs, all)."""
     graphs, errors = {}, {}
@@ -443,11 +453,8 @@ def _best(timer: Timer, candidates: dict[str, Callable[[], object]]) -> tuple[st
 def _time_shape(timer: Timer, shape: tuple) -> dict:
     name, experts, rows, k, n = shape
     decode = rows <= 32
-    weights, x = _shape_inputs(experts, rows, k, n)
-    scale_b = torch.rand(experts, n, device="cuda") / 64
-    job = prepare_job(weights, scale_b, header76=HEADER, config=config(k=k), cert_version=3,
-                      bound=0, moe=False)  # bound 0: nothing wins, every tile is hashed and compared
-    torch.cuda.current_stream().wait_event(job.ready)
+    weights, x, job = _timed_job(experts, rows, k, n)
+    scale_b = job.scale_b
     q, scale_a, apb = prepare_rows(x, job.p_b, rows_per_instance=rows)
     out = torch.empty((experts, rows, n), dtype=torch.bfloat16, device="cuda")
     row = {"shape": name, "E": experts, "M": rows, "K": k, "N": n}
@@ -668,10 +675,7 @@ def _switched(settings: dict) -> Iterator[None]:
 def _switch_row(timer: Timer, shape: tuple) -> dict:
     """One shape: the unmined int8 GEMMs and the mined pass under each switch setting, one run."""
     name, experts, rows, k, n = shape
-    weights, x = _shape_inputs(experts, rows, k, n)
-    job = prepare_job(weights, torch.rand(experts, n, device="cuda") / 64, header76=HEADER, config=config(k=k),
-                      cert_version=3, bound=0, moe=False)
-    torch.cuda.current_stream().wait_event(job.ready)
+    weights, x, job = _timed_job(experts, rows, k, n)
     q, scale_a, _ = prepare_rows(x, job.p_b, rows_per_instance=rows)
     out = torch.empty((experts, rows, n), dtype=torch.bfloat16, device="cuda")
     graphs, errors = {}, {}
