@@ -2,10 +2,15 @@
 
 A mined launch costs more than the same launch served unmined (on the H200 the INT7 prefill pass
 is ~1.9× its unmined GEMM and decode ~1.25×; on the CPU several times). An operator who accepts,
-say, 10 % fewer tokens per second sets ``max_slowdown = 0.10``. The governor times every layer
-launch (CUDA events on the launch's stream, read once they have completed, so serving never waits
+say, 10 % fewer tokens per second sets ``max_slowdown = 0.10``. The governor times layer
+launches (CUDA events on the launch's stream, read once they have completed, so serving never waits
 for them; host time on the CPU), learns per launch size what a mined launch costs over an unmined
 one, and lets a launch mine only while the credit that serving time earns pays for its extra time.
+
+Timing a CUDA launch costs ~22 µs of host time (H200: stream and capture checks, two event
+records), a tenth of a decode launch, so one launch in ``SAMPLE_EVERY`` of each size and kind is
+timed (and every launch the governor serves unmined to measure); an untimed launch is settled at
+its size's expected cost and counted, so the measured slowdown extrapolates over every launch.
 
 Credit accrues at ``max_slowdown`` seconds per second of wall time and a mined launch spends
 (1 + max_slowdown) × its extra time, so over any stretch that starts with an empty bank the
@@ -40,6 +45,7 @@ SMOOTHING = 0.2  # weight of the newest launch in a size's running mean
 WARMUP_LAUNCHES = 1  # the first launches of each size and kind compile kernels: never used as times
 EFFICIENCY_SLACK = 0.9  # sizes within this share of the best tokens per extra second count as the best
 BASELINE_EVERY = 256  # after this many mined launches in a row a size serves one unmined (drift; uncapped: a measure)
+SAMPLE_EVERY = 16  # past warm-up, one launch in this many of a size and kind is timed
 
 
 class GovernorError(ValueError):
@@ -77,8 +83,15 @@ class _Times:
     seen: int = 0
     mean_s: float | None = None
     mean_tokens: float = 0.0
-    total_s: float = 0.0  # the launches past warm-up, summed
+    total_s: float = 0.0  # the timed launches past warm-up, summed
     counted: int = 0
+    untimed: int = 0  # launches served between the samples, each taken at the timed mean
+
+    def extra_s(self, unmined_s: float) -> float:
+        """Time over `unmined_s` a launch, summed over every launch past warm-up, timed or not."""
+        if not self.counted:
+            return 0.0
+        return max(0.0, self.total_s - self.counted * unmined_s) * (1 + self.untimed / self.counted)
 
     def add(self, seconds: float, tokens: int) -> bool:
         """Take one launch's time; False for a warm-up launch (not used)."""
@@ -111,13 +124,20 @@ class SlowdownGovernor:
     """
 
     def __init__(self, max_slowdown: float | None = None, *, window_s: float = WINDOW_S,
-                 clock: Callable[[], float] = time.monotonic, timer: Callable[[], float] = time.perf_counter) -> None:
-        """clock: wall time (credit, the measured base); timer: host launch time on the CPU."""
+                 sample_every: int = SAMPLE_EVERY, clock: Callable[[], float] = time.monotonic,
+                 timer: Callable[[], float] = time.perf_counter) -> None:
+        """clock: wall time (credit, the measured base); timer: host launch time on the CPU;
+        sample_every: 1 times every launch."""
         check_cap(max_slowdown)
         if window_s <= 0:
             raise GovernorError(f"window_s must be positive, got {window_s}")
+        if sample_every < 1:
+            raise GovernorError(f"sample_every must be at least 1, got {sample_every}")
         self.max_slowdown, self.window_s, self.clock, self.timer = max_slowdown, window_s, clock, timer
+        self.sample_every = sample_every
         self._times: dict[tuple[int, bool], _Times] = {}
+        self._started: dict[tuple[int, bool], int] = {}  # launches begun per size and kind: the sampling count
+        self._measure: set[int] = set()  # sizes whose next unmined launch is served to be timed
         self._mined_in_a_row: dict[int, int] = {}  # per size, admitted since its last unmined launch
         self._pending: deque[_Launch] = deque()
         # read events, recorded again: no event is created per launch (an event stays on one device)
@@ -138,21 +158,19 @@ class SlowdownGovernor:
     def admit(self, tokens: int) -> float | None:
         """Whether a launch of `tokens` may mine: the credit it reserves (pass it to `timed`), or
         None to serve it unmined. Uncapped: 0.0, except one launch of a size in BASELINE_EVERY + 1,
-        served unmined so that the slowdown is measured without a cap too."""
-        self._collect()
+        served unmined so that the slowdown is measured without a cap too. A launch served unmined
+        to measure is always timed."""
         size = size_class(tokens)
         with self._lock:  # the cap may change from the control thread (set_cap)
             in_a_row = self._mined_in_a_row.get(size, 0)
             if self.max_slowdown is None:  # mine, but one launch in BASELINE_EVERY + 1 measures
                 if in_a_row >= BASELINE_EVERY:
-                    self._mined_in_a_row[size] = 0
-                    return None
+                    return self._to_measure(size)
                 self._mined_in_a_row[size] = in_a_row + 1
                 return 0.0
             self._refill()
             if self._mean(size, False) is None or in_a_row >= BASELINE_EVERY:
-                self._mined_in_a_row[size] = 0
-                return None  # learn (or refresh) the unmined time of this size first
+                return self._to_measure(size)  # learn (or refresh) the unmined time of this size first
             need = self._need(size)  # 0 until a mined launch of this size was timed
             floor = need if self._among_the_best(size) else max(need, self._bank() / 2)
             if self._credit < floor or self._credit < 0:
@@ -161,18 +179,40 @@ class SlowdownGovernor:
             self._mined_in_a_row[size] = in_a_row + 1
             return need
 
+    def _to_measure(self, size: int) -> None:
+        self._mined_in_a_row[size] = 0
+        self._measure.add(size)
+        return None
+
+    def _sampled(self, size: int, mined: bool) -> bool:
+        """Whether this launch is timed: the warm-up launches and the first after them, then one
+        in `sample_every`, and every launch served unmined to measure."""
+        key = (size, mined)
+        begun = self._started.get(key, 0)
+        self._started[key] = begun + 1
+        if not mined and size in self._measure:
+            self._measure.discard(size)
+            return True
+        return begun <= WARMUP_LAUNCHES or (begun - WARMUP_LAUNCHES) % self.sample_every == 0
+
     @contextmanager
     def timed(self, device_tensor: torch.Tensor, tokens: int, mined: bool, reserved: float = 0.0) -> Iterator[None]:
-        """Time the launch run inside (on `device_tensor`'s device). If it raises, its reservation
-        is returned and it is not timed. Nothing is timed while a CUDA graph is being captured
-        (its replays are launches of their own)."""
-        stream = torch.cuda.current_stream(device_tensor.device) if device_tensor.is_cuda else None
-        if stream is not None and _capturing(device_tensor.device):
-            with self._lock:
-                self._credit += reserved  # nothing is measured, so nothing is spent
-            yield
-            return
-        start = self._mark(stream)
+        """Serve the launch run inside (on `device_tensor`'s device), timed if it is sampled;
+        an untimed one is settled at its reservation and counted. If it raises, its reservation
+        is returned and it is not counted. Nothing is timed while a CUDA graph is being captured
+        (its replays are launches of their own; an untimed launch is not checked for that)."""
+        size = size_class(tokens)
+        sampled = self._sampled(size, mined)
+        stream = None
+        if sampled:
+            self._collect()
+            stream = torch.cuda.current_stream(device_tensor.device) if device_tensor.is_cuda else None
+            if stream is not None and _capturing(device_tensor.device):
+                with self._lock:
+                    self._credit += reserved  # nothing is measured, so nothing is spent
+                yield
+                return
+        start = self._mark(stream) if sampled else None
         with self._lock:
             if self._first is None:
                 self._first = self.clock()
@@ -182,7 +222,11 @@ class SlowdownGovernor:
             with self._lock:
                 self._credit += reserved
             raise
-        self._pending.append(_Launch(size_class(tokens), tokens, mined, reserved, start, self._mark(stream),
+        if not sampled:
+            with self._lock:
+                self._times.setdefault((size, mined), _Times()).untimed += 1
+            return
+        self._pending.append(_Launch(size, tokens, mined, reserved, start, self._mark(stream),
                                     None if stream is None else stream.device))
         self._collect()
 
@@ -197,7 +241,8 @@ class SlowdownGovernor:
 
     # -- measurement --------------------------------------------------------------------------
     def _collect(self) -> None:
-        """Account every finished launch, oldest first (a CUDA launch once its end event is done).
+        """Account every finished timed launch, oldest first (a CUDA launch once its end event is
+        done): called as a sampled launch begins and ends, so at most every `sample_every` launches.
         Never raises: a launch whose time cannot be read is dropped (serving must not fail for a
         measurement), and nothing is read while a CUDA graph is captured (queries are not allowed)."""
         while self._pending:
@@ -297,7 +342,7 @@ class SlowdownGovernor:
                 unmined = self._mean(size, False)
                 if unmined is None:
                     return None
-                extra += max(0.0, times.total_s - times.counted * unmined)
+                extra += times.extra_s(unmined)
             base = self.clock() - self._first - extra
         return extra / base if base > 0 else None
 

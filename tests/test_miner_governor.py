@@ -9,7 +9,8 @@ import torch
 from miner.accounting import MiningStats
 from miner.backend import LaunchResult
 from miner.cli import slowdown_fraction
-from miner.governor import BASELINE_EVERY, WARMUP_LAUNCHES, GovernorError, SlowdownGovernor, size_class
+from miner.governor import (BASELINE_EVERY, SAMPLE_EVERY, WARMUP_LAUNCHES, GovernorError, SlowdownGovernor,
+                            size_class)
 from miner.layer import MinedLayer
 from miner.model.moe import grouped_fc1
 
@@ -42,10 +43,11 @@ def governor_on(clock: FakeClock, cap: float | None, **kwargs) -> SlowdownGovern
     return SlowdownGovernor(cap, clock=clock, timer=clock, **kwargs)
 
 
+@pytest.mark.parametrize("sample_every", [1, SAMPLE_EVERY])
 @pytest.mark.parametrize("cap, mined_s", [(0.1, 3.0), (0.05, 1.25), (0.5, 10.0), (0.3, 1.5)])
-def test_the_measured_slowdown_stays_within_the_cap_and_uses_it(cap, mined_s) -> None:
+def test_the_measured_slowdown_stays_within_the_cap_and_uses_it(cap, mined_s, sample_every) -> None:
     clock = FakeClock()
-    governor = governor_on(clock, cap)
+    governor = governor_on(clock, cap, sample_every=sample_every)
     mined = serve(governor, clock, 3000, unmined_s=1.0, mined_s=mined_s)
     measured = governor.measured_slowdown()
     assert measured is not None and measured <= cap * 1.02
@@ -136,6 +138,8 @@ def test_sizes_are_power_of_two_classes() -> None:
 def test_a_bad_cap_is_refused(bad) -> None:
     with pytest.raises(GovernorError, match="max_slowdown"):
         SlowdownGovernor(bad)
+    with pytest.raises(GovernorError, match="sample_every"):
+        SlowdownGovernor(0.1, sample_every=0)
     with pytest.raises(argparse.ArgumentTypeError, match="above 0"):
         slowdown_fraction(str(bad))
     with pytest.raises(argparse.ArgumentTypeError, match="not a number"):
@@ -179,20 +183,22 @@ def test_the_layer_holds_launches_the_budget_cannot_pay_and_serves_them() -> Non
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_cuda_launches_are_timed_by_events_read_only_once_done() -> None:
-    governor = SlowdownGovernor(None)
+    governor = SlowdownGovernor(None, sample_every=1)
     a = torch.randn(8192, 8192, device="cuda")
     for mined in (False, False, True, True):
         with governor.timed(a, 4096, mined=mined):
             for _ in range(8 if mined else 4):
                 a @ a
     start = time.perf_counter()
-    assert governor.admit(4096) == 0.0
+    with governor.timed(a, 16, mined=True):  # a launch of another size reads what is done as it begins
+        pass
     waited = time.perf_counter() - start
     busy = not torch.cuda.current_stream().query()
     torch.cuda.synchronize()
     assert busy and waited < 0.05  # the queued launches were not waited for
-    governor.admit(4096)  # collects them now
-    means = governor.launch_means()[-1]
+    with governor.timed(a, 16, mined=True):  # reads them now
+        pass
+    means = next(row for row in governor.launch_means() if row["tokens"] == 4096)
     assert means["mined_ms"] > 1.5 * means["unmined_ms"] > 0
 
 
@@ -207,15 +213,26 @@ def test_cuda_timing_events_are_reused_once_read(monkeypatch: pytest.MonkeyPatch
             return event
 
     monkeypatch.setattr(torch.cuda, "Event", CountedEvent)
-    governor = SlowdownGovernor(None)
+    governor = SlowdownGovernor(None, sample_every=1)
     a = torch.randn(256, 256, device="cuda")
     for _ in range(50):
         with governor.timed(a, 16, mined=True):
             a @ a
         torch.cuda.synchronize()
-    governor.admit(16)
     assert len(created) <= 4  # two events a launch, read and recorded again
     assert governor.launch_means()[-1]["mined_ms"] > 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_cuda_launches_between_the_samples_record_no_event(monkeypatch: pytest.MonkeyPatch) -> None:
+    recorded = []
+    monkeypatch.setattr(torch.cuda.Event, "record", lambda event, stream=None: recorded.append(stream))
+    governor = SlowdownGovernor(None)
+    a = torch.randn(256, 256, device="cuda")
+    for _ in range(WARMUP_LAUNCHES + 1 + 4 * SAMPLE_EVERY):
+        with governor.timed(a, 16, mined=True):
+            a @ a
+    assert len(recorded) == 2 * (WARMUP_LAUNCHES + 1 + 4)  # the warm-up, the first after it, then one in SAMPLE_EVERY
 
 
 def test_a_new_cap_starts_an_empty_bank_and_keeps_the_times_learned() -> None:
@@ -291,6 +308,49 @@ def test_without_a_cap_one_launch_in_baseline_every_measures_the_slowdown() -> N
     assert held == 3  # every eligible launch mines but these
     measured = governor.measured_slowdown()
     assert measured is not None and abs(measured - 0.5) < 0.03
+
+
+class CountingTimer:
+    """The host timer of a FakeClock, counting how often a launch is timed."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        self.clock, self.calls = clock, 0
+
+    def __call__(self) -> float:
+        self.calls += 1
+        return self.clock.now
+
+
+def test_one_launch_in_sample_every_is_timed_and_the_slowdown_counts_them_all() -> None:
+    clock = FakeClock()
+    timer = CountingTimer(clock)
+    governor = SlowdownGovernor(None, clock=clock, timer=timer, sample_every=8)
+    launches = 1 + 2 * (BASELINE_EVERY + 1)
+    held = 0
+    for _ in range(launches):
+        reserved = governor.admit(256)
+        held += reserved is None
+        with governor.timed(CPU, 256, mined=reserved is not None, reserved=reserved or 0.0):
+            clock.now += 1.0 if reserved is None else 1.5
+    assert held == 2  # the launches served unmined to measure: each of them timed
+    mined_timed = WARMUP_LAUNCHES + 1 + (launches - held - WARMUP_LAUNCHES - 1) // 8
+    assert timer.calls == 2 * (mined_timed + held)
+    # every mined launch but the warm-up is 0.5 s over the unmined second, timed or not
+    extra = (launches - held - WARMUP_LAUNCHES) * 0.5
+    assert governor.measured_slowdown() == pytest.approx(extra / (clock.now - 1000.0 - extra))
+
+
+def test_an_untimed_launch_that_fails_gives_its_reservation_back() -> None:
+    clock = FakeClock()
+    governor = governor_on(clock, 0.1, sample_every=1000)
+    serve(governor, clock, 40, unmined_s=1.0, mined_s=2.0)
+    clock.now += 100.0
+    before = governor.admit(256)
+    assert before is not None and before > 0
+    with pytest.raises(RuntimeError):
+        with governor.timed(CPU, 256, mined=True, reserved=before):  # between two samples
+            raise RuntimeError("mining failed")
+    assert governor.admit(256) == pytest.approx(before)
 
 
 def test_launch_means_report_each_size() -> None:
