@@ -1,6 +1,7 @@
 """The slowdown budget (miner.governor): the cap holds on simulated serving, the bank is bounded,
 warm-up launches and failures cost nothing, and the layer and the CLI use it."""
 import argparse
+import json
 import time
 
 import pytest
@@ -9,6 +10,7 @@ import torch
 from miner.accounting import MiningStats
 from miner.backend import LaunchResult
 from miner.cli import slowdown_fraction
+from miner.gpu import governor_cost
 from miner.governor import (BASELINE_EVERY, SAMPLE_EVERY, WARMUP_LAUNCHES, GovernorError, SlowdownGovernor,
                             size_class)
 from miner.layer import MinedLayer
@@ -381,3 +383,13 @@ def test_a_launch_whose_time_cannot_be_read_is_left_out_and_serving_goes_on() ->
         with governor.timed(CPU, 256, mined=reserved is not None, reserved=reserved or 0.0):
             pass
     assert governor.launch_means() == [] and governor.measured_slowdown() == 0.0  # nothing mined counted
+
+
+def test_the_host_cost_probe_times_every_variant_on_the_cpu(tmp_path) -> None:
+    assert governor_cost.main(["--device", "cpu", "--launches", "40", "--reps", "2", "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "governor_cost.json").read_text())
+    medians = result["host us a launch (median)"]
+    assert set(medians) == set(governor_cost.variants()) and all(us > 0 for us in medians.values())
+    assert set(result["governor host us a launch over the bare launch"]) == set(medians) - {"bare launch"}
+    with pytest.raises(SystemExit):
+        governor_cost.main(["--device", "cpu", "--launches", "0"])
