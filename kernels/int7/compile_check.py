@@ -80,12 +80,12 @@ def _variants() -> list[tuple[str, object, dict, dict, int, int]]:
              "key_stride": "i32", "cv_ptr": "*i32", "rows": "i32", "rows_per_instance": "i32", "K": "i32",
              **{name: "constexpr" for name in ("ROWS", "CHUNKS_PER_ROW", "BK", "TAIL", "RECIPROCAL", "BF16_BITS",
                                                "LANES")}}
-    lanes = codes_and_leaves.LANES
+    chunk_lanes = codes_and_leaves.LANES
     for k in (6144, 4096, 7168):  # GLM-5 (4096 + 2048), Qwen3 (one block), DeepSeek-V3 (4096 + 4096)
         block_k, tail = activations.one_pass_blocks(k)
         out.append((f"codes_and_leaves_k{k}", codes_and_leaves._codes_and_leaves_kernel, fused,
-                    {"ROWS": lanes // (k // 1024), "CHUNKS_PER_ROW": k // 1024, "BK": block_k, "TAIL": tail,
-                     "RECIPROCAL": 1, "BF16_BITS": 1, "LANES": lanes}, lanes // 32, 1))
+                    {"ROWS": chunk_lanes // (k // 1024), "CHUNKS_PER_ROW": k // 1024, "BK": block_k, "TAIL": tail,
+                     "RECIPROCAL": 1, "BF16_BITS": 1, "LANES": chunk_lanes}, chunk_lanes // 32, 1))
     for regime, rows, warps, atomic in (("decode", 16, 4, 1), ("prefill", 128, 8, 0), ("mid", 64, 4, 0)):
         out.append((f"activations_apb_{regime}", activations._apb_kernel,
                     {"q_ptr": "*i8", "pb_ptr": "*i8", "pb_stride": "i32", "apb_ptr": "*i32",
