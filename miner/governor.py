@@ -213,8 +213,8 @@ class SlowdownGovernor:
                 yield
                 return
         start = self._mark(stream) if sampled else None
-        with self._lock:
-            if self._first is None:
+        if self._first is None:  # written by the serving thread alone
+            with self._lock:
                 self._first = self.clock()
         try:
             yield
@@ -223,8 +223,11 @@ class SlowdownGovernor:
                 self._credit += reserved
             raise
         if not sampled:
-            with self._lock:
-                self._times.setdefault((size, mined), _Times()).untimed += 1
+            times = self._times.get((size, mined))
+            if times is None:  # a new entry under the lock: readers iterate the dict
+                with self._lock:
+                    times = self._times.setdefault((size, mined), _Times())
+            times.untimed += 1  # an int the serving thread alone writes
             return
         self._pending.append(_Launch(size, tokens, mined, reserved, start, self._mark(stream),
                                     None if stream is None else stream.device))
