@@ -39,8 +39,7 @@ from proof.int7 import (MiningConfig, commit_instance, instance_tickets, ticket,
 from proof.int7.noise import LABEL_A
 
 from .activations import a_times_p_b, prepare_rows, quantise_rows
-from .blake3 import bytes_from_words, keyed_trees, trees_from_leaves
-from .codes_and_leaves import codes_and_leaves, fits as codes_and_leaves_fit
+from .blake3 import bytes_from_words, keyed_trees
 from .a_side import fused_a_side, fused_applies, noised_a_side
 from .mined_gemm import DUMP_WORDS, Tiling, default_tiling, lottery_tile, mined_gemm, plain_gemm
 from .noise import dense_sparse_factor, noise_factors, noised
@@ -657,8 +656,7 @@ def section_timing(report: Report) -> dict:
 
 # The prefill switch settings timed by `switches` (docs/decisions.md): (label, {(module, attribute): value}).
 PREFILL_SWITCHES = [("default", {}),
-                    ("one-hot P built in the noised kernel", {(noise_module, "LOAD_DENSE_P"): False}),
-                    ("quantiser hashes its codes", {(pipeline_module, "CODES_AND_LEAVES"): True})]
+                    ("one-hot P built in the noised kernel", {(noise_module, "LOAD_DENSE_P"): False})]
 
 
 @contextlib.contextmanager
@@ -705,7 +703,7 @@ def _switch_row(timer: Timer, shape: tuple) -> dict:
 
 def section_switches(report: Report) -> dict:
     """Every switch's other setting beside the default, one run per shape: the noised kernel's
-    form of P and the quantiser that hashes its codes on the prefill shapes, the lagged pass on the CuTe GEMM (with and without sharing
+    form of P on the prefill shapes, the lagged pass on the CuTe GEMM (with and without sharing
     its SMs) on the decode shapes; a switch turns on where its pass is faster (docs/decisions.md)."""
     return _each_shape(report, "switches", _switch_row)
 
@@ -733,14 +731,6 @@ def section_breakdown() -> dict:
             "noise_factors_A": lambda: noise_factors(s_a, LABEL_A, rows, k, RANK),
             "noised_A": lambda: noised(q, u_a, first, second),
         }
-        if codes_and_leaves_fit(x, rows):  # the quantiser that hashes its codes (pipeline.CODES_AND_LEAVES)
-            fused_q, fused_scale, leaves = codes_and_leaves(x, job.key_words, rows_per_instance=rows)
-            result[f"{name} codes_and_leaves equal"] = bool(
-                torch.equal(fused_q, q) and torch.equal(fused_scale, quantise_rows(x)[1])
-                and torch.equal(leaves, trees.levels[0]) and torch.equal(trees_from_leaves(job.key_words, leaves).roots,
-                                                                         trees.roots))
-            stages["codes_and_leaves"] = lambda: codes_and_leaves(x, job.key_words, rows_per_instance=rows)
-            stages["trees_from_leaves"] = lambda: trees_from_leaves(job.key_words, leaves)
         if fused_applies(rows, k, RANK):  # the fused A side (a_side): 3 launches with the quantiser
             stages["fused_A_side"] = lambda: fused_a_side(quantise_rows(x)[0], job.s_b, job.key_words, job.p_b,
                                                           rank=RANK, salted=True)
