@@ -146,6 +146,7 @@ class SlowdownGovernor:
         self._refilled: float | None = None
         self._first: float | None = None
         self._lock = threading.Lock()
+        self._replan()
 
     def set_cap(self, max_slowdown: float | None) -> None:
         """A new cap (None: none), from the next launch on. The bank restarts empty, so credit
@@ -153,6 +154,7 @@ class SlowdownGovernor:
         check_cap(max_slowdown)
         with self._lock:
             self.max_slowdown, self._credit, self._refilled = max_slowdown, 0.0, None
+            self._replan()
 
     # -- decisions (serving thread) -----------------------------------------------------------
     def admit(self, tokens: int) -> float | None:
@@ -171,8 +173,8 @@ class SlowdownGovernor:
             self._refill()
             if self._mean(size, False) is None or in_a_row >= BASELINE_EVERY:
                 return self._to_measure(size)  # learn (or refresh) the unmined time of this size first
-            need = self._need(size)  # 0 until a mined launch of this size was timed
-            floor = need if self._among_the_best(size) else max(need, self._bank() / 2)
+            need = self._needs.get(size, 0.0)  # 0 until a mined launch of this size was timed
+            floor = max(need, self._bank_s / 2) if size in self._lagging else need
             if self._credit < floor or self._credit < 0:
                 return None
             self._credit -= need
@@ -274,12 +276,11 @@ class SlowdownGovernor:
             used = times.add(seconds, launch.tokens)
             if not launch.mined:
                 self._mined_in_a_row[launch.size] = 0  # a fresh unmined time, whatever the reason
-                return
-            if self.max_slowdown is None:
-                return
-            unmined = self._mean(launch.size, False)
-            spent = (1 + self.max_slowdown) * max(0.0, seconds - unmined) if used and unmined is not None else 0.0
-            self._credit += launch.reserved - spent  # a warm-up launch gets its reservation back
+            elif self.max_slowdown is not None:
+                unmined = self._mean(launch.size, False)
+                spent = (1 + self.max_slowdown) * max(0.0, seconds - unmined) if used and unmined is not None else 0.0
+                self._credit += launch.reserved - spent  # a warm-up launch gets its reservation back
+            self._replan()
 
     def _mean(self, size: int, mined: bool) -> float | None:
         times = self._times.get((size, mined))
@@ -288,29 +289,25 @@ class SlowdownGovernor:
     def _refill(self) -> None:
         now = self.clock()
         if self._refilled is not None:
-            self._credit = min(self._bank(), self._credit + self.max_slowdown * (now - self._refilled))
+            self._credit = min(self._bank_s, self._credit + self.max_slowdown * (now - self._refilled))
         self._refilled = now
 
-    def _bank(self) -> float:
-        """The most credit held: WINDOW_S seconds' worth, or the largest launch's need."""
-        largest = max((self._need(size) for size in self._mined_sizes()), default=0.0)
-        return max(self.max_slowdown * self.window_s, largest)
-
-    def _mined_sizes(self) -> list[int]:
-        return [size for size, mined in self._times if mined]
-
-    def _efficiency(self, size: int) -> float | None:
-        """Tokens mined per second of credit spent; None while free or not yet timed."""
-        need = self._need(size)
-        return self._times[(size, True)].mean_tokens / need if need > 0 else None
-
-    def _among_the_best(self, size: int) -> bool:
-        """A free or untimed size always is (it costs nothing known), without setting the bar."""
-        mine = self._efficiency(size) if (size, True) in self._times else None
-        if mine is None:
-            return True
-        best = max(e for e in (self._efficiency(s) for s in self._mined_sizes()) if e is not None)
-        return mine >= EFFICIENCY_SLACK * best
+    def _replan(self) -> None:
+        """From the means and the cap, what `admit` looks up: each mined size's need, the bank's
+        size (WINDOW_S seconds' worth, or the largest need) and the sizes that mine clearly fewer
+        tokens per second of credit than the best (they wait for a bank over half full). Redone
+        when either changes (a timed launch accounted, a new cap), not on every launch."""
+        if self.max_slowdown is None:
+            self._needs, self._lagging, self._bank_s = {}, set(), 0.0
+            return
+        self._needs = {size: self._need(size) for size, mined in self._times if mined}
+        self._bank_s = max(self.max_slowdown * self.window_s, max(self._needs.values(), default=0.0))
+        # tokens mined per second of credit; a free or untimed size is always among the best,
+        # without setting the bar
+        efficiency = {size: self._times[(size, True)].mean_tokens / need for size, need in self._needs.items()
+                      if need > 0}
+        best = max(efficiency.values(), default=0.0)
+        self._lagging = {size for size, value in efficiency.items() if value < EFFICIENCY_SLACK * best}
 
     def _need(self, size: int) -> float:
         mined, unmined = self._mean(size, True), self._mean(size, False)
