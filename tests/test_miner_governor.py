@@ -393,3 +393,8 @@ def test_the_host_cost_probe_times_every_variant_on_the_cpu(tmp_path) -> None:
     assert set(result["governor host us a launch over the bare launch"]) == set(medians) - {"bare launch"}
     with pytest.raises(SystemExit):
         governor_cost.main(["--device", "cpu", "--launches", "0"])
+    with pytest.raises(SystemExit):
+        governor_cost.main(["--device", "bogus"])
+    blocker = tmp_path / "a file"
+    blocker.write_text("")
+    assert governor_cost.main(["--device", "cpu", "--launches", "4", "--reps", "1", "--out", str(blocker / "out")]) == 2

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -73,7 +74,7 @@ def measure(device: torch.device, launches: int, reps: int) -> dict[str, object]
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m miner.gpu.governor_cost", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, help="folder for governor_cost.json (default: print only)")
-    parser.add_argument("--device", default="cuda", help="cuda (default) or cpu")
+    parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="cuda (default) or cpu")
     parser.add_argument("--launches", type=int, default=2000, help="launches a rep (default 2000)")
     parser.add_argument("--reps", type=int, default=15, help="reps a variant (default 15)")
     args = parser.parse_args(argv)
@@ -86,8 +87,12 @@ def main(argv: list[str] | None = None) -> int:
     for name, value in result["host us a launch (median)"].items():
         print(f"{name:36s} {value:7.2f} us")
     if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "governor_cost.json").write_text(json.dumps(result, indent=1))
+        try:
+            args.out.mkdir(parents=True, exist_ok=True)
+            (args.out / "governor_cost.json").write_text(json.dumps(result, indent=1))
+        except OSError as error:
+            print(f"governor_cost: cannot write {args.out}: {error}", file=sys.stderr)
+            return 2
     return 0
 
 
