@@ -105,6 +105,7 @@ def test_peel_row_shift_reads_each_expert_from_its_offset(counts, n_e, monkeypat
 
 def test_peel_shape_fills_the_gpu_at_prefill():
     assert peel.peel_shape(1056, 4096) == (64, 16, 3, 8)  # GLM-5 prefill: 1056 row tiles, 1024 columns
+    assert peel.peel_shape(1056, 4096, acc_bytes=2) == (64, 16, 3, 4)  # a bf16 accumulator: 4 warps
     few = peel.peel_shape(40, 4096).steps  # few row tiles: spans shrink to keep the SMs busy
     assert 40 * (4096 // (few * 64)) >= peel._PEEL_MIN_PROGRAMS > 40 * (4096 // (2 * few * 64))
 

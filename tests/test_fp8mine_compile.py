@@ -4,7 +4,7 @@ then one fp32 add per accumulator register; the noisy-quantization kernel has no
 multiply-add (and forms the A side's noise dot as one fresh K = 32 WGMMA); the pre-quantization
 (+ the fused decode rows kernel), row-scales, row-norms,
 noise-line, tile-map, lottery, payload, A-peel (+ split-k combine), peel/unscale (decode by expert and
-by row tile, the prefill column loop, row-shifted), plane-forest (one launch),
+by row tile, the prefill column loop on an fp32 or bf16 accumulator, row-shifted), plane-forest (one launch),
 launch-keys (+ E_A), routing (decode one-program table; prefill counts, prefixes, bounds, scatter) and short-hash kernels compile."""
 import os
 import re
@@ -62,10 +62,11 @@ SCRIPT = textwrap.dedent("""
             "k": "i32", "recip_127": "fp32", "magic": "fp32", "X_BF16": "constexpr", "BR": "constexpr",
             "BB": "constexpr"}, constexprs={"X_BF16": x_bf16, "BR": prequant_kernel._ROWS, "BB": prequant_kernel._BLOCKS}),
             target=target, options={"enable_fp_fusion": False, "num_warps": prequant_kernel._WARPS})
-    for rows, shifted, right_only in ((64, False, False), (64, True, False), (64, True, True)):
-        shape = peel.peel_shape(1056, 4096)  # the GLM-5 prefill's 3-stage loop
+    for rows, shifted, right_only, acc in ((64, False, False, "fp32"), (64, True, False, "fp32"),
+                                           (64, True, True, "fp32"), (64, False, False, "bf16")):
+        shape = peel.peel_shape(1056, 4096, 4 if acc == "fp32" else 2)  # the GLM-5 prefill's 3-stage loop
         peeled = triton.compile(ASTSource(fn=peel._peel_unscale_kernel, signature={
-            "acc_ptr": "*fp32", "shift_ptr": "*i32" if shifted else "*fp32", "rflat_ptr": "*i32",
+            "acc_ptr": "*" + acc, "shift_ptr": "*i32" if shifted else "*fp32", "rflat_ptr": "*i32",
             "a_peel_ptr": "*i16", "alpha_a_ptr": "*i16", "b_peel_ptr": "*i16", "alpha_b_ptr": "*i16",
             "tile_row_ptr": "*i32", "tile_expert_ptr": "*i32", "bounds_ptr": "*i32", "out_ptr": "*i16",
             "n": "i32", "acc_rows": "i32", "BR": "constexpr", "BN": "constexpr", "STEPS": "constexpr",
@@ -73,7 +74,7 @@ SCRIPT = textwrap.dedent("""
             constexprs={"BR": rows, "BN": shape.cols, "STEPS": shape.steps, "STAGES": shape.stages,
                         "SHIFTED": shifted, "RIGHT_ONLY": right_only}, attrs=ALIGNED(13)),
             target=target, options={"num_warps": shape.warps})
-        if not shifted:
+        if not shifted and acc == "fp32":
             print("PEEL-BEGIN")
             print(peeled.asm["ptx"])
             print("PEEL-END")

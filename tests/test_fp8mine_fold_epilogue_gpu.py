@@ -78,6 +78,26 @@ def test_folded_lanes_draw_the_lottery_pass_tickets(key: str) -> None:
 
 
 @pytest.mark.parametrize("key", ["128x128x128_c2x1_coop", "64x128x128_c1x1_pp"])
+def test_bf16_accumulator_is_the_fp32_one_rounded(key: str) -> None:
+    """Stored as bf16 (matmul.BF16_FOLDED_ACC), the accumulator is the fp32 one rounded to nearest
+    even bit for bit, and the lanes are the ones folded from the fp32 values."""
+    from kernels.fp8mine.fold_epilogue import folded_grouped_gemm
+
+    config = GroupedGemmConfig.from_key(key)
+    a, b = _operands(3)
+    bounds = _table().bounds
+    results = []
+    for dtype in (torch.float32, torch.bfloat16):
+        out = torch.empty((a.shape[0], N), dtype=dtype, device="cuda")
+        lanes = torch.full((a.shape[0] // 4, N // 64, 16), -1, dtype=torch.int32, device="cuda")
+        results.append((folded_grouped_gemm(a, b, bounds, out, lanes, config), lanes))
+    (fp32, fp32_lanes), (bf16, bf16_lanes) = results
+    assert bf16.dtype == torch.bfloat16
+    assert torch.equal(bf16.view(torch.int16), fp32.to(torch.bfloat16).view(torch.int16))
+    assert torch.equal(bf16_lanes, fp32_lanes)
+
+
+@pytest.mark.parametrize("key", ["128x128x128_c2x1_coop", "64x128x128_c1x1_pp"])
 def test_gathered_rows_give_the_copied_rows_results(key: str) -> None:
     """The GEMM reading A through an index (quack's gather_A) gives bitwise the accumulator and
     lanes of the same GEMM on the rows copied into expert order, and so does the peel epilogue."""

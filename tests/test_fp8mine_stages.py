@@ -638,3 +638,26 @@ def test_a_peel_and_routed_peel_match_the_formula(split_k, rows, wide, monkeypat
     correction = torch.einsum("rj,rcj->rc", peel_rows[rows].float(), b_peel[expert].float())
     want = (acc + correction) / alpha[rows].float()[:, None] / alpha_b[expert].float()
     assert torch.allclose(out.float(), want, rtol=1e-2, atol=1e-3)
+
+
+@pytest.mark.parametrize("rows_per_expert", [8, 70])
+def test_peel_reads_a_bf16_accumulator_as_its_fp32_values(rows_per_expert):
+    """The fold GEMM's bf16 accumulator (matmul.BF16_FOLDED_ACC): the peel pass (decode: by
+    expert; prefill: 64-row tiles) gives bit for bit what it gives on the same values in fp32,
+    and refuses an accumulator of another type."""
+    from kernels.fp8mine.peel import peel_and_unscale, reads_tiles
+    g = torch.Generator().manual_seed(6)
+    experts, n_e, tokens = 2, 64, 2 * rows_per_expert
+    topk = (torch.arange(tokens) % experts)[:, None]
+    table = dev_routing.routing_table(topk, experts)
+    assert reads_tiles(table) == (rows_per_expert >= 64)
+    acc = (torch.randn(tokens, n_e, generator=g) * 1e4).to(torch.bfloat16)
+    operands = ((torch.randn(tokens, 64, generator=g) * 10).to(torch.bfloat16),
+                (torch.rand(tokens, generator=g) + 0.5).to(torch.bfloat16),
+                (torch.randn(experts, n_e, 64, generator=g) * 10).to(torch.bfloat16),
+                (torch.rand(experts, n_e, generator=g) + 0.5).to(torch.bfloat16), table)
+    got = peel_and_unscale(acc, *operands)
+    want = peel_and_unscale(acc.float(), *operands)
+    assert got.dtype == torch.bfloat16 and torch.equal(got.view(torch.int16), want.view(torch.int16))
+    with pytest.raises(ValueError, match="float32 or bfloat16"):
+        peel_and_unscale(acc.float().to(torch.float16), *operands)

@@ -25,6 +25,7 @@ pytest.importorskip("quack")
 
 from kernels.grouped_gemm_config import (  # noqa: E402
     GroupedGemmConfig,
+    Output,
     Precision,
     Regime,
     candidates,
@@ -87,22 +88,43 @@ def test_bad_tile_is_rejected_at_compile_time() -> None:
 FP8_CONFIGS = [c for p, c in CASES if p is Precision.FP8]
 
 
+@pytest.mark.parametrize("output", [Output.FP32, Output.BF16])
 @pytest.mark.parametrize("config", FP8_CONFIGS, ids=[c.key for c in FP8_CONFIGS])
-def test_fold_epilogue_compiles_where_it_fits(config: GroupedGemmConfig) -> None:
+def test_fold_epilogue_compiles_where_it_fits(config: GroupedGemmConfig, output: Output) -> None:
     """The FP8 mining GEMM that folds the lottery tiles in its epilogue
-    (kernels.fp8mine.fold_epilogue): every fp8 config that `fits` builds with one lane store per
-    64-column block a thread folds (the raw GEMM stores only through TMA) and no spills; the
-    others are refused (a 160-wide tile splits a 64-column block)."""
+    (kernels.fp8mine.fold_epilogue), storing the accumulator as fp32 or rounded to bf16: every
+    fp8 config that `fits` builds with one lane store per 64-column block a thread folds (the
+    accumulator is stored only through TMA; bf16 after an RN pack) and no spills; the others
+    are refused (a 160-wide tile splits a 64-column block)."""
     from kernels.fp8mine.fold_epilogue import compile_fold_gemm, fits
 
     if not fits(config, 4096):
         assert config.tile_n % 64
         return
-    sass = compile_fold_gemm(config).__sass__
+    sass = compile_fold_gemm(config, output=output).__sass__
     assert set(re.findall(MMA_SASS[Precision.FP8], sass)) == {str(config.tile_n)}
     row_halves = 2 * (config.tile_m // 64 if config.pingpong else 1)
     assert len(re.findall(r"\bSTG\.E\b", sass)) == row_halves * config.tile_n // 64
+    assert bool(re.search(r"\bF2FP\.BF16\.F32\.PACK_AB\b", sass)) == (output is Output.BF16)
     assert not re.search(r"\b(LDL|STL)\b", sass), "registers spilled to local memory"
+
+
+def test_fold_epilogue_refuses_other_outputs() -> None:
+    """Only an fp32 or a bf16 accumulator is stored: an int32 output or out tensor is refused
+    before anything compiles or launches."""
+    import torch
+
+    from kernels.fp8mine.fold_epilogue import compile_fold_gemm, fold_config, folded_grouped_gemm
+
+    config = fold_config(256, 2, 128, 256)
+    with pytest.raises(ValueError, match="fp32 or bf16"):
+        compile_fold_gemm(config, output=Output.INT32)
+    a = torch.zeros(256, 256, dtype=torch.float8_e4m3fn)
+    b = torch.zeros(2, 128, 256, dtype=torch.float8_e4m3fn)
+    bounds = torch.tensor([0, 128, 256], dtype=torch.int32)
+    lanes = torch.zeros(64, 2, 16, dtype=torch.int32)
+    with pytest.raises(ValueError, match="float32 or bfloat16"):
+        folded_grouped_gemm(a, b, bounds, torch.zeros(256, 128, dtype=torch.int32), lanes)
 
 
 # and the INT7 transcript and peel GEMMs' own prefill tiles (measured faster there than the

@@ -253,18 +253,40 @@ def check_stages() -> dict:
     for name, args in (("dense", (1, 256, 1024, 32, 1)), ("moe", (4, 128, 1024, 32, 2)),
                        ("dense 200 rows", (1, 256, 1024, 200, 1))):
         gemm, _, x, topk, _ = _setup(*args, seed=3)
-        result = gemm.forward(x, topk)
-        _sync()
-        out[name] = _stage_report(gemm, x, result)
-        rows = result.table.rflat.shape[0]
-        if _would("PEEL_IN_EPILOGUE", peel_in_gemm, rows, gemm.b_codes()):
-            out[name]["peel in the epilogue vs the peel pass"] = _epilogue_peel_error(gemm, x, topk, result)
-        if gemm.moe and _would("GATHER_IN_GEMM", gather_in_gemm, rows, gemm.b_codes()):
-            gathered = _forward_switched(gemm, x, topk, "GATHER_IN_GEMM", True)
-            out[name]["A′ rows gathered by the GEMM: accumulator and output bitwise equal"] = bool(
-                torch.equal(gathered.acc.view(torch.int32), result.acc.view(torch.int32))
-                and torch.equal(gathered.out.view(torch.int16), result.out.view(torch.int16)))
+        with _switched("BF16_FOLDED_ACC", False):  # the fp32 accumulator, checked against the model
+            out[name] = _checked_stages(gemm, x, topk)
     return out
+
+
+def _checked_stages(gemm: MinedGemm, x: torch.Tensor, topk) -> dict:
+    """`_stage_report` of one pass, then each switched variant that applies against it."""
+    result = gemm.forward(x, topk)
+    _sync()
+    out = _stage_report(gemm, x, result)
+    rows = result.table.rflat.shape[0]
+    if fold_in_gemm(rows, gemm.b_codes()):
+        out["bf16 accumulator"] = _bf16_acc_report(gemm, x, topk, result)
+    if _would("PEEL_IN_EPILOGUE", peel_in_gemm, rows, gemm.b_codes()):
+        out["peel in the epilogue vs the peel pass"] = _epilogue_peel_error(gemm, x, topk, result)
+    if gemm.moe and _would("GATHER_IN_GEMM", gather_in_gemm, rows, gemm.b_codes()):
+        gathered = _forward_switched(gemm, x, topk, "GATHER_IN_GEMM", True)
+        out["A′ rows gathered by the GEMM: accumulator and output bitwise equal"] = bool(
+            torch.equal(gathered.acc.view(torch.int32), result.acc.view(torch.int32))
+            and torch.equal(gathered.out.view(torch.int16), result.out.view(torch.int16)))
+    return out
+
+
+def _bf16_acc_report(gemm: MinedGemm, x: torch.Tensor, topk, result) -> dict:
+    """The pass with `BF16_FOLDED_ACC` on against `result` (fp32 accumulator, the same inputs):
+    its accumulator is the fp32 one rounded to nearest even, bit for bit, and how far the output
+    moves."""
+    rounded = _forward_switched(gemm, x, topk, "BF16_FOLDED_ACC", True)
+    want = result.acc.to(torch.bfloat16)
+    moved = (rounded.out.float() - result.out.float()).norm() / result.out.float().norm()
+    return {"dtype": str(rounded.acc.dtype),
+            "bitwise the fp32 accumulator rounded": bool(rounded.acc.dtype == torch.bfloat16 and torch.equal(
+                rounded.acc.view(torch.int16), want.view(torch.int16))),
+            "output relative change": float(moved)}
 
 
 def _epilogue_peel_error(gemm: MinedGemm, x: torch.Tensor, topk, result) -> dict:
@@ -305,7 +327,7 @@ def check_planted() -> dict:
     out = {}
     for name, args in (("dense", (1, 128, 1024, 16, 1)), ("moe", (4, 128, 1024, 32, 2))):
         gemm, _, x, topk, header = _setup(*args, seed=5)
-        first = gemm.forward(x, topk)
+        first = _forward_switched(gemm, x, topk, "BF16_FOLDED_ACC", False)  # every ticket, from fp32
         planted, ticket, target = _lowest_ticket(gemm, first.table, first.acc, first.a.pow_key)
         _, ancestors = synthetic_chain()
         gemm.set_job(header, ancestors, target)
@@ -441,7 +463,9 @@ def _parts(gemm: MinedGemm, x: torch.Tensor, topk, result) -> dict:
     from .pipeline import prepare_a
     state, table, a = gemm.state, result.table, result.a
     codes, b_codes = gemm.expert_rows(a.side.codes, table), gemm.b_codes()
-    peel_args = (result.acc, a.peel, a.side.alpha, state.peel.view(gemm.b.experts, gemm.b.n_e, -1),
+    acc32 = result.acc if result.acc.dtype == torch.float32 else \
+        _forward_switched(gemm, x, topk, "BF16_FOLDED_ACC", False).acc  # what the lottery pass reads
+    peel_args = (a.peel, a.side.alpha, state.peel.view(gemm.b.experts, gemm.b.n_e, -1),
                  state.side.alpha.view(gemm.b.experts, gemm.b.n_e), table)
     sources = {"codes": a.codes, "scales": a.scales, "rflat": table.rflat, "offsets": table.offsets}
     stages = {
@@ -449,10 +473,13 @@ def _parts(gemm: MinedGemm, x: torch.Tensor, topk, result) -> dict:
         "A side": lambda: prepare_a(x, gemm.seed_message, gemm.p_a_len, state, table if gemm.moe else None),
         "A' rows to expert order": lambda: gemm.expert_rows(a.side.codes, table),
         **{f"GEMM ({impl})": functools.partial(grouped_matmul, codes, b_codes, table, impl) for impl in IMPLS},
-        "lottery tile map + lottery": lambda: gemm.latch.run(result.acc, row_tiles(table), a.pow_key,
+        "lottery tile map + lottery": lambda: gemm.latch.run(acc32, row_tiles(table), a.pow_key,
                                                              gemm.threshold, state.seed_b, {}),
         **_folded_parts(gemm, codes, b_codes, table, a.pow_key),
-        "peel + unscale": functools.partial(peel_and_unscale, *peel_args),
+        f"peel + unscale ({str(result.acc.dtype)[6:]} accumulator)": functools.partial(
+            peel_and_unscale, result.acc, *peel_args),
+        **({"peel + unscale (float32 accumulator)": functools.partial(peel_and_unscale, acc32, *peel_args)}
+           if acc32 is not result.acc else {}),
         "payload capture + publish": lambda: (gemm.latch.capture(sources), gemm.latch.publish()),
     }
     return _time_each(stages)
@@ -464,7 +491,13 @@ def _folded_parts(gemm: MinedGemm, codes, b_codes, table: RoutingTable, pow_key)
         return {}
     lanes = folded_lanes(codes.shape[0], b_codes.shape[1], codes.device)
     tiles = row_tiles(table)
+
+    def fp32_acc():
+        with _switched("BF16_FOLDED_ACC", False):
+            grouped_matmul(codes, b_codes, table, fold_into=lanes)
+
     return {"GEMM folding the lottery tiles": lambda: grouped_matmul(codes, b_codes, table, fold_into=lanes),
+            "GEMM folding the lottery tiles, fp32 accumulator stored": fp32_acc,
             "lottery on the folded lanes": lambda: gemm.latch.run_folded(lanes, tiles, pow_key, gemm.threshold,
                                                                          gemm.state.seed_b, {})}
 
@@ -586,6 +619,10 @@ def check_timing() -> dict:
             if fold_in_gemm(xq.shape[0], gemm.b_codes()):  # the same pass, the lottery pass folding
                 methods["mined, lottery pass"] = [
                     functools.partial(_forward_switched, gemm, x, topk, "FOLD_IN_EPILOGUE", False)]
+                methods["mined, fp32 accumulator"] = [
+                    functools.partial(_forward_switched, gemm, x, topk, "BF16_FOLDED_ACC", False)]
+                entry["output rel err vs bf16, fp32 accumulator"] = _reference_error(
+                    _forward_switched(gemm, x, topk, "BF16_FOLDED_ACC", False).out, x, weights, result.table)
             if gemm.moe and _would("GATHER_IN_GEMM", gather_in_gemm, xq.shape[0], gemm.b_codes()):
                 methods["mined, A′ gathered by the GEMM"] = [
                     functools.partial(_forward_switched, gemm, x, topk, "GATHER_IN_GEMM", True)]
@@ -608,6 +645,7 @@ def check_timing() -> dict:
                           "mined graph": timings["mined"].graph, "slowdown": mined_us / base_us})
             if "mined, lottery pass" in timings:
                 entry["mined with the lottery pass median us"] = _median_us(timings["mined, lottery pass"])
+                entry["mined with the fp32 accumulator median us"] = _median_us(timings["mined, fp32 accumulator"])
             if "mined, A′ gathered by the GEMM" in timings:
                 entry["mined with the A′ gather in the GEMM median us"] = _median_us(
                     timings["mined, A′ gathered by the GEMM"])

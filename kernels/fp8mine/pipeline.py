@@ -190,6 +190,10 @@ def prepare_a(x: torch.Tensor, seed_message: torch.Tensor, p_a_len: int, state: 
 class LaunchResult:
     """What one mined pass produced (device tensors; `out` rows are in expert order).
 
+    `acc` is the pre-peel accumulator: fp32, or rounded to bf16 where the GEMM folded the
+    lottery (`matmul.BF16_FOLDED_ACC`; the lottery drew from the fp32 values, only the peel
+    read it).
+
     Lagged passes: `acc` is the combined accumulator and `operand_bounds` its bounds (e+1,):
     expert w's rows start with the READY (previous launch's) rows, then this launch's clean rows.
     `a` is this launch's A side (mined by the next launch)."""
