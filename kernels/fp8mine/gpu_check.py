@@ -459,18 +459,19 @@ def _unmined(xq, wq, offsets, xs, ws):
 
 def _parts(gemm: MinedGemm, x: torch.Tensor, topk, result) -> dict:
     """Where the mined pass spends its time: each stage alone, as a graph of one call."""
-    from .peel import peel_and_unscale
+    from .peel import a_peel, peel_and_unscale
     from .pipeline import prepare_a
     state, table, a = gemm.state, result.table, result.a
     codes, b_codes = gemm.expert_rows(a.side.codes, table), gemm.b_codes()
     acc32 = result.acc if result.acc.dtype == torch.float32 else \
         _forward_switched(gemm, x, topk, "BF16_FOLDED_ACC", False).acc  # what the lottery pass reads
-    peel_args = (a.peel, a.side.alpha, state.peel.view(gemm.b.experts, gemm.b.n_e, -1),
+    peel_args = (a_peel(a.side, state.f_b), a.side.alpha, state.peel.view(gemm.b.experts, gemm.b.n_e, -1),
                  state.side.alpha.view(gemm.b.experts, gemm.b.n_e), table)
     sources = {"codes": a.codes, "scales": a.scales, "rflat": table.rflat, "offsets": table.offsets}
     stages = {
         **({"routing table": lambda: routing_table(topk, gemm.b.experts)} if gemm.moe else {}),
         "A side": lambda: prepare_a(x, gemm.seed_message, gemm.p_a_len, state, table if gemm.moe else None),
+        "A peel": lambda: a_peel(a.side, state.f_b),
         "A' rows to expert order": lambda: gemm.expert_rows(a.side.codes, table),
         **{f"GEMM ({impl})": functools.partial(grouped_matmul, codes, b_codes, table, impl) for impl in IMPLS},
         "lottery tile map + lottery": lambda: gemm.latch.run(acc32, row_tiles(table), a.pow_key,

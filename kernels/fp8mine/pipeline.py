@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -159,7 +160,6 @@ class ASide:
     scales: torch.Tensor  # bf16 (m, k/8) plane
     keys: torch.Tensor  # (4, 8) int32: HA, seedA, noise-line key, jackpot key
     side: quant.NoisySide
-    peel: torch.Tensor  # (m, 64) bf16
 
     @property
     def seed_a(self) -> torch.Tensor:
@@ -172,7 +172,9 @@ class ASide:
 
 def prepare_a(x: torch.Tensor, seed_message: torch.Tensor, p_a_len: int, state: BState,
               table: RoutingTable | None) -> ASide:
-    """Planes, norms, HA (+ HR, HO), seedA, the keys, E_A, A′ and the A peel, on x's device.
+    """Planes, norms, HA (+ HR, HO), seedA, the keys, E_A and A′, on x's device. The A peel is
+    the caller's (`peel.a_peel(a.side, f_b)`): only a same-launch pass peels these rows, and it
+    computes the peel beside its GEMM's operand.
 
     seed_message: the job's `transcript.seed_a_message` (keyA inside; its head is written here).
     """
@@ -183,7 +185,7 @@ def prepare_a(x: torch.Tensor, seed_message: torch.Tensor, p_a_len: int, state: 
     routing = (roots[2], roots[3]) if table is not None else None
     keys, e_a = transcript.launch_keys_and_noise(seed_message, p_a_len, (roots[0], roots[1]), routing, x.shape[0])
     side, _ = quant.noisy_side(rows.values, rows.alpha, rows.beta, e_a, state.f_a)
-    return ASide(rows.codes, rows.scales, keys, side, a_peel(side, state.f_b))
+    return ASide(rows.codes, rows.scales, keys, side)
 
 
 @dataclass
@@ -236,14 +238,14 @@ class MinedGemm:
         self.header76 = b""
         self.ancestor_chain: list[bytes] = []
         self.lagged = lagged
+        cuda = self.b.device.type == "cuda"
+        # high priority: the side work's blocks are placed first wherever an SM has room
+        self.side = torch.cuda.Stream(self.b.device, priority=-1) if cuda else None
         if lagged:
             # READY keeps only the tail (planes, routing, key): the operand reads PENDING's A′ rows
             self.ready = LagSlot.allocate(m, rows, k, self.b.experts, self.b.device, with_rows=False)
             self.pending = LagSlot.allocate(m, rows, k, self.b.experts, self.b.device)
             self.mined = MinedSlot.allocate(m, rows, self.b.n_e, k, self.b.experts, self.b.device)
-            cuda = self.b.device.type == "cuda"
-            # high priority: the side work's blocks are placed first wherever an SM has room
-            self.side = torch.cuda.Stream(self.b.device, priority=-1) if cuda else None
             self.gemm_sms = (torch.cuda.get_device_properties(self.b.device).multi_processor_count
                              - LAGGED_SIDE_SMS) if cuda and not LAGGED_SIDE_SMEM else None
 
@@ -283,32 +285,44 @@ class MinedGemm:
         a = prepare_a(x, self.seed_message, self.p_a_len, state, table if self.moe else None)
         b_codes, n_rows = self.b_codes(), table.rflat.shape[0]
         gather = self.moe and gather_in_gemm(n_rows, b_codes)  # the GEMM reads A′ through Rflat
+        main = self._main()
+        self._fork(main)
+        with self._on_side():  # only the peel reads the A peel: it runs beside the A′ gather
+            peel_rows = a_peel(a.side, state.f_b)
+            peel_ready = self._event()
         rows = a.side.codes if gather else self.expert_rows(a.side.codes, table)
         sources = {"codes": a.codes, "scales": a.scales, "rflat": table.rflat, "offsets": table.offsets}
         if fold_in_gemm(n_rows, b_codes):
             lanes = folded_lanes(n_rows, b_codes.shape[1], rows.device)
             if peel_in_gemm(n_rows, b_codes):  # no raw accumulator: the output comes peeled
-                out = self._peeled(rows, b_codes, table, lanes, a, gather)
+                self._wait(main, peel_ready)
+                out = self._peeled(rows, b_codes, table, lanes, a, peel_rows, gather)
                 self.latch.run_folded(lanes, row_tiles(table), a.pow_key, self.threshold, state.seed_b, sources)
                 self.latch.publish()
+                self._join(main)
                 return LaunchResult(out, None, table, a)
             acc = grouped_matmul(rows, b_codes, table, fold_into=lanes, gather=gather)
-            self.latch.run_folded(lanes, row_tiles(table), a.pow_key, self.threshold, state.seed_b, sources)
+            draw = functools.partial(self.latch.run_folded, lanes)
         else:
             acc = grouped_matmul(rows, b_codes, table)
-            self.latch.run(acc, row_tiles(table), a.pow_key, self.threshold, state.seed_b, sources)
-        self.latch.publish()
-        out = peel_and_unscale(acc, a.peel, a.side.alpha, state.peel.view(self.b.experts, self.b.n_e, -1),
+            draw = functools.partial(self.latch.run, acc)
+        self._fork(main)
+        with self._on_side():  # the tickets (ALU-bound) beside the peel (DRAM-bound)
+            draw(row_tiles(table), a.pow_key, self.threshold, state.seed_b, sources)
+            self.latch.publish()
+        self._wait(main, peel_ready)
+        out = peel_and_unscale(acc, peel_rows, a.side.alpha, state.peel.view(self.b.experts, self.b.n_e, -1),
                                state.side.alpha.view(self.b.experts, self.b.n_e), table)
+        self._join(main)
         return LaunchResult(out, acc, table, a)
 
     def _peeled(self, rows: torch.Tensor, b_codes: torch.Tensor, table: RoutingTable, lanes: torch.Tensor,
-                a: ASide, gather: bool) -> torch.Tensor:
+                a: ASide, peel_rows: torch.Tensor, gather: bool) -> torch.Tensor:
         """The GEMM with the fold, peel and unscale in its epilogue: the bf16 output (gather: `rows`
         are the token rows, read through Rflat)."""
         from .peel_epilogue import PeelOperands, peeled_grouped_gemm
         experts, n_e = self.b.experts, self.b.n_e
-        peel = PeelOperands(table.rflat, a.peel, 1.0 / a.side.alpha.float()[table.rflat.long()],
+        peel = PeelOperands(table.rflat, peel_rows, 1.0 / a.side.alpha.float()[table.rflat.long()],
                             self.state.peel.view(experts, n_e, -1),
                             self.state.inv_alpha.view(experts, n_e))
         out = torch.empty((table.rflat.shape[0], n_e), dtype=torch.bfloat16, device=rows.device)
@@ -334,7 +348,7 @@ class MinedGemm:
         """
         assert self.state is not None
         state, ready, pending, mined = self.state, self.ready, self.pending, self.mined
-        main = torch.cuda.current_stream(self.b.device) if self.side is not None else None
+        main = self._main()
         self._fork(main)
         with self._on_side():
             ready.tail().copy_(pending.tail())
@@ -356,8 +370,7 @@ class MinedGemm:
         self._fork(main)
         with self._on_side():
             mined.take(acc, ready, table.bounds)
-        if peel_ready is not None:
-            main.wait_event(peel_ready)
+        self._wait(main, peel_ready)
         out = peel_and_unscale(acc, a_peel_clean, operand.clean_alpha, state.peel.view(self.b.experts, self.b.n_e, -1),
                                state.side.alpha.view(self.b.experts, self.b.n_e), table, row_shift=ready.bounds[1:],
                                tiles=clean_tiles, a_left_zero=True)
@@ -379,6 +392,15 @@ class MinedGemm:
         event = torch.cuda.Event()
         event.record(self.side)
         return event
+
+    def _main(self) -> torch.cuda.Stream | None:
+        """The serving stream (the caller's current one; None on the CPU)."""
+        return torch.cuda.current_stream(self.b.device) if self.side is not None else None
+
+    def _wait(self, main: torch.cuda.Stream | None, event: torch.cuda.Event | None) -> None:
+        """The serving stream waits for a side-stream event (nothing on the CPU)."""
+        if main is not None and event is not None:
+            main.wait_event(event)
 
     def _fork(self, main: torch.cuda.Stream | None) -> None:
         """The side stream waits for the serving stream's work so far."""
