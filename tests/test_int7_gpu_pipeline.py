@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from kernels.int7.blake3 import bytes_from_words
-from kernels.int7 import pipeline
 from kernels.int7.pipeline import SPLIT_PEEL_FROM_ROWS, MinedPass, PipelineError, bound_words, prepare_job
 from proof.int7 import MiningConfig, commit_instance, instance_tickets, ticket_value, verify_plain_proof
 
@@ -30,11 +29,8 @@ def _plant(job, wins):
 
 
 # the fused decode A side, the staged kernels, and the staged kernels with the peel as its own pass
-# (its Qᵀ chain forked at each place `pipeline.Q_FORK` allows)
-@pytest.mark.parametrize("fused_a, split_peel, q_fork", [(True, False, "gemm"), (False, False, "gemm"),
-                                                         *((False, True, fork) for fork in pipeline.Q_FORKS)])
-def test_dense_v3_salted_planted_winner_verifies(fused_a, split_peel, q_fork, monkeypatch):
-    monkeypatch.setattr(pipeline, "Q_FORK", q_fork)
+@pytest.mark.parametrize("fused_a, split_peel", [(True, False), (False, False), (False, True)])
+def test_dense_v3_salted_planted_winner_verifies(fused_a, split_peel):
     experts = 2
     rng = np.random.default_rng(21)
     weights = rng.integers(-64, 65, (experts, N, K), dtype=np.int8)
@@ -62,9 +58,8 @@ def test_dense_v3_salted_planted_winner_verifies(fused_a, split_peel, q_fork, mo
     assert mined.take_proof() is None  # re-armed, nothing pending
 
 
-@pytest.mark.parametrize("split_peel, q_fork", [(False, "gemm"), *((True, fork) for fork in pipeline.Q_FORKS)])
-def test_moe_v2_planted_winner_verifies(split_peel, q_fork, monkeypatch):
-    monkeypatch.setattr(pipeline, "Q_FORK", q_fork)
+@pytest.mark.parametrize("split_peel", [False, True])
+def test_moe_v2_planted_winner_verifies(split_peel):
     experts, top_k = 4, 2
     tokens = experts * M // top_k
     rng = np.random.default_rng(22)

@@ -70,13 +70,6 @@ GATHER_A_ROWS = False
 # the Triton lagged pass (GLM-5 decode 263.4 vs 259.6 µs, DeepSeek-V3 295.8 vs 298.8, Qwen3 101.1
 # vs 97.6; 382.4 at GLM-5 without sharing its SMs), so off; kept as the base for a lighter side chain.
 CUTE_LAGGED = False
-# Where the split pass forks its Qᵀ stream (P_Aᵀ, Qᵀ = B'·P_A, digit operands): "gemm" just before
-# the transcript GEMM (until the sixteenth session: the persistent GEMM then holds every SM, so
-# the chain ran after it, 391 µs between the GEMM and the peel at GLM-5 prefill on an H100);
-# "factors" as soon as the noise factors exist, beside the noised-A' kernel; "factors_wait" the
-# same, and the GEMM waits for the chain (nothing queued behind it).
-Q_FORK = "gemm"
-Q_FORKS = ("gemm", "factors", "factors_wait")
 # Shared memory the lagged CuTe GEMM leaves on every SM for the side chain (with half the
 # registers: `grouped_gemm_sm90.sharing`); the FP8 lagged pass measured 64 KiB best (docs/kernels-fp8mine.md).
 LAGGED_SIDE_SMEM = 64 * 1024
@@ -446,8 +439,6 @@ class MinedPass:
             s_a1 = noise_seed_a(job.s_b[:1], a_trees.roots, salted_seeds=job.salted, m=self.tokens,
                                 routing_hash=r_trees.roots, offsets_hash=o_trees.roots)
             u_a, first_a, second_a = noise_factors(s_a1, LABEL_A, self.tokens, k, rank)
-            factors = _AFactors(u_a[0][index], first_a, second_a)
-            self._fork_q(apb, factors, "factors")
             a_noised = noised(q.view(1, self.tokens, k), u_a, first_a, second_a)[0]
             a_idx = flat_routing.view(-1)  # the CuTe transcript GEMM may read A' rows through it
             if self._transcript is None or not self._gather:  # else A' in expert order
@@ -455,6 +446,7 @@ class MinedPass:
             a_clean = None if self.split_peel else q[index]  # the split pass never reads the clean rows
             scale = scale[index]
             s_a = s_a1.expand(experts, 8).contiguous()
+            factors = _AFactors(u_a[0][index], first_a, second_a)
         else:
             if x.shape != (experts, self.rows, k):
                 raise PipelineError(f"dense pass needs activations ({experts}, {self.rows}, {k}), "
@@ -468,9 +460,7 @@ class MinedPass:
                                                   rank=rank, salted=job.salted)
             else:
                 q, scale, apb = self._codes_and_apb(x, scale, self.rows)
-                s_a, factors = self._seed_and_factors(q)
-                self._fork_q(apb, factors, "factors")
-                a_noised = noised(q, factors.u_rows, factors.first, factors.second)
+                a_noised, s_a, factors = self._staged_noise(q)
             a_clean, a_idx = q, None
         if self.split_peel:
             self._gemm_split(a_noised, apb, s_a, scale, factors, a_idx)
@@ -587,35 +577,13 @@ class MinedPass:
 
     def _staged_noise(self, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, _AFactors]:
         """(A', s_A, the noise factors) of dense int7 rows q (E, M, K) through the staged kernels."""
-        s_a, factors = self._seed_and_factors(q)
-        return noised(q, factors.u_rows, factors.first, factors.second), s_a, factors
-
-    def _seed_and_factors(self, q: torch.Tensor) -> tuple[torch.Tensor, _AFactors]:
-        """(s_A, the noise factors) of dense int7 rows q (E, M, K): the A hash, the seed, U_A and P_A."""
         job = self.job
         experts, _, k = q.shape
+        rank = job.config.rank
         a_trees = keyed_trees(job.key_words, q.view(experts, -1))
         s_a = noise_seed_a(job.s_b, a_trees.roots, salted_seeds=job.salted, m=self.rows)
-        return s_a, _AFactors(*noise_factors(s_a, LABEL_A, self.rows, k, job.config.rank))
-
-    def _fork_q(self, apb: torch.Tensor, factors: _AFactors, at: str) -> None:
-        """The split pass's Qᵀ chain on its own stream, if `Q_FORK` puts it `at` this point
-        ("factors": once the noise factors exist; "gemm": before the transcript GEMM): P_Aᵀ,
-        Qᵀ = B'·P_A over the weights (memory-bound) and the peel's digit operands."""
-        if not self.split_peel or (Q_FORK == "gemm") != (at == "gemm"):
-            return
-        if Q_FORK not in Q_FORKS:
-            raise PipelineError(f"Q_FORK must be one of {Q_FORKS}, got {Q_FORK!r}")
-        job = self.job
-        rank, (_, _, k) = job.config.rank, job.bt.shape
-        instances = factors.first.shape[0]  # MoE: one instance over the stacked experts
-        left, right = self._peel_operands
-        main = torch.cuda.current_stream(apb.device) if self._q_stream is not None else None
-        with _on_side(self._q_stream, main):
-            p_a_t = dense_sparse_factor(factors.first, factors.second, rank).transpose(1, 2)
-            noise_product(job.bt_noised.view(instances, -1, k), p_a_t, self._q_t.view(instances, -1, rank))
-            digit_operands(factors.u_rows.contiguous(), apb.contiguous(), self._q_t, job.u_b,
-                           digits=q_limbs(k), left=left, right=right)
+        u_a, first_a, second_a = noise_factors(s_a, LABEL_A, self.rows, k, rank)
+        return noised(q, u_a, first_a, second_a), s_a, _AFactors(u_a, first_a, second_a)
 
     def _gemm(self, a_noised: torch.Tensor, a_clean: torch.Tensor, apb: torch.Tensor, s_a: torch.Tensor,
               scale: torch.Tensor, rows_valid: torch.Tensor, lag: LagPhase | None = None,
@@ -652,12 +620,15 @@ class MinedPass:
         job = self.job
         config = job.config
         experts, n, k = job.bt.shape
+        instances = factors.first.shape[0]  # MoE: one instance over the stacked experts
         scale = scale.float().contiguous()
         main = torch.cuda.current_stream(a_noised.device) if self._q_stream is not None else None
         left, right = self._peel_operands
-        self._fork_q(apb, factors, "gemm")
-        if main is not None and Q_FORK == "factors_wait":
-            main.wait_stream(self._q_stream)
+        with _on_side(self._q_stream, main):  # memory-bound, beside the compute-bound GEMM
+            p_a_t = dense_sparse_factor(factors.first, factors.second, config.rank).transpose(1, 2)
+            noise_product(job.bt_noised.view(instances, -1, k), p_a_t, self._q_t.view(instances, -1, config.rank))
+            digit_operands(factors.u_rows.contiguous(), apb.contiguous(), self._q_t, job.u_b,
+                           digits=q_limbs(k), left=left, right=right)
         if self._transcript is not None:
             from .transcript_gemm import transcript_gemm
             transcript_gemm(a_noised.contiguous().view(-1, k), job.bt_noised, self.row_bounds, self._raw.view(-1, n),
