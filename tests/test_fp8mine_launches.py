@@ -25,7 +25,8 @@ from kernels.fp8mine.pipeline import MinedGemm, prepare_a
 from kernels.fp8mine.gpu_check import synthetic_chain
 
 EXPERTS, N_E, K, TOKENS, TOP_K = 4, 64, 1024, 16, 2
-A_SIDE_BUDGET = 5  # rows (prequant, norms, scales), the plane trees, keys + E_A, noise dot, A′ (the A peel is the caller's)
+# rows (prequant, norms, scales), the plane trees, keys + E_A, noise dot, A′ (the A peel is the caller's)
+A_SIDE_BUDGET = 5
 PASS_BUDGET = 22  # incl. the lottery's tile map and pass (no longer fused into the peel)
 # Ops that only allocate, alias or describe a tensor: no kernel on CUDA.
 _FREE = {"empty", "empty_strided", "empty_like", "view", "_unsafe_view", "alias", "slice", "select",

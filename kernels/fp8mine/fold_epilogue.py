@@ -87,7 +87,8 @@ class FoldEpilogueMixin:
 
 
 class Fp32FoldSm90(MiningParamsMixin, FoldEpilogueMixin, GroupedGemmFp32AccSm90):
-    """The raw accumulator out (as GroupedGemmFp32AccSm90; fp32, or bf16 by the compiled output) with the lottery's fold in the epilogue."""
+    """The raw accumulator out (as GroupedGemmFp32AccSm90; fp32, or bf16 by the compiled output)
+    with the lottery's fold in the epilogue."""
 
 
 def fits(config: GroupedGemmConfig, n: int) -> bool:

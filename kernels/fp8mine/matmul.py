@@ -45,8 +45,9 @@ IMPLS = ("cute", "triton")
 FOLD_IN_EPILOGUE = True
 # That GEMM stores its accumulator rounded to bf16 (the lanes are folded from the fp32 values
 # first, so the lottery is unchanged): only the peel reads it then, and half the bytes are written
-# by the GEMM and read by the peel. The output moves by well under its fp8 error (CPU probe: rel.
-# error vs the bf16 GEMM 5.370 % against 5.361 %; docs/kernels-fp8mine.md "Sixteenth session").
+# by the GEMM and read by the peel. The output moves by well under its fp8 error (rel. error vs
+# the bf16 GEMM at GLM-5 prefill 5.418 % against 5.408 %; H100 prefill pass 4469–4526 vs
+# 4709–4768 µs; docs/kernels-fp8mine.md "Sixteenth session").
 BF16_FOLDED_ACC = True
 # Also peel and unscale in that epilogue (bf16 out, no raw accumulator written; peel_epilogue.py).
 # Off: exact on the H200 but slower (GLM-5 prefill pass 5333 vs 4240 µs, session 11: its operand

@@ -347,7 +347,8 @@ def peel_and_unscale(acc: torch.Tensor, a_peel_: torch.Tensor, alpha_a: torch.Te
                      tiles: RowTiles | None = None, a_left_zero: bool = False) -> torch.Tensor:
     """out[i, j] = (acc[i, j] + A_peel[t] · B_peel[w, j]) / (α_A[t] α_B[w, j]) as BF16, t = Rflat[i].
 
-    acc (rows, n_e) fp32, or bf16 (the fold GEMM's rounded accumulator), in expert order; a_peel_ (m, 64) and alpha_a (m,) in token order;
+    acc (rows, n_e) fp32, or bf16 (the fold GEMM's rounded accumulator), in expert order;
+    a_peel_ (m, 64) and alpha_a (m,) in token order;
     b_peel_ (e, n_e, 64), alpha_b (e, n_e). With row_shift (e,) int32, output row i of expert w
     reads acc row i + row_shift[w] (acc may then hold other rows too: a combined launch).
     One Triton pass plus the row-tile map, no host sync (approximate arithmetic: the output is
