@@ -55,6 +55,10 @@ def test_kernels_compile_for_sm90a_and_spills_stay_within_the_measured_defaults(
                             "noised_mma_64_r256_load_p"))
     # The bandwidth-bound A-side kernels keep everything in registers: a spill would be traffic.
     assert all(results[name]["stack_bytes"] == 0 for name in activations)
+    # The quantiser that hashes its codes: no spill, and at most 128 registers, so that at least
+    # four programs share an SM (one's row loads beside another's hashing).
+    fused = [results[f"codes_and_leaves_k{k}"] for k in (6144, 4096, 7168)]
+    assert all(r["stack_bytes"] == 0 and r["registers"] <= 128 for r in fused)
     # A whole decode row (8192 values) in registers still leaves 4 programs of 8 warps per SM.
     assert results["activations_quantise_decode"]["registers"] <= 64
     assert all(results[f"a_side_noise_apply_m{m}"]["stack_bytes"] == 0 for m in (16, 32, 64))

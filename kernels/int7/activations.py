@@ -57,6 +57,7 @@ _TARGET_PROGRAMS = 264  # decode A·P_B programs to aim for: two per SM
 _MAGIC = tl.constexpr(12582912.0)  # 1.5·2^23: v + _MAGIC rounds v to an integer, half to even (|v| < 2^22)
 _TINY = tl.constexpr(2.0 ** -60)  # below this max|x| the reciprocal of the scale would overflow
 _BOOST = tl.constexpr(2.0 ** 64)  # scales such rows (exactly) into the normal range
+PRODUCT_CODES = tl.constexpr(2)  # `_codes`' RECIPROCAL mode: codes by the exact product, no tie repair
 
 
 class ActivationError(ValueError):
@@ -81,7 +82,13 @@ def _widen(raw, BF16_BITS: tl.constexpr):
 def _codes(x, scale, boost, inv, RECIPROCAL: tl.constexpr):
     """int8 codes round_half_even(x / scale), x float32 (BR, BK) with |x| ≤ 64·scale, and the
     per-row scale, boost (1 or 2^64) and inv = 1 / (scale·boost) as (BR, 1). No clamp: the
-    quotient is within [−64, 64] for finite rows, and a NaN gives some int8 code, not a crash."""
+    quotient is within [−64, 64] for finite rows, and a NaN gives some int8 code, not a crash.
+    RECIPROCAL 0 divides; 1 multiplies by inv and repairs exact ties (the same codes); 2
+    (`PRODUCT_CODES`) is round_half_even of the exact product x·boost·inv (one fused rounding, the
+    same on the GPU and in the interpreter), which differs from x / scale only where x / scale is
+    an exact half-integer: any deterministic rounding is a valid A for the protocol."""
+    if RECIPROCAL == PRODUCT_CODES:
+        return tl.fma(x * boost, inv, _MAGIC).to(tl.int32, bitcast=True).to(tl.int8)
     if RECIPROCAL:
         xs = x * boost  # exact (a power of two; rows with max|x| < 2^-60 only)
         y = xs * inv  # within 2^-17 of x / scale: rounds like it unless x / scale is a tie
@@ -93,21 +100,15 @@ def _codes(x, scale, boost, inv, RECIPROCAL: tl.constexpr):
 
 
 @jit
-def _quantise_kernel(x_ptr, q_ptr, scale_ptr, zero_ptr, rows, K, R, BR: tl.constexpr, BK: tl.constexpr,
-                     ONE_PASS: tl.constexpr, TAIL: tl.constexpr, RECIPROCAL: tl.constexpr,
-                     BF16_BITS: tl.constexpr, ZERO_WIDTH: tl.constexpr):
-    """Rows [BR·program_id, +BR): scale = max|x| / 64 (1 if zero), q = the int7 codes of x / scale.
-    ONE_PASS: each row read once into registers, as a BK-wide block and (TAIL > 0, then BR = 1) a
-    TAIL-wide one after it, BK + TAIL ≥ K (two power-of-two blocks leave fewer lanes idle than
-    one: K 6144 = 4096 + 2048); else two passes over K in steps of BK.
-    ZERO_WIDTH > 0: also zero the rows' R int32 of zero_ptr (the k-split A·P_B's accumulator,
-    which then needs no memset launch of its own)."""
-    row = tl.program_id(0) * BR + tl.arange(0, BR)
+def quantise_row_block(x_ptr, q_ptr, scale_ptr, row, rows, K, BR: tl.constexpr, BK: tl.constexpr,
+                       ONE_PASS: tl.constexpr, TAIL: tl.constexpr, RECIPROCAL: tl.constexpr,
+                       BF16_BITS: tl.constexpr):
+    """Rows `row` (BR of them; those ≥ rows masked): scale = max|x| / 64 (1 if zero), q = the int7
+    codes of x / scale. ONE_PASS: each row read once into registers, as a BK-wide block and
+    (TAIL > 0, then BR = 1) a TAIL-wide one after it, BK + TAIL ≥ K (two power-of-two blocks leave
+    fewer lanes idle than one: K 6144 = 4096 + 2048); else two passes over K in steps of BK.
+    Shared by the quantiser and `codes_and_leaves` (which hashes the codes it writes)."""
     row_ok = row < rows
-    if ZERO_WIDTH:
-        ts = tl.arange(0, ZERO_WIDTH)[None, :]
-        tl.store(zero_ptr + row.to(tl.int64)[:, None] * R + ts, tl.full((BR, ZERO_WIDTH), 0, tl.int32),
-                 mask=row_ok[:, None] & (ts < R))
     at = row.to(tl.int64)[:, None] * K
     ks = tl.arange(0, BK)[None, :]
     if ONE_PASS:
@@ -145,6 +146,21 @@ def _quantise_kernel(x_ptr, q_ptr, scale_ptr, zero_ptr, rows, K, R, BR: tl.const
             live = row_ok[:, None] & (k0 + ks < K)
             x = _widen(tl.load(x_ptr + at + k0 + ks, mask=live, other=0), BF16_BITS)
             tl.store(q_ptr + at + k0 + ks, _codes(x, scale, boost, inv, RECIPROCAL), mask=live)
+
+
+@jit
+def _quantise_kernel(x_ptr, q_ptr, scale_ptr, zero_ptr, rows, K, R, BR: tl.constexpr, BK: tl.constexpr,
+                     ONE_PASS: tl.constexpr, TAIL: tl.constexpr, RECIPROCAL: tl.constexpr,
+                     BF16_BITS: tl.constexpr, ZERO_WIDTH: tl.constexpr):
+    """Rows [BR·program_id, +BR) quantised (`quantise_row_block`).
+    ZERO_WIDTH > 0: also zero the rows' R int32 of zero_ptr (the k-split A·P_B's accumulator,
+    which then needs no memset launch of its own)."""
+    row = tl.program_id(0) * BR + tl.arange(0, BR)
+    if ZERO_WIDTH:
+        ts = tl.arange(0, ZERO_WIDTH)[None, :]
+        tl.store(zero_ptr + row.to(tl.int64)[:, None] * R + ts, tl.full((BR, ZERO_WIDTH), 0, tl.int32),
+                 mask=(row < rows)[:, None] & (ts < R))
+    quantise_row_block(x_ptr, q_ptr, scale_ptr, row, rows, K, BR, BK, ONE_PASS, TAIL, RECIPROCAL, BF16_BITS)
 
 
 @jit
@@ -204,6 +220,17 @@ def quantise_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q, scale
 
 
+def one_pass_blocks(k: int) -> tuple[int, int] | None:
+    """(BK, TAIL) of `quantise_row_block` holding a row of K values in registers in one pass:
+    the largest power of two ≤ K and the power of two covering the rest (0 if none); None for
+    rows too long for one pass."""
+    width = triton.next_power_of_2(k)
+    if width > _ONE_PASS_MAX:
+        return None
+    block_k = width if width == k else width // 2
+    return block_k, triton.next_power_of_2(k - block_k) if k > block_k else 0
+
+
 def _quantise_into(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None) -> None:
     """The quantiser's launch on contiguous x; zero: an int32 (rows, r) buffer to clear, or None."""
     k = x.shape[-1]
@@ -212,11 +239,9 @@ def _quantise_into(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, zero: 
         scale.fill_(1.0)
         return
     width = triton.next_power_of_2(k)
-    one_pass = width <= _ONE_PASS_MAX
-    block_k, tail = _TWO_PASS_BLOCK, 0
-    if one_pass:
-        block_k = width if width == k else width // 2  # the largest power of two ≤ K
-        tail = triton.next_power_of_2(k - block_k) if k > block_k else 0
+    blocks = one_pass_blocks(k)
+    one_pass = blocks is not None
+    block_k, tail = blocks or (_TWO_PASS_BLOCK, 0)
     block_rows = max(1, _TWO_PASS_BLOCK // width) if rows >= _PREFILL_ROWS and not tail else 1
     values = block_rows * (block_k + tail)
     warps = min(32, max(4, triton.next_power_of_2(values // (32 * _VALUES_PER_THREAD))))

@@ -359,13 +359,23 @@ def keyed_trees(keys: torch.Tensor, data: torch.Tensor) -> KeyedTrees:
     lanes = _LANES if total >= _SPREAD_CHUNKS else 32
     _chunk_kernel[(triton.cdiv(total, lanes),)](words, keys, _key_stride(keys), cvs, nbytes // 4,
                                                  chunks, total, ROOT if chunks == 1 else 0, LANES=lanes)
+    return trees_from_leaves(keys, cvs)
+
+
+def trees_from_leaves(keys: torch.Tensor, cvs: torch.Tensor) -> KeyedTrees:
+    """The trees above leaf chaining values cvs (instances, chunks, 8) int32 (a one-chunk tree's
+    leaf is its root, so hashed with ROOT); keys as in `keyed_trees`. The chunk kernel and the
+    quantiser that hashes its codes as it writes them (`codes_and_leaves`) both end here."""
+    instances, chunks, _ = cvs.shape
+    _check_keys(keys, instances)
+    keys = keys.contiguous()
     if chunks == 1:
         return KeyedTrees([], cvs[:, 0, :], 1)
     levels = [cvs]  # large trees: one launch a level across the GPU while a level is wide
     while levels[-1].shape[1] > _ONE_PROGRAM_CHUNKS:
         count = levels[-1].shape[1]
         parents = triton.cdiv(count, 2)
-        out = torch.empty((instances, parents, 8), dtype=torch.int32, device=data.device)
+        out = torch.empty((instances, parents, 8), dtype=torch.int32, device=cvs.device)
         _parent_kernel[(triton.cdiv(instances * parents, _LANES),)](
             levels[-1], keys, _key_stride(keys), out, count, parents, instances * parents,
             KEYED_HASH | PARENT | (ROOT if count == 2 else 0), LANES=_LANES)
@@ -374,7 +384,7 @@ def keyed_trees(keys: torch.Tensor, data: torch.Tensor) -> KeyedTrees:
     if count == 1:
         return KeyedTrees(levels[:-1], levels[-1][:, 0, :], chunks)
     counts = level_counts(count * 1024)[1:] + [1]
-    flat = torch.empty((instances, sum(counts), 8), dtype=torch.int32, device=data.device)
+    flat = torch.empty((instances, sum(counts), 8), dtype=torch.int32, device=cvs.device)
     _upper_levels_kernel[(instances,)](levels[-1], keys, _key_stride(keys), flat, count, sum(counts),
                                        LANES=_LANES)
     views = list(torch.split(flat, counts, dim=1))

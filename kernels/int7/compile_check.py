@@ -21,8 +21,8 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from . import (a_side, activations, blake3, clean_peel, lag_operand, mined_gemm, noise, seeds, split_peel,
-               tile_lottery, winner)
+from . import (a_side, activations, blake3, clean_peel, codes_and_leaves, lag_operand, mined_gemm, noise, seeds,
+               split_peel, tile_lottery, winner)
 from kernels.triton_jit import INTERPRETING
 
 TARGET = GPUTarget("cuda", 90, 32)
@@ -76,6 +76,16 @@ def _variants() -> list[tuple[str, object, dict, dict, int, int]]:
         out.append((f"activations_quantise_{label}", activations._quantise_kernel, signature,
                     {"BR": rows, "BK": width, "TAIL": tail, "ONE_PASS": one_pass, "RECIPROCAL": reciprocal,
                      "BF16_BITS": reciprocal, "ZERO_WIDTH": zero}, warps, 1))
+    fused = {"x_ptr": "*i16", "q_ptr": "*i8", "q_words_ptr": "*i32", "scale_ptr": "*fp32", "key_ptr": "*i32",
+             "key_stride": "i32", "cv_ptr": "*i32", "rows": "i32", "rows_per_instance": "i32", "K": "i32",
+             **{name: "constexpr" for name in ("ROWS", "CHUNKS_PER_ROW", "BK", "TAIL", "RECIPROCAL", "BF16_BITS",
+                                               "LANES")}}
+    chunk_lanes = codes_and_leaves.LANES
+    for k in (6144, 4096, 7168):  # GLM-5 (4096 + 2048), Qwen3 (one block), DeepSeek-V3 (4096 + 4096)
+        block_k, tail = activations.one_pass_blocks(k)
+        out.append((f"codes_and_leaves_k{k}", codes_and_leaves._codes_and_leaves_kernel, fused,
+                    {"ROWS": chunk_lanes // (k // 1024), "CHUNKS_PER_ROW": k // 1024, "BK": block_k, "TAIL": tail,
+                     "RECIPROCAL": activations.PRODUCT_CODES.value, "BF16_BITS": 1, "LANES": chunk_lanes}, chunk_lanes // 32, 1))
     for regime, rows, warps, atomic in (("decode", 16, 4, 1), ("prefill", 128, 8, 0), ("mid", 64, 4, 0)):
         out.append((f"activations_apb_{regime}", activations._apb_kernel,
                     {"q_ptr": "*i8", "pb_ptr": "*i8", "pb_stride": "i32", "apb_ptr": "*i32",

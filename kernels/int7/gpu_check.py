@@ -39,7 +39,8 @@ from proof.int7 import (MiningConfig, commit_instance, instance_tickets, ticket,
 from proof.int7.noise import LABEL_A
 
 from .activations import a_times_p_b, prepare_rows, quantise_rows
-from .blake3 import bytes_from_words, keyed_trees
+from .blake3 import bytes_from_words, keyed_trees, trees_from_leaves
+from .codes_and_leaves import codes_and_leaves, fits as codes_and_leaves_fit
 from .a_side import fused_a_side, fused_applies, noised_a_side
 from .mined_gemm import DUMP_WORDS, Tiling, default_tiling, lottery_tile, mined_gemm, plain_gemm
 from .noise import dense_sparse_factor, noise_factors, noised
@@ -656,7 +657,8 @@ def section_timing(report: Report) -> dict:
 
 # The prefill switch settings timed by `switches` (docs/decisions.md): (label, {(module, attribute): value}).
 PREFILL_SWITCHES = [("default", {}),
-                    ("one-hot P built in the noised kernel", {(noise_module, "LOAD_DENSE_P"): False})]
+                    ("one-hot P built in the noised kernel", {(noise_module, "LOAD_DENSE_P"): False}),
+                    ("quantiser hashes its codes", {(pipeline_module, "CODES_AND_LEAVES"): True})]
 
 
 @contextlib.contextmanager
@@ -703,9 +705,26 @@ def _switch_row(timer: Timer, shape: tuple) -> dict:
 
 def section_switches(report: Report) -> dict:
     """Every switch's other setting beside the default, one run per shape: the noised kernel's
-    form of P on the prefill shapes, the lagged pass on the CuTe GEMM (with and without sharing
+    form of P and the quantiser that hashes its codes on the prefill shapes, the lagged pass on the CuTe GEMM (with and without sharing
     its SMs) on the decode shapes; a switch turns on where its pass is faster (docs/decisions.md)."""
     return _each_shape(report, "switches", _switch_row)
+
+
+def _fused_codes_report(x: torch.Tensor, q: torch.Tensor, fused_q: torch.Tensor, fused_scale: torch.Tensor,
+                        leaves: torch.Tensor, key_words: torch.Tensor) -> dict:
+    """`codes_and_leaves` against the quantiser (q) and the chunk kernel: the same scales, codes
+    that differ only at exact ties (it rounds the product), and leaves whose trees are the chunk
+    kernel's over its own codes."""
+    scale = quantise_rows(x)[1]
+    differ = fused_q != q
+    ties = (x.double() / scale.double()[..., None]) % 1 == 0.5
+    instances = leaves.shape[0]
+    own = keyed_trees(key_words, fused_q.view(instances, -1))
+    return {"scales equal": bool(torch.equal(fused_scale, scale)), "codes differing": int(differ.sum()),
+            "codes differ only at exact ties": bool(ties[differ].all()),
+            "leaves and roots equal the chunk kernel's": bool(
+                torch.equal(leaves, own.levels[0])
+                and torch.equal(trees_from_leaves(key_words, leaves).roots, own.roots))}
 
 
 def section_breakdown() -> dict:
@@ -731,6 +750,11 @@ def section_breakdown() -> dict:
             "noise_factors_A": lambda: noise_factors(s_a, LABEL_A, rows, k, RANK),
             "noised_A": lambda: noised(q, u_a, first, second),
         }
+        if codes_and_leaves_fit(x, rows):  # the quantiser that hashes its codes (pipeline.CODES_AND_LEAVES)
+            fused_q, fused_scale, leaves = codes_and_leaves(x, job.key_words, rows_per_instance=rows)
+            result[f"{name} codes_and_leaves"] = _fused_codes_report(x, q, fused_q, fused_scale, leaves, job.key_words)
+            stages["codes_and_leaves"] = lambda: codes_and_leaves(x, job.key_words, rows_per_instance=rows)
+            stages["trees_from_leaves"] = lambda: trees_from_leaves(job.key_words, leaves)
         if fused_applies(rows, k, RANK):  # the fused A side (a_side): 3 launches with the quantiser
             stages["fused_A_side"] = lambda: fused_a_side(quantise_rows(x)[0], job.s_b, job.key_words, job.p_b,
                                                           rank=RANK, salted=True)

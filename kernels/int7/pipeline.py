@@ -39,7 +39,8 @@ from proof.int7.seeds import job_key, salted_for
 from .a_side import (SIDE_WARPS, check_side_chain, fused_a_side, fused_applies, noised_a_side,
                      side_chain_split)
 from .activations import a_times_p_b, int7_codes, prepare_rows
-from .blake3 import KeyedTrees, bytes_from_words, keyed_trees, words_from_bytes
+from .blake3 import KeyedTrees, bytes_from_words, keyed_trees, trees_from_leaves, words_from_bytes
+from .codes_and_leaves import codes_and_leaves, fits as codes_and_leaves_fit
 from .clean_peel import MAX_ROWS as CLEAN_ROWS, clean_peel
 from .mined_gemm import TILE_WIDTHS, LagPhase, Tiling, mined_gemm
 from .lag_operand import ROW_BLOCK as LAG_ROW_BLOCK, stack_lagged_rows
@@ -61,6 +62,16 @@ CUTE_SPLIT = True
 # measured the gather slower than the copy it saves (GLM-5 prefill pass 4653 vs 4240 µs, session
 # 11, docs/kernels-fp8mine.md); for INT7 it is bit-exact on the H200 and not timed.
 GATHER_A_ROWS = False
+
+
+# The prefill A side's quantiser hashes the codes it writes (`codes_and_leaves`: one launch and one
+# pass over the codes' DRAM for the quantiser and the chunk hashing, each ~310 µs at GLM-5 FC1
+# prefill on the H200, both on the critical path to s_A), its codes rounded by the product (they
+# differ from the quantiser's at exact ties only). Fifteenth session, H100: with the quantiser's
+# tie repair it was slower (removed); a probe without it took 621 µs against 705 for the two
+# launches. Restored in the sixteenth session without a device: exact in the CPU tests; off until
+# gpu_check's `switches` times the pass with it.
+CODES_AND_LEAVES = False
 
 
 # The lagged decode pass on the CuTe int8 GEMM where it fits (`_CuteLag`): one transcript GEMM over
@@ -431,8 +442,7 @@ class MinedPass:
                 raise PipelineError(f"MoE pass needs activations ({self.tokens}, {k}) and routing "
                                     f"({experts}, {self.rows})")
             index = routing.long()
-            q, scale, apb = self._codes_and_apb(x, scale, self.tokens, index)
-            a_trees = keyed_trees(job.key_words, q.view(1, -1))
+            q, scale, apb, a_trees = self._codes_apb_trees(x, scale, self.tokens, index)
             flat_routing = routing.to(torch.int32).contiguous().view(1, -1)
             r_trees = keyed_trees(job.key_words, flat_routing.view(torch.int8))
             o_trees = keyed_trees(job.key_words, self.offsets.view(1, -1).view(torch.int8))
@@ -459,8 +469,8 @@ class MinedPass:
                 a_noised, apb, s_a = fused_a_side(q.contiguous(), job.s_b, job.key_words, job.p_b,
                                                   rank=rank, salted=job.salted)
             else:
-                q, scale, apb = self._codes_and_apb(x, scale, self.rows)
-                a_noised, s_a, factors = self._staged_noise(q)
+                q, scale, apb, a_trees = self._codes_apb_trees(x, scale, self.rows)
+                a_noised, s_a, factors = self._staged_noise(q, a_trees)
             a_clean, a_idx = q, None
         if self.split_peel:
             self._gemm_split(a_noised, apb, s_a, scale, factors, a_idx)
@@ -473,11 +483,20 @@ class MinedPass:
         self.slot.publish()
         return self.out
 
-    def _codes_and_apb(self, x: torch.Tensor, scale: torch.Tensor | None, rows_per_instance: int,
-                       index: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(q, scale, A·P_B), A·P_B's rows taken by `index` (MoE: into expert order)."""
-        q, scale, apb = prepare_rows(x, self.job.p_b, rows_per_instance=rows_per_instance, scale=scale)
-        return q, scale, apb if index is None else apb[index]
+    def _codes_apb_trees(self, x: torch.Tensor, scale: torch.Tensor | None, rows_per_instance: int,
+                         index: torch.Tensor | None = None
+                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, KeyedTrees]:
+        """(q, scale, A·P_B, A's trees over instances of rows_per_instance rows), A·P_B's rows
+        taken by `index` (MoE: into expert order)."""
+        job = self.job
+        if CODES_AND_LEAVES and codes_and_leaves_fit(x, rows_per_instance):
+            q, scale, leaves = codes_and_leaves(x, job.key_words, rows_per_instance=rows_per_instance)
+            apb = a_times_p_b(q, job.p_b, rows_per_instance=rows_per_instance)
+            trees = trees_from_leaves(job.key_words, leaves)
+        else:
+            q, scale, apb = prepare_rows(x, job.p_b, rows_per_instance=rows_per_instance, scale=scale)
+            trees = keyed_trees(job.key_words, q.reshape(-1, rows_per_instance * x.shape[-1]))
+        return q, scale, apb if index is None else apb[index], trees
 
     def _run_lagged(self, x: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
         """Serve x_t, mine the ready rows of launch t−1, and compute launch t's pending rows on the
@@ -575,12 +594,15 @@ class MinedPass:
         staged.valid.fill_(valid)
         self._lag.write_pending(staged)
 
-    def _staged_noise(self, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, _AFactors]:
-        """(A', s_A, the noise factors) of dense int7 rows q (E, M, K) through the staged kernels."""
+    def _staged_noise(self, q: torch.Tensor, a_trees: KeyedTrees | None = None
+                      ) -> tuple[torch.Tensor, torch.Tensor, _AFactors]:
+        """(A', s_A, the noise factors) of dense int7 rows q (E, M, K) through the staged kernels;
+        a_trees: q's trees when the quantiser already built their leaves."""
         job = self.job
         experts, _, k = q.shape
         rank = job.config.rank
-        a_trees = keyed_trees(job.key_words, q.view(experts, -1))
+        if a_trees is None:
+            a_trees = keyed_trees(job.key_words, q.view(experts, -1))
         s_a = noise_seed_a(job.s_b, a_trees.roots, salted_seeds=job.salted, m=self.rows)
         u_a, first_a, second_a = noise_factors(s_a, LABEL_A, self.rows, k, rank)
         return noised(q, u_a, first_a, second_a), s_a, _AFactors(u_a, first_a, second_a)
