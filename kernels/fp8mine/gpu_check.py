@@ -477,7 +477,7 @@ def _parts(gemm: MinedGemm, x: torch.Tensor, topk, result) -> dict:
         "lottery tile map + lottery": lambda: gemm.latch.run(acc32, row_tiles(table), a.pow_key,
                                                              gemm.threshold, state.seed_b, {}),
         **_folded_parts(gemm, codes, b_codes, table, a.pow_key),
-        f"peel + unscale ({str(result.acc.dtype)[6:]} accumulator)": functools.partial(
+        f"peel + unscale ({str(result.acc.dtype).removeprefix('torch.')} accumulator)": functools.partial(
             peel_and_unscale, result.acc, *peel_args),
         **({"peel + unscale (float32 accumulator)": functools.partial(peel_and_unscale, acc32, *peel_args)}
            if acc32 is not result.acc else {}),

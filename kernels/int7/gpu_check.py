@@ -705,17 +705,16 @@ def _switch_row(timer: Timer, shape: tuple) -> dict:
 
 def section_switches(report: Report) -> dict:
     """Every switch's other setting beside the default, one run per shape: the noised kernel's
-    form of P and the quantiser that hashes its codes on the prefill shapes, the lagged pass on the CuTe GEMM (with and without sharing
-    its SMs) on the decode shapes; a switch turns on where its pass is faster (docs/decisions.md)."""
+    form of P and the quantiser that hashes its codes on the prefill shapes, the lagged pass on
+    the CuTe GEMM (with and without sharing its SMs) on the decode shapes; a switch turns on where its pass is faster (docs/decisions.md)."""
     return _each_shape(report, "switches", _switch_row)
 
 
-def _fused_codes_report(x: torch.Tensor, q: torch.Tensor, fused_q: torch.Tensor, fused_scale: torch.Tensor,
-                        leaves: torch.Tensor, key_words: torch.Tensor) -> dict:
+def _fused_codes_report(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, fused_q: torch.Tensor,
+                        fused_scale: torch.Tensor, leaves: torch.Tensor, key_words: torch.Tensor) -> dict:
     """`codes_and_leaves` against the quantiser (q) and the chunk kernel: the same scales, codes
     that differ only at exact ties (it rounds the product), and leaves whose trees are the chunk
-    kernel's over its own codes."""
-    scale = quantise_rows(x)[1]
+    kernel's over its own codes (q, scale: the quantiser's)."""
     differ = fused_q != q
     ties = (x.double() / scale.double()[..., None]) % 1 == 0.5
     instances = leaves.shape[0]
@@ -737,7 +736,7 @@ def section_breakdown() -> dict:
         job = prepare_job(weights, torch.ones(experts, n, device="cuda"), header76=HEADER,
                           config=config(k=k), cert_version=3, bound=0, moe=False)
         torch.cuda.current_stream().wait_event(job.ready)
-        q, _ = quantise_rows(x)
+        q, scale = quantise_rows(x)
         trees = keyed_trees(job.key_words, q.view(experts, -1))
         s_a = noise_seed_a(job.s_b, trees.roots, salted_seeds=True, m=rows)
         u_a, first, second = noise_factors(s_a, LABEL_A, rows, k, RANK)
@@ -752,7 +751,8 @@ def section_breakdown() -> dict:
         }
         if codes_and_leaves_fit(x, rows):  # the quantiser that hashes its codes (pipeline.CODES_AND_LEAVES)
             fused_q, fused_scale, leaves = codes_and_leaves(x, job.key_words, rows_per_instance=rows)
-            result[f"{name} codes_and_leaves"] = _fused_codes_report(x, q, fused_q, fused_scale, leaves, job.key_words)
+            result[f"{name} codes_and_leaves"] = _fused_codes_report(x, q, scale, fused_q, fused_scale, leaves,
+                                                                      job.key_words)
             stages["codes_and_leaves"] = lambda: codes_and_leaves(x, job.key_words, rows_per_instance=rows)
             stages["trees_from_leaves"] = lambda: trees_from_leaves(job.key_words, leaves)
         if fused_applies(rows, k, RANK):  # the fused A side (a_side): 3 launches with the quantiser

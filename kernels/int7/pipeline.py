@@ -489,7 +489,7 @@ class MinedPass:
         """(q, scale, A·P_B, A's trees over instances of rows_per_instance rows), A·P_B's rows
         taken by `index` (MoE: into expert order)."""
         job = self.job
-        if CODES_AND_LEAVES and codes_and_leaves_fit(x, rows_per_instance):
+        if CODES_AND_LEAVES and scale is None and codes_and_leaves_fit(x, rows_per_instance):  # it computes the scales
             q, scale, leaves = codes_and_leaves(x, job.key_words, rows_per_instance=rows_per_instance)
             apb = a_times_p_b(q, job.p_b, rows_per_instance=rows_per_instance)
             trees = trees_from_leaves(job.key_words, leaves)
