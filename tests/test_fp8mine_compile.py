@@ -36,16 +36,21 @@ SCRIPT = textwrap.dedent("""
         "a_ptr": "*u8", "b_ptr": "*u8", "out_ptr": "*fp32", "tile_row_ptr": "*i32", "tile_expert_ptr": "*i32",
         "ends_ptr": "*i32", "n": "i32", "k": "i32", "BM": "constexpr", "BN": "constexpr"},
         constexprs={"BM": 128, "BN": 128}), target=target, options={"num_warps": 8})  # the prefill tile
-    for dot, rows, cols in ((False, noisy_kernel._NOISY_ROWS, noisy_kernel._NOISY_COLS),
-                            (True, noisy_kernel._DOT_ROWS, noisy_kernel._DOT_COLS)):
+    # the B side (N from memory); the A side (N formed in the launch), in token order and written
+    # into expert order
+    for dot, rows, cols, top_k in ((False, noisy_kernel._NOISY_ROWS, noisy_kernel._NOISY_COLS, 0),
+                                   (True, noisy_kernel._DOT_ROWS, noisy_kernel._DOT_COLS, 0),
+                                   (True, noisy_kernel._DOT_ROWS, noisy_kernel._DOT_COLS, 8)):
         noisy = triton.compile(ASTSource(fn=noisy_kernel._noisy_kernel, signature={
             "x_ptr": "*i16", "noise_ptr": "*fp32", "e_ptr": "*u8", "f_ptr": "*u8", "alpha_ptr": "*i16",
-            "beta_ptr": "*i16", "out_ptr": "*u8", "rows": "i32", "k": "i32", "BR": "constexpr", "BC": "constexpr",
-            "DOT": "constexpr"}, constexprs={"BR": rows, "BC": cols, "DOT": dot},
-            attrs=ALIGNED(9)), target=target, options={"enable_fp_fusion": False})
-        print("NOISYDOT-BEGIN" if dot else "NOISY-BEGIN")
-        print(noisy.asm["ptx"])
-        print("NOISYDOT-END" if dot else "NOISY-END")
+            "beta_ptr": "*i16", "out_ptr": "*u8", "positions_ptr": "*i32", "rows": "i32", "k": "i32",
+            "BR": "constexpr", "BC": "constexpr", "DOT": "constexpr", "TOP_K": "constexpr"},
+            constexprs={"BR": rows, "BC": cols, "DOT": dot, "TOP_K": top_k},
+            attrs=ALIGNED(10)), target=target, options={"enable_fp_fusion": False})
+        if top_k == 0:
+            print("NOISYDOT-BEGIN" if dot else "NOISY-BEGIN")
+            print(noisy.asm["ptx"])
+            print("NOISYDOT-END" if dot else "NOISY-END")
     triton.compile(ASTSource(fn=noisy_kernel._row_scales_kernel, signature={
         "l2_ptr": "*i16", "linf_ptr": "*i16", "alpha_ptr": "*i16", "beta_ptr": "*i16", "rows": "i32",
         "delta_r": "fp32", "delta_over_std": "fp32", "BLOCK": "constexpr"}, constexprs={"BLOCK": 1024}),
@@ -90,12 +95,13 @@ SCRIPT = textwrap.dedent("""
             print("EXPERTPEEL-BEGIN")
             print(by_expert.asm["ptx"])
             print("EXPERTPEEL-END")
-    for rows, f_values in ((64, False), (16, False), (64, True)):
+    for rows, f_values, top_k in ((64, False, 0), (16, False, 0), (64, True, 0), (64, True, 8)):
         triton.compile(ASTSource(fn=peel._a_peel_kernel, signature={
-            "codes_ptr": "*u8", "beta_ptr": "*i16", "e_ptr": "*u8", "f_b_ptr": "*fp32" if f_values else "*u8",
-            "out_ptr": "*i16", "partial_ptr": "*fp32", "counter_ptr": "*i32", "rows": "i32", "k": "i32",
-            "k_per_split": "i32", "splits": "i32", "BR": "constexpr", "BK": "constexpr", "F_VALUES": "constexpr"},
-            constexprs={"BR": rows, "BK": 128, "F_VALUES": f_values}), target=target,
+            "codes_ptr": "*u8", "positions_ptr": "*i32", "beta_ptr": "*i16", "e_ptr": "*u8",
+            "f_b_ptr": "*fp32" if f_values else "*u8", "out_ptr": "*i16", "partial_ptr": "*fp32",
+            "counter_ptr": "*i32", "rows": "i32", "k": "i32", "k_per_split": "i32", "splits": "i32",
+            "BR": "constexpr", "BK": "constexpr", "F_VALUES": "constexpr", "TOP_K": "constexpr"},
+            constexprs={"BR": rows, "BK": 128, "F_VALUES": f_values, "TOP_K": top_k}), target=target,
             options={"num_warps": 8 if f_values else 4, "num_stages": 4 if f_values else 3})
     triton.compile(ASTSource(fn=transcript._forest_kernel, signature={
         "key_ptr": "*i32", **{f"p{i}": "*i32" for i in range(4)}, **{f"w{i}": "i32" for i in range(4)},
@@ -135,7 +141,8 @@ SCRIPT = textwrap.dedent("""
     for ids, eb, chunk in (("*i32", 32, 512), ("*i64", 256, 64), ("*i64", 1024, 16)):
         triton.compile(ASTSource(fn=routing._ranked_kernel, signature={
             "ids_ptr": ids, "total": "i32", "experts": "i32", "top_k": "i32", "rflat_ptr": "*i32",
-            "bounds_ptr": "*i32", "EB": "constexpr", "CHUNK": "constexpr", "SLICE": "constexpr"},
+            "bounds_ptr": "*i32", "positions_ptr": "*i32", "EB": "constexpr", "CHUNK": "constexpr",
+            "SLICE": "constexpr"},
             constexprs={"EB": eb, "CHUNK": chunk, "SLICE": routing.RANK_SLICE}), target=target,
             options={"num_warps": routing.RANK_WARPS})
     for ids in ("*i32", "*i64"):
@@ -146,7 +153,8 @@ SCRIPT = textwrap.dedent("""
                 target=target)
         triton.compile(ASTSource(fn=routing._chunk_scatter_kernel, signature={
             "ids_ptr": ids, "total": "i32", "experts": "i32", "top_k": "i32", "prefix_ptr": "*i32",
-            "bounds_ptr": "*i32", "rflat_ptr": "*i32", "EB": "constexpr", "CHUNK": "constexpr"},
+            "bounds_ptr": "*i32", "rflat_ptr": "*i32", "positions_ptr": "*i32", "EB": "constexpr",
+            "CHUNK": "constexpr"},
             constexprs={"EB": 32, "CHUNK": 128}), target=target)
     for eb in (2, 32, 1024):
         wb = min(eb, routing._COUNT_EXPERTS)

@@ -22,6 +22,7 @@ from triton.runtime.interpreter import InterpretedFunction
 
 from kernels.fp8mine import matmul
 from kernels.fp8mine.pipeline import MinedGemm, prepare_a
+from kernels.fp8mine.quant import prepare_rows
 from kernels.fp8mine.gpu_check import synthetic_chain
 
 EXPERTS, N_E, K, TOKENS, TOP_K = 4, 64, 1024, 16, 2
@@ -105,7 +106,7 @@ def test_a_side_launches(moe_pass, counter):
     table = gemm.forward(x, topk).table
     counter.reset()
     with counter:
-        prepare_a(x, gemm.seed_message, gemm.p_a_len, gemm.state, table)
+        prepare_a(prepare_rows(x), gemm.seed_message, gemm.p_a_len, gemm.state, table, in_expert_order=True)
     print("A side:", counter.launches, dict(counter.ops), dict(counter.kernels))
     assert counter.kernels["_launch_keys_kernel"] == 1  # HA, seedA and both label keys: one launch
     assert counter.launches <= A_SIDE_BUDGET
@@ -119,6 +120,7 @@ def test_mined_pass_launches(moe_pass, counter):
     print("mined pass:", counter.launches, dict(counter.ops), dict(counter.kernels))
     assert counter.kernels["fp8 GEMM"] == 2  # the noise dot and the layer GEMM
     assert counter.kernels["_a_peel_kernel"] == 1
+    assert "index_select" not in counter.ops  # A′ is written into expert order, not gathered
     assert counter.launches <= PASS_BUDGET
 
 

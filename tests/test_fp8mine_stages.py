@@ -10,7 +10,7 @@ from kernels.fp8mine import quant as dev_quant
 from kernels.fp8mine import routing as dev_routing
 from kernels.fp8mine import transcript as dev_transcript
 from kernels.fp8mine.hashing import as_bytes, constant_bytes, hash_short
-from kernels.fp8mine.matmul import MatmulError, grouped_matmul
+from kernels.fp8mine.matmul import MatmulError, grouped_matmul, matmul
 from kernels.fp8mine.numerics import bf16_fma, from_bits16
 from proof.fp8 import bf16 as ref_bf16
 from proof.fp8 import lottery as ref_lottery
@@ -356,14 +356,51 @@ def test_noisy_codes_forming_the_noise_dot_in_the_launch():
     small = np.array([0x00, 0x38, 0x40, 0x44, 0xB8, 0xC0, 0xC4, 0x48], dtype=np.uint8)  # 0, ±1, ±2, ±3, 4
     e, f = rng.choice(small, (rows, 32)), rng.choice(small, (k, 32))
     want = ref_quant.noisy_quantize("hopper", values, l2, linf, e, f)
-    side, none = dev_quant.noisy_side(bf16_tensor(values), bf16_tensor(want.alpha), bf16_tensor(want.beta),
-                                      torch.from_numpy(e).view(torch.float8_e4m3fn),
-                                      torch.from_numpy(f).view(torch.float8_e4m3fn))
-    assert none is None and np.array_equal(side.codes.view(torch.uint8).numpy(), want.codes)
+    rows_in = dev_quant.Rows(torch.from_numpy(codes), bf16_tensor(scales), bf16_tensor(values), bf16_tensor(l2),
+                             bf16_tensor(linf), bf16_tensor(want.alpha), bf16_tensor(want.beta))
+    side = dev_quant.noisy_side(rows_in, torch.from_numpy(e).view(torch.float8_e4m3fn),
+                                torch.from_numpy(f).view(torch.float8_e4m3fn))
+    assert side.positions is None and np.array_equal(side.codes.view(torch.uint8).numpy(), want.codes)
     got = noisy_kernel.noisy_codes_of_lines(bf16_tensor(want.alpha), bf16_tensor(want.beta), bf16_tensor(values),
                                             torch.from_numpy(e).view(torch.float8_e4m3fn),
                                             torch.from_numpy(f).view(torch.float8_e4m3fn))
     assert np.array_equal(got.view(torch.uint8).numpy(), want.codes)
+
+
+def test_noisy_codes_written_straight_into_expert_order():
+    """With a routing table's positions, the codes launch stores each token's row at its top_k
+    expert-order rows: the result is the token-order codes gathered through Rflat, for both
+    launch forms (the noise dot read from memory, and formed in the launch); the A peel reads
+    each token's first copy and equals the peel of the token-order codes."""
+    from kernels.fp8mine import noisy_kernel
+    from kernels.fp8mine.peel import a_peel
+    rng = np.random.default_rng(21)
+    rows, k, top_k, experts = 70, 160, 3, 5
+    x = (rng.standard_normal((rows, k)) * np.exp2(rng.integers(-40, 40, (rows, 1)))).astype(np.float32)
+    codes, scales = ref_prequant.prequantize(x)
+    values = ref_prequant.open_values(codes, scales)
+    l2, linf = ref_prequant.row_norms(codes, scales)
+    small = np.array([0x00, 0x38, 0x40, 0x44, 0xB8, 0xC0, 0xC4, 0x48], dtype=np.uint8)
+    e, f = rng.choice(small, (rows, 32)), rng.choice(small, (k, 32))
+    want = ref_quant.noisy_quantize("hopper", values, l2, linf, e, f)
+    topk = np.stack([rng.permutation(experts)[:top_k] for _ in range(rows)])
+    table = dev_routing.routing_table(torch.from_numpy(topk), experts)
+    in_order = want.codes[table.rflat.numpy()]
+    args = (bf16_tensor(want.alpha), bf16_tensor(want.beta), bf16_tensor(values))
+    e_t, f_t = torch.from_numpy(e).view(torch.float8_e4m3fn), torch.from_numpy(f).view(torch.float8_e4m3fn)
+    for got in (noisy_kernel.noisy_codes_of_lines(*args, e_t, f_t, table.positions),
+                noisy_kernel.noisy_codes(*args, matmul(e_t, f_t), table.positions)):
+        assert got.shape == (rows * top_k, k)
+        assert np.array_equal(got.view(torch.uint8).numpy(), in_order)
+    rows_in = dev_quant.Rows(torch.from_numpy(codes), bf16_tensor(scales), bf16_tensor(values), bf16_tensor(l2),
+                             bf16_tensor(linf), bf16_tensor(want.alpha), bf16_tensor(want.beta))
+    side = dev_quant.noisy_side(rows_in, e_t, f_t, table.positions)
+    assert side.top_k == top_k and np.array_equal(side.token_codes().view(torch.uint8).numpy(), want.codes)
+    plain = dev_quant.noisy_side(rows_in, e_t, f_t)
+    f_b = torch.from_numpy(rng.choice(small, (k, 32))).view(torch.float8_e4m3fn)
+    assert torch.equal(a_peel(side, f_b).view(torch.int16), a_peel(plain, f_b).view(torch.int16))
+    with pytest.raises(ValueError, match="positions must be int32"):
+        noisy_kernel.noisy_codes_of_lines(*args, e_t, f_t, table.positions[:-1])
 
 # ---------------------------------------------------------------------------------- routing, matmul
 
@@ -397,6 +434,9 @@ def test_routing_table_paths_match_reference(small_limit, monkeypatch):
                                           experts)
         rflat, offsets = routing_from_topk(topk, experts)
         assert table.rflat.tolist() == rflat and table.bounds.tolist() == [0] + offsets
+        # positions: entry t·top_k + j's row in Rflat (the stable sort's inverse)
+        order = np.argsort(topk.reshape(-1), kind="stable")
+        assert table.positions.tolist() == np.argsort(order).tolist()
     wild = rng.integers(-3, 9, (40, 4))  # out-of-range ids are clamped (then repeats are possible)
     clipped = np.clip(wild, 0, 5).reshape(-1)
     table = dev_routing.routing_table(torch.from_numpy(wild), 6)

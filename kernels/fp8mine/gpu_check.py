@@ -43,6 +43,8 @@ from proof.fp8.params import TILE_4X64
 from proof.fp8.verify import evaluate_plain_proof, verify_plain_proof
 
 from . import matmul as matmul_module
+from . import pipeline as pipeline_module
+from . import quant
 from .lottery import LotteryLatch
 from .matmul import (IMPLS, WINDOW_K, fold_in_gemm, folded_lanes, gather_in_gemm, gemm_impl, grouped_matmul,
                      matmul, peel_in_gemm)
@@ -192,7 +194,7 @@ def _stage_report(gemm: MinedGemm, x: torch.Tensor, result) -> dict:
     ref = ref_quant.noisy_quantize("hopper", values, l2, linf, e_lines, f_lines)
     report["alpha"] = bool(np.array_equal(_u16(a.side.alpha), ref.alpha))
     report["beta"] = bool(np.array_equal(_u16(a.side.beta), ref.beta))
-    report["A' codes"] = _compare(_codes(a.side.codes).view(np.int8).astype(np.float32),
+    report["A' codes"] = _compare(_codes(a.side.token_codes()).view(np.int8).astype(np.float32),
                                   ref.codes.view(np.int8).astype(np.float32))
     table = result.table
     b_codes = _codes(gemm.state.side.codes).reshape(gemm.b.experts, gemm.b.n_e, -1)
@@ -221,7 +223,7 @@ def _stage_report(gemm: MinedGemm, x: torch.Tensor, result) -> dict:
             total += 1
             bad += tickets_np[slot, col].astype("<i4").tobytes() != ref_lottery.ticket_with_key(pow_key, message)
     report["tickets"] = {"tiles": total, "mismatches": int(bad)}
-    codes, b_dev = gemm.expert_rows(a.side.codes, table), gemm.b_codes()
+    codes, b_dev = gemm.expert_rows(a.side, table), gemm.b_codes()
     if fold_in_gemm(codes.shape[0], b_dev):
         report["epilogue-folded tickets"] = _folded_tickets(codes, b_dev, table, tiles, a.pow_key, gemm, tickets_np)
     return report
@@ -268,6 +270,12 @@ def _checked_stages(gemm: MinedGemm, x: torch.Tensor, topk) -> dict:
         out["bf16 accumulator"] = _bf16_acc_report(gemm, x, topk, result)
     if _would("PEEL_IN_EPILOGUE", peel_in_gemm, rows, gemm.b_codes()):
         out["peel in the epilogue vs the peel pass"] = _epilogue_peel_error(gemm, x, topk, result)
+    if gemm.moe:
+        gathered = _forward_switched(gemm, x, topk, "A_IN_EXPERT_ORDER", False)
+        out["A′ written in expert order: accumulator and output bitwise those of gathered rows"] = bool(
+            result.a.side.positions is not None and gathered.a.side.positions is None
+            and torch.equal(gathered.acc.view(torch.int32), result.acc.view(torch.int32))
+            and torch.equal(gathered.out.view(torch.int16), result.out.view(torch.int16)))
     if gemm.moe and _would("GATHER_IN_GEMM", gather_in_gemm, rows, gemm.b_codes()):
         gathered = _forward_switched(gemm, x, topk, "GATHER_IN_GEMM", True)
         out["A′ rows gathered by the GEMM: accumulator and output bitwise equal"] = bool(
@@ -300,18 +308,20 @@ def _epilogue_peel_error(gemm: MinedGemm, x: torch.Tensor, topk, result) -> dict
 
 @contextlib.contextmanager
 def _switched(switch: str, value: bool):
-    """A module switch (matmul's FOLD_IN_EPILOGUE, PEEL_IN_EPILOGUE, GATHER_IN_GEMM) set to `value`
-    for the block: the other variant, for comparisons and timing."""
-    before = getattr(matmul_module, switch)
-    setattr(matmul_module, switch, value)
+    """A module switch (matmul's FOLD_IN_EPILOGUE, PEEL_IN_EPILOGUE, GATHER_IN_GEMM,
+    BF16_FOLDED_ACC; pipeline's A_IN_EXPERT_ORDER) set to `value` for the block: the other
+    variant, for comparisons and timing."""
+    module = matmul_module if hasattr(matmul_module, switch) else pipeline_module
+    before = getattr(module, switch)
+    setattr(module, switch, value)
     try:
         yield
     finally:
-        setattr(matmul_module, switch, before)
+        setattr(module, switch, before)
 
 
 def _forward_switched(gemm: MinedGemm, x: torch.Tensor, topk, switch: str, value: bool):
-    """One same-launch pass with a `matmul` switch set to `value`."""
+    """One same-launch pass with a switch (`_switched`) set to `value`."""
     with _switched(switch, value):
         return gemm.forward(x, topk)
 
@@ -462,7 +472,8 @@ def _parts(gemm: MinedGemm, x: torch.Tensor, topk, result) -> dict:
     from .peel import a_peel, peel_and_unscale
     from .pipeline import prepare_a
     state, table, a = gemm.state, result.table, result.a
-    codes, b_codes = gemm.expert_rows(a.side.codes, table), gemm.b_codes()
+    codes, b_codes = gemm.expert_rows(a.side, table), gemm.b_codes()
+    token_codes = a.side.token_codes()
     acc32 = result.acc if result.acc.dtype == torch.float32 else \
         _forward_switched(gemm, x, topk, "BF16_FOLDED_ACC", False).acc  # what the lottery pass reads
     peel_args = (a_peel(a.side, state.f_b), a.side.alpha, state.peel.view(gemm.b.experts, gemm.b.n_e, -1),
@@ -470,9 +481,10 @@ def _parts(gemm: MinedGemm, x: torch.Tensor, topk, result) -> dict:
     sources = {"codes": a.codes, "scales": a.scales, "rflat": table.rflat, "offsets": table.offsets}
     stages = {
         **({"routing table": lambda: routing_table(topk, gemm.b.experts)} if gemm.moe else {}),
-        "A side": lambda: prepare_a(x, gemm.seed_message, gemm.p_a_len, state, table if gemm.moe else None),
+        "A side": lambda: prepare_a(quant.prepare_rows(x), gemm.seed_message, gemm.p_a_len, state,
+                                    table if gemm.moe else None, in_expert_order=a.side.positions is not None),
         "A peel": lambda: a_peel(a.side, state.f_b),
-        "A' rows to expert order": lambda: gemm.expert_rows(a.side.codes, table),
+        "A' token rows gathered into expert order": lambda: token_codes.index_select(0, table.rflat),
         **{f"GEMM ({impl})": functools.partial(grouped_matmul, codes, b_codes, table, impl) for impl in IMPLS},
         "lottery tile map + lottery": lambda: gemm.latch.run(acc32, row_tiles(table), a.pow_key,
                                                              gemm.threshold, state.seed_b, {}),
@@ -512,7 +524,7 @@ def _time_each(stages: dict) -> dict:
 
 def _a_side_stages(gemm: MinedGemm, x: torch.Tensor, table: RoutingTable) -> dict:
     """Each stage of `prepare_a` alone, on the intermediates of one eager A side (same order)."""
-    from . import noise, noisy_kernel, prequant, quant, transcript
+    from . import noise, noisy_kernel, prequant, transcript
     from .peel import a_peel
     state = gemm.state
     codes, scales, values = prequant.prequantize_and_open(x)
@@ -539,6 +551,10 @@ def _a_side_stages(gemm: MinedGemm, x: torch.Tensor, table: RoutingTable) -> dic
            for impl in IMPLS},
         "row scales": lambda: quant.row_scales(l2, linf),
         "noisy codes": lambda: noisy_kernel.noisy_codes(alpha, beta, x, noise_dot),
+        "noisy codes, E·F dot in the launch": lambda: noisy_kernel.noisy_codes_of_lines(
+            alpha, beta, values, e_a, state.f_a),
+        **({"same, written into expert order": lambda: noisy_kernel.noisy_codes_of_lines(
+            alpha, beta, values, e_a, state.f_a, table.positions)} if gemm.moe else {}),
         "A peel": lambda: a_peel(side, state.f_b),
     }
     return _time_each(stages)
@@ -567,7 +583,7 @@ def _lagged_parts(gemm: MinedGemm, x: torch.Tensor, topk, result) -> dict:
     alpha_b = state.side.alpha.view(gemm.b.experts, gemm.b.n_e)
 
     def side_a():
-        a = prepare_a(x, gemm.seed_message, gemm.p_a_len, state, table if gemm.moe else None)
+        a = prepare_a(quant.prepare_rows(x), gemm.seed_message, gemm.p_a_len, state, table if gemm.moe else None)
         gemm.pending.fill(a.side.codes, a.codes, a.scales, a.pow_key, table)
 
     stages = {
@@ -624,6 +640,9 @@ def check_timing() -> dict:
                     functools.partial(_forward_switched, gemm, x, topk, "BF16_FOLDED_ACC", False)]
                 entry["output rel err vs bf16, fp32 accumulator"] = _reference_error(
                     _forward_switched(gemm, x, topk, "BF16_FOLDED_ACC", False).out, x, weights, result.table)
+            if gemm.moe:
+                methods["mined, A′ gathered into expert order"] = [
+                    functools.partial(_forward_switched, gemm, x, topk, "A_IN_EXPERT_ORDER", False)]
             if gemm.moe and _would("GATHER_IN_GEMM", gather_in_gemm, xq.shape[0], gemm.b_codes()):
                 methods["mined, A′ gathered by the GEMM"] = [
                     functools.partial(_forward_switched, gemm, x, topk, "GATHER_IN_GEMM", True)]
@@ -647,6 +666,9 @@ def check_timing() -> dict:
             if "mined, lottery pass" in timings:
                 entry["mined with the lottery pass median us"] = _median_us(timings["mined, lottery pass"])
                 entry["mined with the fp32 accumulator median us"] = _median_us(timings["mined, fp32 accumulator"])
+            if "mined, A′ gathered into expert order" in timings:
+                entry["mined with A′ gathered into expert order median us"] = _median_us(
+                    timings["mined, A′ gathered into expert order"])
             if "mined, A′ gathered by the GEMM" in timings:
                 entry["mined with the A′ gather in the GEMM median us"] = _median_us(
                     timings["mined, A′ gathered by the GEMM"])

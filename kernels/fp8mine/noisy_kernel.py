@@ -149,12 +149,13 @@ def _noise_dot(e_ptr, f_ptr, r, cols, live_r, live_c):
 
 
 @jit
-def _noisy_kernel(x_ptr, noise_ptr, e_ptr, f_ptr, alpha_ptr, beta_ptr, out_ptr, rows, k, BR: tl.constexpr,
-                  BC: tl.constexpr, DOT: tl.constexpr):
+def _noisy_kernel(x_ptr, noise_ptr, e_ptr, f_ptr, alpha_ptr, beta_ptr, out_ptr, positions_ptr, rows, k,
+                  BR: tl.constexpr, BC: tl.constexpr, DOT: tl.constexpr, TOP_K: tl.constexpr):
     """BR rows × BC columns: α, β loaded once per row; N read from noise_ptr, or with DOT formed
     here from the E and F lines (no N in memory, no GEMM launch before this one); the FMA in f32
     (_fma_bf16_f32) unless a product α·X of this tile is not exact in f32, then the whole tile
-    takes the f64 path."""
+    takes the f64 path. TOP_K = 0 stores row r at out row r; TOP_K > 0 stores it at out rows
+    positions[r·TOP_K + j], j < TOP_K (the expert-order rows it is routed to)."""
     r = tl.program_id(0) * BR + tl.arange(0, BR)
     cols = tl.program_id(1) * BC + tl.arange(0, BC)
     live_r = r < rows
@@ -175,33 +176,55 @@ def _noisy_kernel(x_ptr, noise_ptr, e_ptr, f_ptr, alpha_ptr, beta_ptr, out_ptr, 
         value = _fma_bf16_f32(alpha, x, scaled)
     else:
         value = _fma_bf16(alpha, x, scaled)
-    tl.store(out_ptr + offs, _e4m3_code(value).to(tl.uint8), mask=live)  # clamps to ±448
+    codes = _e4m3_code(value).to(tl.uint8)  # clamps to ±448
+    if TOP_K == 0:
+        tl.store(out_ptr + offs, codes, mask=live)
+    else:
+        for j in tl.static_range(TOP_K):
+            dest = tl.load(positions_ptr + r.to(tl.int64) * TOP_K + j, mask=live_r, other=0).to(tl.int64)
+            tl.store(out_ptr + dest[:, None] * k + cols[None, :], codes, mask=live)
 
 
-def noisy_codes(alpha: torch.Tensor, beta: torch.Tensor, x: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-    """e4m3 codes (rows, k) from bf16 α, β (rows,), bf16 X (rows, k) and the fp32 noise dot."""
+def _scattered_out(x: torch.Tensor, positions: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(codes buffer, positions argument, TOP_K) for x's rows stored as themselves (positions None)
+    or at their expert-order rows (positions (rows·top_k,) int32: `RoutingTable.positions`)."""
     rows, k = x.shape
-    out = torch.empty((rows, k), dtype=torch.uint8, device=x.device)
+    if positions is None:
+        return torch.empty((rows, k), dtype=torch.uint8, device=x.device), x, 0
+    if positions.dtype != torch.int32 or positions.dim() != 1 or rows == 0 or positions.shape[0] % rows:
+        raise ValueError(f"positions must be int32 (rows·top_k,) for {rows} rows, "
+                         f"got {positions.dtype} {tuple(positions.shape)}")
+    total = positions.shape[0]
+    return torch.empty((total, k), dtype=torch.uint8, device=x.device), positions.contiguous(), total // rows
+
+
+def noisy_codes(alpha: torch.Tensor, beta: torch.Tensor, x: torch.Tensor, noise: torch.Tensor,
+                positions: torch.Tensor | None = None) -> torch.Tensor:
+    """e4m3 codes (rows, k) from bf16 α, β (rows,), bf16 X (rows, k) and the fp32 noise dot; with
+    positions (rows·top_k,), (rows·top_k, k) codes with row r at rows positions[r·top_k + j]."""
+    rows, k = x.shape
+    out, where, top_k = _scattered_out(x, positions)
     grid = (triton.cdiv(rows, _NOISY_ROWS), triton.cdiv(k, _NOISY_COLS))
     x16 = x.contiguous().view(torch.int16)
     _noisy_kernel[grid](x16, noise.contiguous(), x16, x16, alpha.contiguous().view(torch.int16),
-                        beta.contiguous().view(torch.int16), out, rows, k, BR=_NOISY_ROWS, BC=_NOISY_COLS,
-                        DOT=False, enable_fp_fusion=False)
+                        beta.contiguous().view(torch.int16), out, where, rows, k, BR=_NOISY_ROWS,
+                        BC=_NOISY_COLS, DOT=False, TOP_K=top_k, enable_fp_fusion=False)
     return out.view(torch.float8_e4m3fn)
 
 
 def noisy_codes_of_lines(alpha: torch.Tensor, beta: torch.Tensor, x: torch.Tensor, e_lines: torch.Tensor,
-                         f_lines: torch.Tensor) -> torch.Tensor:
+                         f_lines: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
     """`noisy_codes` with N = E·Fᵀ formed inside the launch from the e4m3 lines E (rows, 32) and
     F (k, 32) — the A side, whose N nothing else reads. The tensor-core dot is the device's own
     FP8 atom, so this is CUDA-only: the caller passes the model's N to `noisy_codes` elsewhere."""
     rows, k = x.shape
-    out = torch.empty((rows, k), dtype=torch.uint8, device=x.device)
+    out, where, top_k = _scattered_out(x, positions)
     grid = (triton.cdiv(rows, _DOT_ROWS), triton.cdiv(k, _DOT_COLS))
     x16 = x.contiguous().view(torch.int16)
     _noisy_kernel[grid](x16, x16, e_lines.contiguous().view(torch.uint8), f_lines.contiguous().view(torch.uint8),
-                        alpha.contiguous().view(torch.int16), beta.contiguous().view(torch.int16), out, rows, k,
-                        BR=_DOT_ROWS, BC=_DOT_COLS, DOT=True, enable_fp_fusion=False, num_warps=4)
+                        alpha.contiguous().view(torch.int16), beta.contiguous().view(torch.int16), out, where,
+                        rows, k, BR=_DOT_ROWS, BC=_DOT_COLS, DOT=True, TOP_K=top_k, enable_fp_fusion=False,
+                        num_warps=4)
     return out.view(torch.float8_e4m3fn)
 
 

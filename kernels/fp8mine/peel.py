@@ -77,23 +77,29 @@ def _store_a_peel(out_ptr, beta_ptr, e_ptr, r, right_sum, rows, BR: tl.constexpr
 
 
 @jit
-def _a_peel_kernel(codes_ptr, beta_ptr, e_ptr, f_b_ptr, out_ptr, partial_ptr, counter_ptr, rows, k, k_per_split,
-                   splits, BR: tl.constexpr, BK: tl.constexpr, F_VALUES: tl.constexpr):
+def _a_peel_kernel(codes_ptr, positions_ptr, beta_ptr, e_ptr, f_b_ptr, out_ptr, partial_ptr, counter_ptr, rows, k,
+                   k_per_split, splits, BR: tl.constexpr, BK: tl.constexpr, F_VALUES: tl.constexpr,
+                   TOP_K: tl.constexpr):
     """Σ_k A′[r, k] · F_B[k, :] over split program_id(1)'s k range for BR rows. One split: the
     A peel rows directly. Several: fp32 partial sums into partial[split, r, :]; the row block's
     last program to finish (an acq_rel counter per row block, reset by it) adds them in split
     order (deterministic) and stores the A peel rows, so there is no combine launch. F_B is e4m3
-    codes, or (F_VALUES) its f32 values decoded once per launch (prefill)."""
+    codes, or (F_VALUES) its f32 values decoded once per launch (prefill). TOP_K > 0: the codes
+    are in expert order and row r is read from codes row positions[r·TOP_K] (its first copy)."""
     r = tl.program_id(0) * BR + tl.arange(0, BR)
     live = (r < rows)[:, None]
     r64 = r.to(tl.int64)[:, None]
+    if TOP_K == 0:
+        source = r64
+    else:
+        source = tl.load(positions_ptr + r64 * TOP_K, mask=live, other=0).to(tl.int64)
     j = tl.arange(0, 32)[None, :]
     kk = tl.arange(0, BK)
     total = tl.full((BR, 32), 0.0, tl.float32)
     k_start = tl.program_id(1) * k_per_split
     k_end = tl.minimum(k_start + k_per_split, k)
     for k0 in range(k_start, k_end, BK):
-        a = _e4m3_value(tl.load(codes_ptr + r64 * k + k0 + kk[None, :], mask=live, other=0).to(tl.int32))
+        a = _e4m3_value(tl.load(codes_ptr + source * k + k0 + kk[None, :], mask=live, other=0).to(tl.int32))
         f_cells = f_b_ptr + (k0 + kk).to(tl.int64)[:, None] * 32 + j
         if F_VALUES:
             f = tl.load(f_cells)
@@ -146,12 +152,13 @@ def _stream_id(device: torch.device) -> int:
     return torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
 
 
-def a_peel(side: NoisySide, f_b: torch.Tensor) -> torch.Tensor:
+def a_peel(side: NoisySide, f_b: torch.Tensor, f_b_values: torch.Tensor | None = None) -> torch.Tensor:
     """(rows, 64) bf16: [β_A ⊙ E_A | A′ · F_Bᵀ] (k a multiple of 32). One Triton launch: split
     over k when the rows alone give too few programs (decode), the last program of each row
     block adding the partial sums; at prefill F_B's values come from one torch decode (k × 32,
-    exact)."""
-    rows, k = side.codes.shape
+    exact; or `f_b_values`, F_B as fp32 decoded once per job). Codes in expert order
+    (`side.positions`) are read at each token's first copy."""
+    rows, k = side.alpha.shape[0], side.codes.shape[1]
     device = side.codes.device
     block_k = 128 if k % 128 == 0 else 32
     splits, per_split = a_peel_splits(rows, k, block_k)
@@ -168,10 +175,15 @@ def a_peel(side: NoisySide, f_b: torch.Tensor) -> torch.Tensor:
     # by cp.async like the A′ codes, 4 stages: two k steps in flight); 8 warps on the one
     # program an SM holds (N split in two)
     f_values = rows >= _A_PEEL_WIDE_FROM
-    f_b = f_b.float() if f_values else f_b.contiguous().view(torch.uint8)
+    if f_values:
+        f_b = f_b.float() if f_b_values is None else f_b_values
+    else:
+        f_b = f_b.contiguous().view(torch.uint8)
+    codes = side.codes.contiguous().view(torch.uint8)
+    positions = codes if side.positions is None else side.positions
     _a_peel_kernel[(row_blocks, splits)](
-        side.codes.contiguous().view(torch.uint8), beta, e_lines, f_b, out, partial, counters, rows, k, per_split,
-        splits, BR=block_rows, BK=block_k, F_VALUES=f_values, num_warps=8 if f_values else 4,
+        codes, positions, beta, e_lines, f_b, out, partial, counters, rows, k, per_split, splits, BR=block_rows,
+        BK=block_k, F_VALUES=f_values, TOP_K=side.top_k, num_warps=8 if f_values else 4,
         num_stages=4 if f_values else 3)
     return out.view(torch.bfloat16)
 

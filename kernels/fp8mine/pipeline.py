@@ -45,6 +45,11 @@ LAGGED_SIDE_SMS = 16  # LAGGED_SIDE_SMEM = 0: whole SMs the persistent GEMM leav
 # priority may delay the clean rows); False: under the GEMM after the clean A peel, on the ~16
 # SMs the A side already fills (may outlast the GEMM). Measure both (scratch_probe/f1b_time.py).
 LAGGED_LOTTERY_FIRST = True
+# The same-launch MoE pass writes A′ straight into the GEMM's expert-order rows from the noisy
+# codes launch (top_k copies of each token row; `RoutingTable.positions`) instead of token order
+# and an index_select after it (194 µs at GLM-5 FC1 prefill on the H100, session 16). False
+# keeps the gather (gpu_check times both).
+A_IN_EXPERT_ORDER = True
 
 
 class PipelineError(ValueError):
@@ -59,6 +64,7 @@ class BState:
     seed_b: torch.Tensor  # (1, 8) int32
     f_a: torch.Tensor  # (k, 32) e4m3
     f_b: torch.Tensor  # (k, 32) e4m3
+    f_b_values: torch.Tensor  # (k, 32) fp32: F_B decoded once (the prefill A peel reads values)
     side: quant.NoisySide  # B′ codes (n, k), α/β (n,), E_B
     peel: torch.Tensor  # (n, 64) bf16
     inv_alpha: torch.Tensor  # (n,) fp32 1/α_B, the peel epilogue's column scale (once per job)
@@ -69,7 +75,7 @@ class BState:
         if self.ready is None:
             return
         stream.wait_event(self.ready)
-        for t in (self.seed_b, self.f_a, self.f_b, self.side.codes, self.side.alpha, self.side.beta,
+        for t in (self.seed_b, self.f_a, self.f_b, self.f_b_values, self.side.codes, self.side.alpha, self.side.beta,
                   self.side.e_lines, self.peel, self.inv_alpha):
             t.record_stream(stream)
 
@@ -148,7 +154,7 @@ class BSide:
         f_b = noise.noise_lines(line_key, "B", "F", self.k)
         e_b = noise.noise_lines(line_key, "B", "E", self.codes.shape[0])
         side, noise_b = quant.noisy_quantize(self.values, self.l2, self.linf, e_b, f_b)
-        return BState(bytes(ancestor_header), seed_b, f_a, f_b, side, b_peel(side, noise_b, f_a),
+        return BState(bytes(ancestor_header), seed_b, f_a, f_b, f_b.float(), side, b_peel(side, noise_b, f_a),
                       1.0 / side.alpha.float())
 
 
@@ -170,21 +176,27 @@ class ASide:
         return self.keys[3:4]
 
 
-def prepare_a(x: torch.Tensor, seed_message: torch.Tensor, p_a_len: int, state: BState,
-              table: RoutingTable | None) -> ASide:
-    """Planes, norms, HA (+ HR, HO), seedA, the keys, E_A and A′, on x's device. The A peel is
-    the caller's (`peel.a_peel(a.side, f_b)`): only a same-launch pass peels these rows, and it
-    computes the peel beside its GEMM's operand.
+def prepare_a(rows: quant.Rows, seed_message: torch.Tensor, p_a_len: int, state: BState,
+              table: RoutingTable | None, in_expert_order: bool = False) -> ASide:
+    """HA (+ HR, HO), seedA, the keys, E_A and A′ from the pre-quantized rows
+    (`quant.prepare_rows(x)`), on their device. The A peel is the caller's
+    (`peel.a_peel(a.side, f_b)`): only a same-launch pass peels these rows, and it computes the
+    peel beside its GEMM's operand.
 
     seed_message: the job's `transcript.seed_a_message` (keyA inside; its head is written here).
+    in_expert_order (MoE): A′ is written straight into the GEMM's expert-order rows (top_k copies
+    of each token, `NoisySide.positions`) instead of token order and a gather after.
     """
-    rows = quant.prepare_rows(x)
     key_a = transcript.key_a_of(seed_message)
     planes = [rows.codes, rows.scales] + ([table.rflat, table.offsets] if table is not None else [])
     roots = transcript.plane_roots(key_a, planes)
     routing = (roots[2], roots[3]) if table is not None else None
-    keys, e_a = transcript.launch_keys_and_noise(seed_message, p_a_len, (roots[0], roots[1]), routing, x.shape[0])
-    side, _ = quant.noisy_side(rows.values, rows.alpha, rows.beta, e_a, state.f_a)
+    keys, e_a = transcript.launch_keys_and_noise(seed_message, p_a_len, (roots[0], roots[1]), routing,
+                                                 rows.codes.shape[0])
+    positions = table.positions if in_expert_order and table is not None else None
+    if in_expert_order and positions is None:
+        raise PipelineError("A′ in expert order needs a routing table with positions")
+    side = quant.noisy_side(rows, e_a, state.f_a, positions)
     return ASide(rows.codes, rows.scales, keys, side)
 
 
@@ -280,22 +292,25 @@ class MinedGemm:
             raise PipelineError(f"MoE launches need topk_ids ({self.m}, {self.top_k})")
         if self.lagged:
             return self._forward_lagged(x, topk_ids)
-        table = self._table(topk_ids, x.device)
-        state = self.state
-        a = prepare_a(x, self.seed_message, self.p_a_len, state, table if self.moe else None)
+        state, main = self.state, self._main()
+        self._fork(main)
+        with self._on_side():  # the routing table beside the rows kernel (the plane trees read both)
+            table = self._table(topk_ids, x.device)
+            table_ready = self._event()
+        pre = quant.prepare_rows(x)
+        self._wait(main, table_ready)
         b_codes, n_rows = self.b_codes(), table.rflat.shape[0]
         gather = self.moe and gather_in_gemm(n_rows, b_codes)  # the GEMM reads A′ through Rflat
-        main = self._main()
-        self._fork(main)
-        with self._on_side():  # only the peel reads the A peel: it runs beside the A′ gather
-            peel_rows = a_peel(a.side, state.f_b)
-            peel_ready = self._event()
-        rows = a.side.codes if gather else self.expert_rows(a.side.codes, table)
+        a = prepare_a(pre, self.seed_message, self.p_a_len, state, table if self.moe else None,
+                      in_expert_order=self.moe and not gather and A_IN_EXPERT_ORDER)
+        # on the serving stream: a side-stream A peel found no SM free before the persistent GEMM
+        # ended, and the peel then waited for it (H100 timeline, session 17)
+        peel_rows = a_peel(a.side, state.f_b, state.f_b_values)
+        rows = a.side.codes if gather else self.expert_rows(a.side, table)
         sources = {"codes": a.codes, "scales": a.scales, "rflat": table.rflat, "offsets": table.offsets}
         if fold_in_gemm(n_rows, b_codes):
             lanes = folded_lanes(n_rows, b_codes.shape[1], rows.device)
             if peel_in_gemm(n_rows, b_codes):  # no raw accumulator: the output comes peeled
-                self._wait(main, peel_ready)
                 out = self._peeled(rows, b_codes, table, lanes, a, peel_rows, gather)
                 self.latch.run_folded(lanes, row_tiles(table), a.pow_key, self.threshold, state.seed_b, sources)
                 self.latch.publish()
@@ -310,7 +325,6 @@ class MinedGemm:
         with self._on_side():  # the tickets (ALU-bound) beside the peel (DRAM-bound)
             draw(row_tiles(table), a.pow_key, self.threshold, state.seed_b, sources)
             self.latch.publish()
-        self._wait(main, peel_ready)
         out = peel_and_unscale(acc, peel_rows, a.side.alpha, state.peel.view(self.b.experts, self.b.n_e, -1),
                                state.side.alpha.view(self.b.experts, self.b.n_e), table)
         self._join(main)
@@ -363,7 +377,7 @@ class MinedGemm:
             peel_ready = self._event()
             if not LAGGED_LOTTERY_FIRST:
                 self._mine_previous()
-            a = prepare_a(x, self.seed_message, self.p_a_len, state, table if self.moe else None)
+            a = prepare_a(quant.prepare_rows(x), self.seed_message, self.p_a_len, state, table if self.moe else None)
             pending.fill(a.side.codes, a.codes, a.scales, a.pow_key, table)
         acc = grouped_matmul(operand.rows, self.b_codes(), operand.table, max_sms=self.gemm_sms,
                              side_smem=LAGGED_SIDE_SMEM)
@@ -416,11 +430,12 @@ class MinedGemm:
         """Work issued inside goes to the side stream (on the CPU: in order, no streams)."""
         return torch.cuda.stream(self.side) if self.side is not None else contextlib.nullcontext()
 
-    def expert_rows(self, a_codes: torch.Tensor, table: RoutingTable) -> torch.Tensor:
-        """A′ rows in expert order (Rflat) as the GEMM's left operand; dense: A′ itself."""
-        if not self.moe:
-            return a_codes
-        return a_codes.view(torch.uint8).index_select(0, table.rflat).view(torch.float8_e4m3fn)
+    def expert_rows(self, side: quant.NoisySide, table: RoutingTable) -> torch.Tensor:
+        """A′ rows in expert order (Rflat) as the GEMM's left operand: the codes themselves where
+        they were written in that order (or dense), else gathered."""
+        if not self.moe or side.positions is not None:
+            return side.codes
+        return side.codes.view(torch.uint8).index_select(0, table.rflat).view(torch.float8_e4m3fn)
 
     def b_codes(self) -> torch.Tensor:
         """The active state's B′ codes as (e, n_e, k)."""

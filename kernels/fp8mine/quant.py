@@ -31,12 +31,25 @@ class QuantError(ValueError):
 @dataclass
 class NoisySide:
     """One operand after noisy quantization: codes (rows, k) e4m3, α/β (rows,) bf16 and the E
-    lines (rows, 32) (the peel needs them)."""
+    lines (rows, 32) (the peel needs them). With `positions` (a routed A side written straight
+    into expert order) codes is (rows·top_k, k): row r's codes at rows positions[r·top_k + j]."""
 
     codes: torch.Tensor
     alpha: torch.Tensor
     beta: torch.Tensor
     e_lines: torch.Tensor
+    positions: torch.Tensor | None = None
+
+    @property
+    def top_k(self) -> int:
+        """Copies of each row in codes: 0 when codes are the rows themselves."""
+        return 0 if self.positions is None else self.positions.shape[0] // self.alpha.shape[0]
+
+    def token_codes(self) -> torch.Tensor:
+        """The codes (rows, k), one row per operand row (a gather where they are in expert order)."""
+        if self.positions is None:
+            return self.codes
+        return self.codes.index_select(0, self.positions[::self.top_k])
 
 
 @dataclass
@@ -85,11 +98,16 @@ def noisy_quantize(x: torch.Tensor, l2: torch.Tensor, linf: torch.Tensor, e_line
     return NoisySide(noisy_codes(alpha, beta, x, noise), alpha, beta, e_lines), noise
 
 
-def noisy_side(x: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor, e_lines: torch.Tensor,
-               f_lines: torch.Tensor) -> tuple[NoisySide, None]:
-    """`noisy_quantize` with (α, β) already in hand (`prepare_rows`), for a side whose N nothing
-    else reads (A): on CUDA the codes launch forms N itself (no GEMM launch, N never stored); on
-    the CPU the model's N feeds the same element op. The second item is always None."""
-    if x.is_cuda:
-        return NoisySide(noisy_codes_of_lines(alpha, beta, x, e_lines, f_lines), alpha, beta, e_lines), None
-    return NoisySide(noisy_codes(alpha, beta, x, matmul(e_lines, f_lines)), alpha, beta, e_lines), None
+def noisy_side(rows: Rows, e_lines: torch.Tensor, f_lines: torch.Tensor,
+               positions: torch.Tensor | None = None) -> NoisySide:
+    """`noisy_quantize` of pre-quantized rows (`prepare_rows`: opened values, α, β), for a side
+    whose N nothing else reads (A): on CUDA the codes launch forms N itself (no GEMM launch, N
+    never stored); on the CPU the model's N feeds the same element op. positions
+    (`RoutingTable.positions`): the codes are written straight into expert order, top_k copies a
+    row (no gather after)."""
+    scaled = (rows.alpha, rows.beta, rows.values)
+    if rows.values.is_cuda:
+        codes = noisy_codes_of_lines(*scaled, e_lines, f_lines, positions)
+    else:
+        codes = noisy_codes(*scaled, matmul(e_lines, f_lines), positions)
+    return NoisySide(codes, rows.alpha, rows.beta, e_lines, positions)

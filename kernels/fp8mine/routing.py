@@ -38,10 +38,13 @@ class RoutingError(ValueError):
 class RoutingTable:
     """Rflat (m·top_k,) int32 token ids in expert order and bounds (e + 1,) int32: 0 then the
     cumulative ends. `offsets` (e,) — Pearl's O, the hashed and proven form — is a view of bounds
-    without its leading 0; grouped GEMMs take `bounds` (so neither form costs a launch)."""
+    without its leading 0; grouped GEMMs take `bounds` (so neither form costs a launch).
+    `positions` (m·top_k,) int32, where the router's tables have it: entry t·top_k + j's row in
+    Rflat, so a kernel can write token t's row straight to its top_k expert-order rows."""
 
     rflat: torch.Tensor
     bounds: torch.Tensor
+    positions: torch.Tensor | None = None
 
     @property
     def offsets(self) -> torch.Tensor:
@@ -127,7 +130,7 @@ def _bounds_kernel(totals_ptr, experts, total, bounds_ptr, EB: tl.constexpr):
 
 
 @jit
-def _chunk_scatter_kernel(ids_ptr, total, experts, top_k, prefix_ptr, bounds_ptr, rflat_ptr,
+def _chunk_scatter_kernel(ids_ptr, total, experts, top_k, prefix_ptr, bounds_ptr, rflat_ptr, positions_ptr,
                           EB: tl.constexpr, CHUNK: tl.constexpr):
     """Rflat[bounds[id] + prefix[c, id] + #{earlier entries of chunk c with id}] = i // top_k."""
     i = tl.program_id(0) * CHUNK + tl.arange(0, CHUNK)
@@ -139,6 +142,7 @@ def _chunk_scatter_kernel(ids_ptr, total, experts, top_k, prefix_ptr, bounds_ptr
     base = tl.load(bounds_ptr + ids, mask=live, other=0) + tl.load(prefix_ptr + tl.program_id(0) * EB + ids,
                                                                    mask=live, other=0)
     tl.store(rflat_ptr + base + rank, i // top_k, mask=live)
+    tl.store(positions_ptr + i, base + rank, mask=live)
 
 
 def _chunked_table(topk_ids: torch.Tensor, experts: int) -> RoutingTable:
@@ -151,14 +155,14 @@ def _chunked_table(topk_ids: torch.Tensor, experts: int) -> RoutingTable:
     wb = min(eb, _COUNT_EXPERTS)
     counts = torch.empty((chunks, eb), dtype=torch.int32, device=topk_ids.device)
     totals = torch.empty(eb, dtype=torch.int32, device=topk_ids.device)
-    rflat = torch.empty(total, dtype=torch.int32, device=topk_ids.device)
+    rflat, positions = torch.empty((2, total), dtype=torch.int32, device=topk_ids.device)
     bounds = torch.empty(experts + 1, dtype=torch.int32, device=topk_ids.device)
     _chunk_counts_kernel[(chunks,)](topk_ids, total, experts, counts, EB=eb, CHUNK=_COUNT_CHUNK, WB=wb)
     _chunk_prefix_kernel[(eb // wb,)](counts, chunks, totals, EB=eb, WB=wb, TC=_SCAN_CELLS // wb)
     _bounds_kernel[(1,)](totals, experts, total, bounds, EB=eb)
     _chunk_scatter_kernel[(chunks,)](topk_ids, total, experts, topk_ids.shape[1], counts, bounds, rflat,
-                                     EB=eb, CHUNK=_COUNT_CHUNK)
-    return RoutingTable(rflat, bounds)
+                                     positions, EB=eb, CHUNK=_COUNT_CHUNK)
+    return RoutingTable(rflat, bounds, positions)
 
 
 @jit
@@ -169,7 +173,7 @@ def _one_hot(ids_ptr, i, total, experts, w):
 
 
 @jit
-def rank_entries(ids_ptr, total, experts, top_k, rflat_ptr, bounds_ptr, part, EB: tl.constexpr,
+def rank_entries(ids_ptr, total, experts, top_k, rflat_ptr, bounds_ptr, positions_ptr, part, EB: tl.constexpr,
                  CHUNK: tl.constexpr, SLICE: tl.constexpr):
     """Rank entries [part·SLICE, (part + 1)·SLICE) of the table; program part = 0 also writes the
     bounds. Every part reads all ids (L2-hot, ≤ 16 KB) and takes per-expert counts over all
@@ -199,6 +203,7 @@ def rank_entries(ids_ptr, total, experts, top_k, rflat_ptr, bounds_ptr, part, EB
     hot = ((ids[:, None] == w[None, :]) & live[:, None]).to(tl.int32)
     base = tl.reduce(hot * (starts + before)[None, :], 1, tl.standard._sum_combine)
     tl.store(rflat_ptr + base + within, i // top_k, mask=live)
+    tl.store(positions_ptr + i, base + within, mask=live)
 
 
 @jit
@@ -217,10 +222,11 @@ def entries_before(ids_ptr, total, experts, key_id, key_at, CHUNK: tl.constexpr)
 
 
 @jit
-def _ranked_kernel(ids_ptr, total, experts, top_k, rflat_ptr, bounds_ptr, EB: tl.constexpr, CHUNK: tl.constexpr,
-                   SLICE: tl.constexpr):
+def _ranked_kernel(ids_ptr, total, experts, top_k, rflat_ptr, bounds_ptr, positions_ptr, EB: tl.constexpr,
+                   CHUNK: tl.constexpr, SLICE: tl.constexpr):
     """The routing table (`rank_entries`) as its own launch: a program per SLICE entries."""
-    rank_entries(ids_ptr, total, experts, top_k, rflat_ptr, bounds_ptr, tl.program_id(0), EB, CHUNK, SLICE)
+    rank_entries(ids_ptr, total, experts, top_k, rflat_ptr, bounds_ptr, positions_ptr, tl.program_id(0), EB, CHUNK,
+                 SLICE)
 
 
 def rank_parts(total: int) -> int:
@@ -240,11 +246,11 @@ def one_program_shape(total: int, experts: int) -> tuple[int, int] | None:
 
 def _ranked_table(topk_ids: torch.Tensor, experts: int, shape: tuple[int, int]) -> RoutingTable:
     total = topk_ids.numel()
-    rflat = torch.empty(total, dtype=torch.int32, device=topk_ids.device)
+    rflat, positions = torch.empty((2, total), dtype=torch.int32, device=topk_ids.device)
     bounds = torch.empty(experts + 1, dtype=torch.int32, device=topk_ids.device)
-    _ranked_kernel[(rank_parts(total),)](topk_ids, total, experts, topk_ids.shape[1], rflat, bounds, EB=shape[0],
-                                         CHUNK=shape[1], SLICE=RANK_SLICE, num_warps=RANK_WARPS)
-    return RoutingTable(rflat, bounds)
+    _ranked_kernel[(rank_parts(total),)](topk_ids, total, experts, topk_ids.shape[1], rflat, bounds, positions,
+                                         EB=shape[0], CHUNK=shape[1], SLICE=RANK_SLICE, num_warps=RANK_WARPS)
+    return RoutingTable(rflat, bounds, positions)
 
 
 @functools.lru_cache(maxsize=64)

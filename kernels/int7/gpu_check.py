@@ -658,7 +658,7 @@ def section_timing(report: Report) -> dict:
 # The prefill switch settings timed by `switches` (docs/decisions.md): (label, {(module, attribute): value}).
 PREFILL_SWITCHES = [("default", {}),
                     ("one-hot P built in the noised kernel", {(noise_module, "LOAD_DENSE_P"): False}),
-                    ("quantiser hashes its codes", {(pipeline_module, "CODES_AND_LEAVES"): True})]
+                    ("quantiser, then the chunk hash (two launches)", {(pipeline_module, "CODES_AND_LEAVES"): False})]
 
 
 @contextlib.contextmanager

@@ -69,9 +69,10 @@ GATHER_A_ROWS = False
 # prefill on the H200, both on the critical path to s_A), its codes rounded by the product (they
 # differ from the quantiser's at exact ties only). Fifteenth session, H100: with the quantiser's
 # tie repair it was slower (removed); a probe without it took 621 µs against 705 for the two
-# launches. Restored in the sixteenth session without a device: exact in the CPU tests; off until
-# gpu_check's `switches` times the pass with it.
-CODES_AND_LEAVES = False
+# launches. Restored in the sixteenth session with product codes; on since the seventeenth: H100,
+# same run, GLM-5 FC1 prefill pass 4936.8 vs 5007.0 µs, Qwen3 1530.1 vs 1532.8 (the two launches
+# 619.2 vs 396.3 + 312.8 µs); codes differ from the quantiser's only at exact ties (0.46 %).
+CODES_AND_LEAVES = True
 
 
 # The lagged decode pass on the CuTe int8 GEMM where it fits (`_CuteLag`): one transcript GEMM over
