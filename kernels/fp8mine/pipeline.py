@@ -5,12 +5,13 @@
   B peel. On CUDA this runs on a side stream into the inactive one of two slots (double-buffered);
   the active state is reused while its σ_d is among the template's 4 most recent ancestors (the
   state window) and the parent's state is prefetched before it leaves.
-- `prepare_a` is the per-launch A side: planes, norms, HA, (HR, HO), seedA, noise and jackpot
-  keys, E_A, A′ and the A peel — device tensors only, no host syncs.
-- `MinedGemm.forward` runs A side → grouped FP8 GEMM (128-k promotion; the CuTe GEMM folds the
-  lottery tiles in its epilogue where its config allows) → the lottery (first winner into the
-  latch) → peel + unscale into the BF16 output, rows in expert order.
-  Dense V4 is one group.
+- `prepare_a` is the per-launch A side after the rows' pre-quantization: HA, (HR, HO), seedA,
+  noise and jackpot keys, E_A and A′ (MoE: written straight into expert order) — device tensors
+  only, no host syncs.
+- `MinedGemm.forward` runs the routing table (side stream) beside the rows kernel → A side → A
+  peel → grouped FP8 GEMM (128-k promotion; the CuTe GEMM folds the lottery tiles in its
+  epilogue where its config allows) → the lottery (side stream, first winner into the latch)
+  beside the peel + unscale into the BF16 output, rows in expert order. Dense V4 is one group.
 - `MinedGemm(lagged=True)` (decode): launch t serves x_t with clean rows and hashes launch t−1's
   A′ rows in the same GEMM; the A side runs on a side stream beside the GEMM, and the lottery,
   payload and publish of those rows run there one launch later (lagged.py, docs/kernels-fp8mine.md).
@@ -180,8 +181,7 @@ def prepare_a(rows: quant.Rows, seed_message: torch.Tensor, p_a_len: int, state:
               table: RoutingTable | None, in_expert_order: bool = False) -> ASide:
     """HA (+ HR, HO), seedA, the keys, E_A and A′ from the pre-quantized rows
     (`quant.prepare_rows(x)`), on their device. The A peel is the caller's
-    (`peel.a_peel(a.side, f_b)`): only a same-launch pass peels these rows, and it computes the
-    peel beside its GEMM's operand.
+    (`peel.a_peel(a.side, f_b)`): only a same-launch pass peels these rows.
 
     seed_message: the job's `transcript.seed_a_message` (keyA inside; its head is written here).
     in_expert_order (MoE): A′ is written straight into the GEMM's expert-order rows (top_k copies
