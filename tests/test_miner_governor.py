@@ -385,7 +385,7 @@ def test_a_launch_whose_time_cannot_be_read_is_left_out_and_serving_goes_on() ->
     assert governor.launch_means() == [] and governor.measured_slowdown() == 0.0  # nothing mined counted
 
 
-def test_the_host_cost_probe_times_every_variant_on_the_cpu(tmp_path) -> None:
+def test_the_host_cost_probe_times_every_variant_on_the_cpu(tmp_path, monkeypatch) -> None:
     assert governor_cost.main(["--device", "cpu", "--launches", "40", "--reps", "2", "--out", str(tmp_path)]) == 0
     result = json.loads((tmp_path / "governor_cost.json").read_text())
     medians = result["host us a launch (median)"]
@@ -397,4 +397,5 @@ def test_the_host_cost_probe_times_every_variant_on_the_cpu(tmp_path) -> None:
         governor_cost.main(["--device", "bogus"])
     blocker = tmp_path / "a file"
     blocker.write_text("")
+    monkeypatch.setattr(governor_cost, "measure", lambda *args: pytest.fail("measured before checking --out"))
     assert governor_cost.main(["--device", "cpu", "--launches", "4", "--reps", "1", "--out", str(blocker / "out")]) == 2

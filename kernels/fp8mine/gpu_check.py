@@ -489,6 +489,7 @@ def _parts(gemm: MinedGemm, x: torch.Tensor, topk, result) -> dict:
         "lottery tile map + lottery": lambda: gemm.latch.run(acc32, row_tiles(table), a.pow_key,
                                                              gemm.threshold, state.seed_b, {}),
         **_folded_parts(gemm, codes, b_codes, table, a.pow_key),
+        **_peel_epilogue_parts(gemm, codes, b_codes, table, a),
         f"peel + unscale ({str(result.acc.dtype).removeprefix('torch.')} accumulator)": functools.partial(
             peel_and_unscale, result.acc, *peel_args),
         **({"peel + unscale (float32 accumulator)": functools.partial(peel_and_unscale, acc32, *peel_args)}
@@ -513,6 +514,36 @@ def _folded_parts(gemm: MinedGemm, codes, b_codes, table: RoutingTable, pow_key)
             "GEMM folding the lottery tiles, fp32 accumulator stored": fp32_acc,
             "lottery on the folded lanes": lambda: gemm.latch.run_folded(lanes, tiles, pow_key, gemm.threshold,
                                                                          gemm.state.seed_b, {})}
+
+
+def _peel_epilogue_parts(gemm: MinedGemm, codes, b_codes, table: RoutingTable, a) -> dict:
+    """The GEMM that also peels in its epilogue, alone, at the selector's tile and at 64-row
+    pingpong tiles (one warpgroup's epilogue beside the other's main loop), beside the folding
+    GEMM at those tiles: what the epilogue itself costs (`PEEL_IN_EPILOGUE` is off for it)."""
+    from kernels.grouped_gemm_config import GroupedGemmConfig
+    from .fold_epilogue import fold_config, folded_grouped_gemm
+    from .peel import a_peel
+    from .peel_epilogue import PeelOperands, peel_fits, peeled_grouped_gemm
+    rows, (experts, n_e, _) = codes.shape[0], b_codes.shape
+    default = fold_config(rows, *b_codes.shape)
+    if default is None:
+        return {}
+    state = gemm.state
+    lanes = folded_lanes(rows, n_e, codes.device)
+    acc = torch.empty((rows, n_e), dtype=torch.bfloat16, device=codes.device)
+    out = torch.empty_like(acc)
+    operands = PeelOperands(table.rflat, a_peel(a.side, state.f_b, state.f_b_values),
+                            1.0 / a.side.alpha.float()[table.rflat.long()], state.peel.view(experts, n_e, -1),
+                            state.inv_alpha.view(experts, n_e))
+    parts = {}
+    for config in dict.fromkeys([default, GroupedGemmConfig(64, 128, 128, pingpong=True)]):
+        if not peel_fits(config, n_e):
+            continue
+        parts[f"GEMM folding, {config.key}"] = functools.partial(
+            folded_grouped_gemm, codes, b_codes, table.bounds, acc, lanes, config)
+        parts[f"GEMM folding and peeling in its epilogue, {config.key}"] = functools.partial(
+            peeled_grouped_gemm, codes, b_codes, table.bounds, out, lanes, operands, config)
+    return parts
 
 
 def _time_each(stages: dict) -> dict:

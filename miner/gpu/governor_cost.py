@@ -83,17 +83,31 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         parser.error("no CUDA device here; use --device cpu for a smoke run")
+    if args.out and not _writable(args.out):  # said before the measurement, not after it
+        return 2
     result = measure(device, args.launches, args.reps)
     for name, value in result["host us a launch (median)"].items():
         print(f"{name:36s} {value:7.2f} us")
     if args.out:
         try:
-            args.out.mkdir(parents=True, exist_ok=True)
             (args.out / "governor_cost.json").write_text(json.dumps(result, indent=1))
         except OSError as error:
             print(f"governor_cost: cannot write {args.out}: {error}", file=sys.stderr)
             return 2
     return 0
+
+
+def _writable(folder: Path) -> bool:
+    """Create `folder` if needed; False (with the reason on stderr) where it cannot be written."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / ".governor_cost_probe"
+        probe.write_text("")
+        probe.unlink()
+        return True
+    except OSError as error:
+        print(f"governor_cost: cannot write {folder}: {error}", file=sys.stderr)
+        return False
 
 
 if __name__ == "__main__":
