@@ -68,13 +68,22 @@ def test_planted_winner_dense():
 
 
 @pytest.mark.slow
-def test_planted_winner_moe():
+def test_planted_winner_moe(monkeypatch):
+    """... and A′ written straight into expert order (the default) serves and mines exactly what
+    the token-order codes gathered into that order do."""
+    from kernels.fp8mine import pipeline
     torch.manual_seed(2)
     experts, top_k, m = 3, 2, 12
     weights = (torch.randn(experts, 64, K) * 0.05).to(torch.bfloat16)
     x = torch.randn(m, K).to(torch.bfloat16)
     topk = torch.stack([torch.randperm(experts)[:top_k] for _ in range(m)])
-    _, result = _plant_and_prove(weights, x, topk, top_k)
+    gemm, result = _plant_and_prove(weights, x, topk, top_k)
+    assert result.a.side.positions is not None
+    monkeypatch.setattr(pipeline, "A_IN_EXPERT_ORDER", False)
+    gathered = gemm.forward(x, topk)
+    assert gathered.a.side.positions is None
+    assert torch.equal(gathered.acc.view(torch.int32), result.acc.view(torch.int32))
+    assert torch.equal(gathered.out.view(torch.int16), result.out.view(torch.int16))
     rows = result.table.rflat.long()
     expert_of_row = torch.searchsorted(result.table.offsets.long(), torch.arange(rows.numel()), right=True)
     reference = torch.einsum("rk,rnk->rn", x.float()[rows], weights.float()[expert_of_row])
