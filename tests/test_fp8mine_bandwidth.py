@@ -215,7 +215,7 @@ def test_noisy_codes_f32_path_matches_reference():
 def _decode_probe(codes_ptr, out_ptr, count, BLOCK: tl.constexpr):
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     live = i < count
-    tl.store(out_ptr + i, peel._e4m3_value(tl.load(codes_ptr + i, mask=live, other=0).to(tl.int32)), mask=live)
+    tl.store(out_ptr + i, peel.e4m3_value(tl.load(codes_ptr + i, mask=live, other=0).to(tl.int32)), mask=live)
 
 
 def test_e4m3_decode_is_exact_on_every_code():

@@ -340,6 +340,25 @@ def test_noisy_quantize_matches_reference():
                                  torch.from_numpy(f).view(torch.float8_e4m3fn))
 
 
+_SMALL_CODES = np.array([0x00, 0x38, 0x40, 0x44, 0xB8, 0xC0, 0xC4, 0x48], dtype=np.uint8)  # 0, ±1, ±2, ±3, 4
+
+
+def _noisy_case(seed: int, rows: int, k: int, spread: int):
+    """Rows of magnitudes 2^±spread, their pre-quantization as device Rows, small-integer E and F
+    lines (the interpreter's dot is then exact) and the reference noisy quantization."""
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((rows, k)) * np.exp2(rng.integers(-spread, spread, (rows, 1)))).astype(np.float32)
+    codes, scales = ref_prequant.prequantize(x)
+    values = ref_prequant.open_values(codes, scales)
+    l2, linf = ref_prequant.row_norms(codes, scales)
+    e, f = rng.choice(_SMALL_CODES, (rows, 32)), rng.choice(_SMALL_CODES, (k, 32))
+    want = ref_quant.noisy_quantize("hopper", values, l2, linf, e, f)
+    rows_in = dev_quant.Rows(torch.from_numpy(codes), bf16_tensor(scales), bf16_tensor(values), bf16_tensor(l2),
+                             bf16_tensor(linf), bf16_tensor(want.alpha), bf16_tensor(want.beta))
+    lines = (torch.from_numpy(e).view(torch.float8_e4m3fn), torch.from_numpy(f).view(torch.float8_e4m3fn))
+    return rng, rows_in, lines, want
+
+
 def test_noisy_codes_forming_the_noise_dot_in_the_launch():
     """The A side's codes launch forms N = E·Fᵀ itself (one K = 32 e4m3 dot per tile; 64 × 128
     tiles, ragged rows and columns). The interpreter's dot is exact where the model's 14-bit
@@ -347,23 +366,10 @@ def test_noisy_codes_forming_the_noise_dot_in_the_launch():
     device's rounding of larger sums is the GEMM's, checked on the H200. noisy_side (the CPU
     path through the model's N) gives the same codes as noisy_quantize."""
     from kernels.fp8mine import noisy_kernel
-    rng = np.random.default_rng(9)
-    rows, k = 70, 160
-    x = (rng.standard_normal((rows, k)) * np.exp2(rng.integers(-8, 8, (rows, 1)))).astype(np.float32)
-    codes, scales = ref_prequant.prequantize(x)
-    values = ref_prequant.open_values(codes, scales)
-    l2, linf = ref_prequant.row_norms(codes, scales)
-    small = np.array([0x00, 0x38, 0x40, 0x44, 0xB8, 0xC0, 0xC4, 0x48], dtype=np.uint8)  # 0, ±1, ±2, ±3, 4
-    e, f = rng.choice(small, (rows, 32)), rng.choice(small, (k, 32))
-    want = ref_quant.noisy_quantize("hopper", values, l2, linf, e, f)
-    rows_in = dev_quant.Rows(torch.from_numpy(codes), bf16_tensor(scales), bf16_tensor(values), bf16_tensor(l2),
-                             bf16_tensor(linf), bf16_tensor(want.alpha), bf16_tensor(want.beta))
-    side = dev_quant.noisy_side(rows_in, torch.from_numpy(e).view(torch.float8_e4m3fn),
-                                torch.from_numpy(f).view(torch.float8_e4m3fn))
+    _, rows_in, lines, want = _noisy_case(9, 70, 160, 8)
+    side = dev_quant.noisy_side(rows_in, *lines)
     assert side.positions is None and np.array_equal(side.codes.view(torch.uint8).numpy(), want.codes)
-    got = noisy_kernel.noisy_codes_of_lines(bf16_tensor(want.alpha), bf16_tensor(want.beta), bf16_tensor(values),
-                                            torch.from_numpy(e).view(torch.float8_e4m3fn),
-                                            torch.from_numpy(f).view(torch.float8_e4m3fn))
+    got = noisy_kernel.noisy_codes_of_lines(rows_in.alpha, rows_in.beta, rows_in.values, *lines)
     assert np.array_equal(got.view(torch.uint8).numpy(), want.codes)
 
 
@@ -374,33 +380,48 @@ def test_noisy_codes_written_straight_into_expert_order():
     each token's first copy and equals the peel of the token-order codes."""
     from kernels.fp8mine import noisy_kernel
     from kernels.fp8mine.peel import a_peel
-    rng = np.random.default_rng(21)
     rows, k, top_k, experts = 70, 160, 3, 5
-    x = (rng.standard_normal((rows, k)) * np.exp2(rng.integers(-40, 40, (rows, 1)))).astype(np.float32)
-    codes, scales = ref_prequant.prequantize(x)
-    values = ref_prequant.open_values(codes, scales)
-    l2, linf = ref_prequant.row_norms(codes, scales)
-    small = np.array([0x00, 0x38, 0x40, 0x44, 0xB8, 0xC0, 0xC4, 0x48], dtype=np.uint8)
-    e, f = rng.choice(small, (rows, 32)), rng.choice(small, (k, 32))
-    want = ref_quant.noisy_quantize("hopper", values, l2, linf, e, f)
+    rng, rows_in, (e_t, f_t), want = _noisy_case(21, rows, k, 40)
     topk = np.stack([rng.permutation(experts)[:top_k] for _ in range(rows)])
     table = dev_routing.routing_table(torch.from_numpy(topk), experts)
     in_order = want.codes[table.rflat.numpy()]
-    args = (bf16_tensor(want.alpha), bf16_tensor(want.beta), bf16_tensor(values))
-    e_t, f_t = torch.from_numpy(e).view(torch.float8_e4m3fn), torch.from_numpy(f).view(torch.float8_e4m3fn)
+    args = (rows_in.alpha, rows_in.beta, rows_in.values)
     for got in (noisy_kernel.noisy_codes_of_lines(*args, e_t, f_t, table.positions),
                 noisy_kernel.noisy_codes(*args, matmul(e_t, f_t), table.positions)):
         assert got.shape == (rows * top_k, k)
         assert np.array_equal(got.view(torch.uint8).numpy(), in_order)
-    rows_in = dev_quant.Rows(torch.from_numpy(codes), bf16_tensor(scales), bf16_tensor(values), bf16_tensor(l2),
-                             bf16_tensor(linf), bf16_tensor(want.alpha), bf16_tensor(want.beta))
     side = dev_quant.noisy_side(rows_in, e_t, f_t, table.positions)
     assert side.top_k == top_k and np.array_equal(side.token_codes().view(torch.uint8).numpy(), want.codes)
     plain = dev_quant.noisy_side(rows_in, e_t, f_t)
-    f_b = torch.from_numpy(rng.choice(small, (k, 32))).view(torch.float8_e4m3fn)
+    f_b = torch.from_numpy(rng.choice(_SMALL_CODES, (k, 32))).view(torch.float8_e4m3fn)
     assert torch.equal(a_peel(side, f_b).view(torch.int16), a_peel(plain, f_b).view(torch.int16))
     with pytest.raises(ValueError, match="positions must be int32"):
         noisy_kernel.noisy_codes_of_lines(*args, e_t, f_t, table.positions[:-1])
+
+
+def test_noisy_codes_and_their_a_peel_from_one_launch():
+    """noisy_peel_kernel: the codes are noisy_kernel's bit for bit (token order and expert order,
+    the dot formed in the launch and read from memory), and the A peel equals peel.a_peel's over
+    the same codes (small-integer lines: every product and sum is exact, so the two summation
+    orders agree); three column spans, so the last-program finish runs."""
+    from kernels.fp8mine import noisy_peel_kernel
+    from kernels.fp8mine.peel import a_peel
+    rows, k, top_k, experts = 70, 160, 2, 4
+    rng, rows_in, (e_t, f_t), want = _noisy_case(23, rows, k, 8)
+    topk = np.stack([rng.permutation(experts)[:top_k] for _ in range(rows)])
+    table = dev_routing.routing_table(torch.from_numpy(topk), experts)
+    args = (rows_in.alpha, rows_in.beta, rows_in.values)
+    f_b_t = torch.from_numpy(rng.choice(_SMALL_CODES, (k, 32))).view(torch.float8_e4m3fn)
+    assert noisy_peel_kernel.spans(rows, k) == (3, 64)
+    for positions in (None, table.positions):
+        for noise in (None, matmul(e_t, f_t)):
+            got, peel = noisy_peel_kernel.noisy_codes_and_peel(*args, e_t, f_t, f_b_t.float(), positions, noise)
+            want_codes = want.codes if positions is None else want.codes[table.rflat.numpy()]
+            assert np.array_equal(got.view(torch.uint8).numpy(), want_codes)
+            side = dev_quant.NoisySide(got, args[0], args[1], e_t, positions)
+            assert torch.equal(peel.view(torch.int16), a_peel(side, f_b_t).view(torch.int16))
+    with pytest.raises(ValueError, match="f_b_values must be fp32"):
+        noisy_peel_kernel.noisy_codes_and_peel(*args, e_t, f_t, f_b_t.float()[:-1])
 
 # ---------------------------------------------------------------------------------- routing, matmul
 

@@ -270,6 +270,12 @@ def _checked_stages(gemm: MinedGemm, x: torch.Tensor, topk) -> dict:
         out["bf16 accumulator"] = _bf16_acc_report(gemm, x, topk, result)
     if _would("PEEL_IN_EPILOGUE", peel_in_gemm, rows, gemm.b_codes()):
         out["peel in the epilogue vs the peel pass"] = _epilogue_peel_error(gemm, x, topk, result)
+    fused = _forward_switched(gemm, x, topk, "A_PEEL_IN_NOISY", True)
+    out["A peel from the codes launch vs its own launch"] = {
+        "A' codes and accumulator bitwise equal": bool(
+            torch.equal(fused.a.side.codes.view(torch.uint8), result.a.side.codes.view(torch.uint8))
+            and torch.equal(fused.acc.view(torch.int32), result.acc.view(torch.int32))),
+        **_output_diff(fused.out, result.out)}
     if gemm.moe:
         gathered = _forward_switched(gemm, x, topk, "A_IN_EXPERT_ORDER", False)
         out["A′ written in expert order: accumulator and output bitwise those of gathered rows"] = bool(
@@ -299,11 +305,15 @@ def _bf16_acc_report(gemm: MinedGemm, x: torch.Tensor, topk, result) -> dict:
 
 def _epilogue_peel_error(gemm: MinedGemm, x: torch.Tensor, topk, result) -> dict:
     """The same pass with the peel in the GEMM's epilogue against the peel pass's output."""
-    peeled = _forward_switched(gemm, x, topk, "PEEL_IN_EPILOGUE", True).out.float()
-    want = result.out.float()
-    diff = (peeled - want).abs()
-    return {"max abs diff": float(diff.max()), "max |want|": float(want.abs().max()),
-            "cells beyond 2 bf16 steps": int((diff > 2 ** -7 * want.abs() + 1e-30).sum())}
+    return _output_diff(_forward_switched(gemm, x, topk, "PEEL_IN_EPILOGUE", True).out, result.out)
+
+
+def _output_diff(got: torch.Tensor, want: torch.Tensor) -> dict:
+    """How far one bf16 output is from another: max abs difference and the cells beyond two bf16
+    steps of the wanted value."""
+    diff = (got.float() - want.float()).abs()
+    return {"max abs diff": float(diff.max()), "max |want|": float(want.float().abs().max()),
+            "cells beyond 2 bf16 steps": int((diff > 2 ** -7 * want.float().abs() + 1e-30).sum())}
 
 
 @contextlib.contextmanager
@@ -483,7 +493,7 @@ def _parts(gemm: MinedGemm, x: torch.Tensor, topk, result) -> dict:
         **({"routing table": lambda: routing_table(topk, gemm.b.experts)} if gemm.moe else {}),
         "A side": lambda: prepare_a(quant.prepare_rows(x), gemm.seed_message, gemm.p_a_len, state,
                                     table if gemm.moe else None, in_expert_order=a.side.positions is not None),
-        "A peel": lambda: a_peel(a.side, state.f_b),
+        "A peel": lambda: a_peel(a.side, state.f_b, state.f_b_values),
         "A' token rows gathered into expert order": lambda: token_codes.index_select(0, table.rflat),
         **{f"GEMM ({impl})": functools.partial(grouped_matmul, codes, b_codes, table, impl) for impl in IMPLS},
         "lottery tile map + lottery": lambda: gemm.latch.run(acc32, row_tiles(table), a.pow_key,
@@ -555,7 +565,7 @@ def _time_each(stages: dict) -> dict:
 
 def _a_side_stages(gemm: MinedGemm, x: torch.Tensor, table: RoutingTable) -> dict:
     """Each stage of `prepare_a` alone, on the intermediates of one eager A side (same order)."""
-    from . import noise, noisy_kernel, prequant, transcript
+    from . import noise, noisy_kernel, noisy_peel_kernel, prequant, transcript
     from .peel import a_peel
     state = gemm.state
     codes, scales, values = prequant.prequantize_and_open(x)
@@ -586,7 +596,9 @@ def _a_side_stages(gemm: MinedGemm, x: torch.Tensor, table: RoutingTable) -> dic
             alpha, beta, values, e_a, state.f_a),
         **({"same, written into expert order": lambda: noisy_kernel.noisy_codes_of_lines(
             alpha, beta, values, e_a, state.f_a, table.positions)} if gemm.moe else {}),
-        "A peel": lambda: a_peel(side, state.f_b),
+        "same, with the A peel (one launch)": lambda: noisy_peel_kernel.noisy_codes_and_peel(
+            alpha, beta, values, e_a, state.f_a, state.f_b_values, table.positions if gemm.moe else None),
+        "A peel": lambda: a_peel(side, state.f_b, state.f_b_values),
     }
     return _time_each(stages)
 
@@ -671,6 +683,8 @@ def check_timing() -> dict:
                     functools.partial(_forward_switched, gemm, x, topk, "BF16_FOLDED_ACC", False)]
                 entry["output rel err vs bf16, fp32 accumulator"] = _reference_error(
                     _forward_switched(gemm, x, topk, "BF16_FOLDED_ACC", False).out, x, weights, result.table)
+            methods["mined, A peel from the codes launch"] = [
+                functools.partial(_forward_switched, gemm, x, topk, "A_PEEL_IN_NOISY", True)]
             if gemm.moe:
                 methods["mined, A′ gathered into expert order"] = [
                     functools.partial(_forward_switched, gemm, x, topk, "A_IN_EXPERT_ORDER", False)]
@@ -697,6 +711,8 @@ def check_timing() -> dict:
             if "mined, lottery pass" in timings:
                 entry["mined with the lottery pass median us"] = _median_us(timings["mined, lottery pass"])
                 entry["mined with the fp32 accumulator median us"] = _median_us(timings["mined, fp32 accumulator"])
+            entry["mined with the A peel from the codes launch median us"] = _median_us(
+                timings["mined, A peel from the codes launch"])
             if "mined, A′ gathered into expert order" in timings:
                 entry["mined with A′ gathered into expert order median us"] = _median_us(
                     timings["mined, A′ gathered into expert order"])

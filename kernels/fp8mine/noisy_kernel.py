@@ -149,25 +149,11 @@ def _noise_dot(e_ptr, f_ptr, r, cols, live_r, live_c):
 
 
 @jit
-def _noisy_kernel(x_ptr, noise_ptr, e_ptr, f_ptr, alpha_ptr, beta_ptr, out_ptr, positions_ptr, rows, k,
-                  BR: tl.constexpr, BC: tl.constexpr, DOT: tl.constexpr, TOP_K: tl.constexpr):
-    """BR rows × BC columns: α, β loaded once per row; N read from noise_ptr, or with DOT formed
-    here from the E and F lines (no N in memory, no GEMM launch before this one); the FMA in f32
-    (_fma_bf16_f32) unless a product α·X of this tile is not exact in f32, then the whole tile
-    takes the f64 path. TOP_K = 0 stores row r at out row r; TOP_K > 0 stores it at out rows
-    positions[r·TOP_K + j], j < TOP_K (the expert-order rows it is routed to)."""
-    r = tl.program_id(0) * BR + tl.arange(0, BR)
-    cols = tl.program_id(1) * BC + tl.arange(0, BC)
-    live_r = r < rows
-    live = live_r[:, None] & (cols < k)[None, :]
-    offs = r.to(tl.int64)[:, None] * k + cols[None, :]
-    x = _bf16_of_bits(x_ptr, offs, live)
-    alpha = _bf16_of_bits(alpha_ptr, r, live_r)[:, None]
-    beta = _bf16_of_bits(beta_ptr, r, live_r)[:, None]
-    if DOT:
-        dot = _noise_dot(e_ptr, f_ptr, r, cols, live_r, cols < k)
-    else:
-        dot = tl.load(noise_ptr + offs, mask=live, other=0.0)
+def noisy_codes_tile(x, alpha, beta, dot):
+    """The element op on one tile: e4m3 codes (int32 0..255, clamped to ±448) of
+    fma(α, X, bf16(β · bf16(N))) rounded once to bf16 (α, β per row, N the fp32 noise dot), in f32
+    (_fma_bf16_f32) unless a product α·X of the tile is not exact in f32, then the whole tile in
+    f64. Shared with the launch that also peels (noisy_peel_kernel)."""
     noise = _rne_bf16(dot.to(tl.int32, bitcast=True))
     scaled = _rne_bf16((beta * noise.to(tl.float32, bitcast=True)).to(tl.int32, bitcast=True)).to(tl.float32, bitcast=True)
     leaves = tl.reduce(tl.reduce(_product_leaves_f32(alpha, x).to(tl.int32), 1, tl.standard._elementwise_max),
@@ -176,7 +162,25 @@ def _noisy_kernel(x_ptr, noise_ptr, e_ptr, f_ptr, alpha_ptr, beta_ptr, out_ptr, 
         value = _fma_bf16_f32(alpha, x, scaled)
     else:
         value = _fma_bf16(alpha, x, scaled)
-    codes = _e4m3_code(value).to(tl.uint8)  # clamps to ±448
+    return _e4m3_code(value)
+
+
+@jit
+def tile_noise(x_ptr, noise_ptr, e_ptr, f_ptr, r, cols, offs, live_r, live, k, DOT: tl.constexpr):
+    """(X, N) of one tile: X's bf16 values and the noise dot, read from noise_ptr or (DOT) formed
+    from the E and F lines."""
+    x = _bf16_of_bits(x_ptr, offs, live)
+    if DOT:
+        dot = _noise_dot(e_ptr, f_ptr, r, cols, live_r, cols < k)
+    else:
+        dot = tl.load(noise_ptr + offs, mask=live, other=0.0)
+    return x, dot
+
+
+@jit
+def store_codes(out_ptr, positions_ptr, codes, r, cols, offs, live_r, live, k, TOP_K: tl.constexpr):
+    """TOP_K = 0: the tile at its own rows; TOP_K > 0: row r at out rows positions[r·TOP_K + j],
+    j < TOP_K (the expert-order rows it is routed to)."""
     if TOP_K == 0:
         tl.store(out_ptr + offs, codes, mask=live)
     else:
@@ -185,7 +189,25 @@ def _noisy_kernel(x_ptr, noise_ptr, e_ptr, f_ptr, alpha_ptr, beta_ptr, out_ptr, 
             tl.store(out_ptr + dest[:, None] * k + cols[None, :], codes, mask=live)
 
 
-def _scattered_out(x: torch.Tensor, positions: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, int]:
+@jit
+def _noisy_kernel(x_ptr, noise_ptr, e_ptr, f_ptr, alpha_ptr, beta_ptr, out_ptr, positions_ptr, rows, k,
+                  BR: tl.constexpr, BC: tl.constexpr, DOT: tl.constexpr, TOP_K: tl.constexpr):
+    """BR rows × BC columns: α, β loaded once per row; N read from noise_ptr, or with DOT formed
+    here from the E and F lines (no N in memory, no GEMM launch before this one); the element op
+    `noisy_codes_tile`; the codes stored by `store_codes`."""
+    r = tl.program_id(0) * BR + tl.arange(0, BR)
+    cols = tl.program_id(1) * BC + tl.arange(0, BC)
+    live_r = r < rows
+    live = live_r[:, None] & (cols < k)[None, :]
+    offs = r.to(tl.int64)[:, None] * k + cols[None, :]
+    x, dot = tile_noise(x_ptr, noise_ptr, e_ptr, f_ptr, r, cols, offs, live_r, live, k, DOT)
+    alpha = _bf16_of_bits(alpha_ptr, r, live_r)[:, None]
+    beta = _bf16_of_bits(beta_ptr, r, live_r)[:, None]
+    codes = noisy_codes_tile(x, alpha, beta, dot).to(tl.uint8)
+    store_codes(out_ptr, positions_ptr, codes, r, cols, offs, live_r, live, k, TOP_K)
+
+
+def scattered_out(x: torch.Tensor, positions: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, int]:
     """(codes buffer, positions argument, TOP_K) for x's rows stored as themselves (positions None)
     or at their expert-order rows (positions (rows·top_k,) int32: `RoutingTable.positions`)."""
     rows, k = x.shape
@@ -203,7 +225,7 @@ def noisy_codes(alpha: torch.Tensor, beta: torch.Tensor, x: torch.Tensor, noise:
     """e4m3 codes (rows, k) from bf16 α, β (rows,), bf16 X (rows, k) and the fp32 noise dot; with
     positions (rows·top_k,), (rows·top_k, k) codes with row r at rows positions[r·top_k + j]."""
     rows, k = x.shape
-    out, where, top_k = _scattered_out(x, positions)
+    out, where, top_k = scattered_out(x, positions)
     grid = (triton.cdiv(rows, _NOISY_ROWS), triton.cdiv(k, _NOISY_COLS))
     x16 = x.contiguous().view(torch.int16)
     _noisy_kernel[grid](x16, noise.contiguous(), x16, x16, alpha.contiguous().view(torch.int16),
@@ -218,7 +240,7 @@ def noisy_codes_of_lines(alpha: torch.Tensor, beta: torch.Tensor, x: torch.Tenso
     F (k, 32) — the A side, whose N nothing else reads. The tensor-core dot is the device's own
     FP8 atom, so this is CUDA-only: the caller passes the model's N to `noisy_codes` elsewhere."""
     rows, k = x.shape
-    out, where, top_k = _scattered_out(x, positions)
+    out, where, top_k = scattered_out(x, positions)
     grid = (triton.cdiv(rows, _DOT_ROWS), triton.cdiv(k, _DOT_COLS))
     x16 = x.contiguous().view(torch.int16)
     _noisy_kernel[grid](x16, x16, e_lines.contiguous().view(torch.uint8), f_lines.contiguous().view(torch.uint8),

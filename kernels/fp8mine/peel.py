@@ -53,7 +53,7 @@ def _decoded(codes: torch.Tensor) -> torch.Tensor:
 
 
 @jit
-def _e4m3_value(code):
+def e4m3_value(code):
     """e4m3 codes (int32 0..255) → their f32 values (exact; the NaN codes give ±480). The 7
     exponent/mantissa bits go to f32 bits 20..26 (exponent field e, or an f32 subnormal when
     e = 0) and the product with 2^120 rebias them: 2^(e−7)·1.m, or m·2^−9. No FTZ in Triton."""
@@ -68,7 +68,7 @@ def _store_a_peel(out_ptr, beta_ptr, e_ptr, r, right_sum, rows, BR: tl.constexpr
     r64 = r.to(tl.int64)[:, None]
     j = tl.arange(0, 32)[None, :]
     beta = _bf16_of_bits(beta_ptr, r, r < rows)
-    e = _e4m3_value(tl.load(e_ptr + r64 * 32 + j, mask=live, other=0).to(tl.int32))
+    e = e4m3_value(tl.load(e_ptr + r64 * 32 + j, mask=live, other=0).to(tl.int32))
     left = _rne_bf16((beta[:, None] * e).to(tl.int32, bitcast=True)) >> 16
     right = _rne_bf16(right_sum.to(tl.int32, bitcast=True)) >> 16
     out = out_ptr + r64 * 64 + j
@@ -80,10 +80,8 @@ def _store_a_peel(out_ptr, beta_ptr, e_ptr, r, right_sum, rows, BR: tl.constexpr
 def _a_peel_kernel(codes_ptr, positions_ptr, beta_ptr, e_ptr, f_b_ptr, out_ptr, partial_ptr, counter_ptr, rows, k,
                    k_per_split, splits, BR: tl.constexpr, BK: tl.constexpr, F_VALUES: tl.constexpr,
                    TOP_K: tl.constexpr):
-    """Σ_k A′[r, k] · F_B[k, :] over split program_id(1)'s k range for BR rows. One split: the
-    A peel rows directly. Several: fp32 partial sums into partial[split, r, :]; the row block's
-    last program to finish (an acq_rel counter per row block, reset by it) adds them in split
-    order (deterministic) and stores the A peel rows, so there is no combine launch. F_B is e4m3
+    """Σ_k A′[r, k] · F_B[k, :] over split program_id(1)'s k range for BR rows, stored by
+    `finish_a_peel` (several splits: no combine launch). F_B is e4m3
     codes, or (F_VALUES) its f32 values decoded once per launch (prefill). TOP_K > 0: the codes
     are in expert order and row r is read from codes row positions[r·TOP_K] (its first copy)."""
     r = tl.program_id(0) * BR + tl.arange(0, BR)
@@ -99,17 +97,27 @@ def _a_peel_kernel(codes_ptr, positions_ptr, beta_ptr, e_ptr, f_b_ptr, out_ptr, 
     k_start = tl.program_id(1) * k_per_split
     k_end = tl.minimum(k_start + k_per_split, k)
     for k0 in range(k_start, k_end, BK):
-        a = _e4m3_value(tl.load(codes_ptr + source * k + k0 + kk[None, :], mask=live, other=0).to(tl.int32))
+        a = e4m3_value(tl.load(codes_ptr + source * k + k0 + kk[None, :], mask=live, other=0).to(tl.int32))
         f_cells = f_b_ptr + (k0 + kk).to(tl.int64)[:, None] * 32 + j
         if F_VALUES:
             f = tl.load(f_cells)
         else:
-            f = _e4m3_value(tl.load(f_cells).to(tl.int32))
+            f = e4m3_value(tl.load(f_cells).to(tl.int32))
         total = tl.dot(a, f, total)  # e4m3 values are exact in tf32
+    finish_a_peel(out_ptr, beta_ptr, e_ptr, partial_ptr, counter_ptr, r, total, rows, splits, BR)
+
+
+@jit
+def finish_a_peel(out_ptr, beta_ptr, e_ptr, partial_ptr, counter_ptr, r, total, rows, splits, BR: tl.constexpr):
+    """This program's Σ A′·F_B over its k split (`total`, (BR, 32) fp32) into the A peel rows r:
+    directly with one split; else into partial[split, r, :], and the row block's last program to
+    finish (an acq_rel counter per row block, reset by it) adds the partials in split order
+    (deterministic) and stores the rows. Shared with the noisy launch that also peels."""
     if splits == 1:
         _store_a_peel(out_ptr, beta_ptr, e_ptr, r, total, rows, BR)
     else:
-        cell = r64 * 32 + j
+        live = (r < rows)[:, None]
+        cell = r.to(tl.int64)[:, None] * 32 + tl.arange(0, 32)[None, :]
         tl.store(partial_ptr + tl.program_id(1) * rows * 32 + cell, total, mask=live)
         tl.debug_barrier()  # every thread's stores come before the release below
         counter = counter_ptr + tl.program_id(0)
@@ -141,14 +149,14 @@ def a_peel_splits(rows: int, k: int, block_k: int) -> tuple[int, int]:
 
 
 @functools.lru_cache(maxsize=64)
-def _counters(device: torch.device, stream: int, row_blocks: int) -> torch.Tensor:
+def counters(device: torch.device, stream: int, row_blocks: int) -> torch.Tensor:
     """The split A peel's completion counters (one per row block) for launches on one stream
     (zero between launches: each block's last program resets its own), so launches on
     different streams never share one."""
     return torch.zeros(row_blocks, dtype=torch.int32, device=device)
 
 
-def _stream_id(device: torch.device) -> int:
+def stream_id(device: torch.device) -> int:
     return torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
 
 
@@ -167,9 +175,9 @@ def a_peel(side: NoisySide, f_b: torch.Tensor, f_b_values: torch.Tensor | None =
     row_blocks = triton.cdiv(rows, block_rows)
     if splits > 1:
         partial = torch.empty((splits, rows, 32), dtype=torch.float32, device=device)
-        counters = _counters(device, _stream_id(device), row_blocks)
+        done = counters(device, stream_id(device), row_blocks)
     else:
-        partial = counters = out
+        partial = done = out
     beta, e_lines = side.beta.contiguous().view(torch.int16), side.e_lines.contiguous().view(torch.uint8)
     # prefill: F_B decoded once, not in each program's every step (its f32 blocks then stream in
     # by cp.async like the A′ codes, 4 stages: two k steps in flight); 8 warps on the one
@@ -182,7 +190,7 @@ def a_peel(side: NoisySide, f_b: torch.Tensor, f_b_values: torch.Tensor | None =
     codes = side.codes.contiguous().view(torch.uint8)
     positions = codes if side.positions is None else side.positions
     _a_peel_kernel[(row_blocks, splits)](
-        codes, positions, beta, e_lines, f_b, out, partial, counters, rows, k, per_split, splits, BR=block_rows,
+        codes, positions, beta, e_lines, f_b, out, partial, done, rows, k, per_split, splits, BR=block_rows,
         BK=block_k, F_VALUES=f_values, TOP_K=side.top_k, num_warps=8 if f_values else 4,
         num_stages=4 if f_values else 3)
     return out.view(torch.bfloat16)

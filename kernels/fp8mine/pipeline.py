@@ -51,6 +51,11 @@ LAGGED_LOTTERY_FIRST = True
 # and an index_select after it (194 µs at GLM-5 FC1 prefill on the H100, session 16). False
 # keeps the gather (gpu_check times both).
 A_IN_EXPERT_ORDER = True
+# The same-launch pass takes the A peel from the noisy-codes launch (noisy_peel_kernel: the codes'
+# dot with F_B while they are in registers) instead of a second launch reading A′ back (95–102 µs
+# at GLM-5 FC1 prefill on the H100, session 17). Off: written without a device; gpu_check times
+# and checks it.
+A_PEEL_IN_NOISY = False
 
 
 class PipelineError(ValueError):
@@ -167,6 +172,7 @@ class ASide:
     scales: torch.Tensor  # bf16 (m, k/8) plane
     keys: torch.Tensor  # (4, 8) int32: HA, seedA, noise-line key, jackpot key
     side: quant.NoisySide
+    peel: torch.Tensor | None = None  # (m, 64) bf16 A peel, where A′'s launch computed it
 
     @property
     def seed_a(self) -> torch.Tensor:
@@ -178,10 +184,11 @@ class ASide:
 
 
 def prepare_a(rows: quant.Rows, seed_message: torch.Tensor, p_a_len: int, state: BState,
-              table: RoutingTable | None, in_expert_order: bool = False) -> ASide:
+              table: RoutingTable | None, in_expert_order: bool = False, with_peel: bool = False) -> ASide:
     """HA (+ HR, HO), seedA, the keys, E_A and A′ from the pre-quantized rows
     (`quant.prepare_rows(x)`), on their device. The A peel is the caller's
-    (`peel.a_peel(a.side, f_b)`): only a same-launch pass peels these rows.
+    (`peel.a_peel(a.side, f_b)`): only a same-launch pass peels these rows; with_peel, A′'s launch
+    computes it too (`ASide.peel`, against `state.f_b_values`).
 
     seed_message: the job's `transcript.seed_a_message` (keyA inside; its head is written here).
     in_expert_order (MoE): A′ is written straight into the GEMM's expert-order rows (top_k copies
@@ -196,6 +203,9 @@ def prepare_a(rows: quant.Rows, seed_message: torch.Tensor, p_a_len: int, state:
     positions = table.positions if in_expert_order and table is not None else None
     if in_expert_order and positions is None:
         raise PipelineError("A′ in expert order needs a routing table with positions")
+    if with_peel:
+        side, peel = quant.noisy_side_and_peel(rows, e_a, state.f_a, state.f_b_values, positions)
+        return ASide(rows.codes, rows.scales, keys, side, peel)
     side = quant.noisy_side(rows, e_a, state.f_a, positions)
     return ASide(rows.codes, rows.scales, keys, side)
 
@@ -302,10 +312,10 @@ class MinedGemm:
         b_codes, n_rows = self.b_codes(), table.rflat.shape[0]
         gather = self.moe and gather_in_gemm(n_rows, b_codes)  # the GEMM reads A′ through Rflat
         a = prepare_a(pre, self.seed_message, self.p_a_len, state, table if self.moe else None,
-                      in_expert_order=self.moe and not gather and A_IN_EXPERT_ORDER)
+                      in_expert_order=self.moe and not gather and A_IN_EXPERT_ORDER, with_peel=A_PEEL_IN_NOISY)
         # on the serving stream: a side-stream A peel found no SM free before the persistent GEMM
         # ended, and the peel then waited for it (H100 timeline, session 17)
-        peel_rows = a_peel(a.side, state.f_b, state.f_b_values)
+        peel_rows = a.peel if a.peel is not None else a_peel(a.side, state.f_b, state.f_b_values)
         rows = a.side.codes if gather else self.expert_rows(a.side, table)
         sources = {"codes": a.codes, "scales": a.scales, "rflat": table.rflat, "offsets": table.offsets}
         if fold_in_gemm(n_rows, b_codes):
