@@ -462,6 +462,7 @@ def test_routing_table_paths_match_reference(small_limit, monkeypatch):
     clipped = np.clip(wild, 0, 5).reshape(-1)
     table = dev_routing.routing_table(torch.from_numpy(wild), 6)
     assert table.rflat.tolist() == (np.argsort(clipped, kind="stable") // 4).tolist()
+    assert table.positions.tolist() == np.argsort(np.argsort(clipped, kind="stable")).tolist()
     assert table.bounds.tolist() == [0] + np.cumsum(np.bincount(clipped, minlength=6)).tolist()
 
 

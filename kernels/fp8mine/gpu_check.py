@@ -274,7 +274,7 @@ def _checked_stages(gemm: MinedGemm, x: torch.Tensor, topk) -> dict:
     out["A peel from the codes launch vs its own launch"] = {
         "A' codes and accumulator bitwise equal": bool(
             torch.equal(fused.a.side.codes.view(torch.uint8), result.a.side.codes.view(torch.uint8))
-            and torch.equal(fused.acc.view(torch.int32), result.acc.view(torch.int32))),
+            and (fused.acc is None or torch.equal(fused.acc.view(torch.int32), result.acc.view(torch.int32)))),
         **_output_diff(fused.out, result.out)}
     if gemm.moe:
         gathered = _forward_switched(gemm, x, topk, "A_IN_EXPERT_ORDER", False)
@@ -319,8 +319,8 @@ def _output_diff(got: torch.Tensor, want: torch.Tensor) -> dict:
 @contextlib.contextmanager
 def _switched(switch: str, value: bool):
     """A module switch (matmul's FOLD_IN_EPILOGUE, PEEL_IN_EPILOGUE, GATHER_IN_GEMM,
-    BF16_FOLDED_ACC; pipeline's A_IN_EXPERT_ORDER) set to `value` for the block: the other
-    variant, for comparisons and timing."""
+    BF16_FOLDED_ACC; pipeline's A_IN_EXPERT_ORDER, A_PEEL_IN_NOISY) set to `value` for the
+    block: the other variant, for comparisons and timing."""
     module = matmul_module if hasattr(matmul_module, switch) else pipeline_module
     before = getattr(module, switch)
     setattr(module, switch, value)

@@ -7,7 +7,8 @@ A peel (rows, 2r) = [β_A ⊙ E_A | A′ · F_Bᵀ]; B peel (n, 2r) = [(β_B ⊙
 
 Per launch this is two Triton kernels: the A peel (one pass over A′; split over k when there
 are too few rows to fill the SMs, the last program of a row block adding the partials; at
-prefill F_B's values decoded once by torch), and the rank-64 correction, add and unscale
+prefill F_B's fp32 values, decoded once per job; or taken by the noisy-codes launch itself,
+noisy_peel_kernel), and the rank-64 correction, add and unscale
 fused in one pass over the accumulator (row tiles never straddle an expert, so a tile's correction is one small dot against its
 expert's B peel; A peel rows and α_A are gathered through Rflat in the kernel; at prefill a
 program walks its row tile over 1024 columns with the accumulator tiles prefetched, see
@@ -152,11 +153,13 @@ def a_peel_splits(rows: int, k: int, block_k: int) -> tuple[int, int]:
 def counters(device: torch.device, stream: int, row_blocks: int) -> torch.Tensor:
     """The split A peel's completion counters (one per row block) for launches on one stream
     (zero between launches: each block's last program resets its own), so launches on
-    different streams never share one."""
+    different streams never share one; the A peel kernel and the noisy launch that peels share
+    them (stream-ordered, so never at once)."""
     return torch.zeros(row_blocks, dtype=torch.int32, device=device)
 
 
 def stream_id(device: torch.device) -> int:
+    """The current stream's handle on `device` (0 on the CPU): the key of `counters`."""
     return torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
 
 

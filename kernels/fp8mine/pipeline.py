@@ -6,12 +6,13 @@
   the active state is reused while its σ_d is among the template's 4 most recent ancestors (the
   state window) and the parent's state is prefetched before it leaves.
 - `prepare_a` is the per-launch A side after the rows' pre-quantization: HA, (HR, HO), seedA,
-  noise and jackpot keys, E_A and A′ (MoE: written straight into expert order) — device tensors
-  only, no host syncs.
+  noise and jackpot keys, E_A and A′ (a same-launch MoE pass: written straight into expert
+  order) — device tensors only, no host syncs.
 - `MinedGemm.forward` runs the routing table (side stream) beside the rows kernel → A side → A
   peel → grouped FP8 GEMM (128-k promotion; the CuTe GEMM folds the lottery tiles in its
-  epilogue where its config allows) → the lottery (side stream, first winner into the latch)
-  beside the peel + unscale into the BF16 output, rows in expert order. Dense V4 is one group.
+  epilogue where its config allows) → the lottery (first winner into the latch; on the side
+  stream beside the peel pass) → peel + unscale into the BF16 output, rows in expert order.
+  Dense V4 is one group.
 - `MinedGemm(lagged=True)` (decode): launch t serves x_t with clean rows and hashes launch t−1's
   A′ rows in the same GEMM; the A side runs on a side stream beside the GEMM, and the lottery,
   payload and publish of those rows run there one launch later (lagged.py, docs/kernels-fp8mine.md).
@@ -187,8 +188,8 @@ def prepare_a(rows: quant.Rows, seed_message: torch.Tensor, p_a_len: int, state:
               table: RoutingTable | None, in_expert_order: bool = False, with_peel: bool = False) -> ASide:
     """HA (+ HR, HO), seedA, the keys, E_A and A′ from the pre-quantized rows
     (`quant.prepare_rows(x)`), on their device. The A peel is the caller's
-    (`peel.a_peel(a.side, f_b)`): only a same-launch pass peels these rows; with_peel, A′'s launch
-    computes it too (`ASide.peel`, against `state.f_b_values`).
+    (`peel.a_peel(a.side, state.f_b, state.f_b_values)`): only a same-launch pass peels these
+    rows; with_peel, A′'s launch computes it instead (`ASide.peel`).
 
     seed_message: the job's `transcript.seed_a_message` (keyA inside; its head is written here).
     in_expert_order (MoE): A′ is written straight into the GEMM's expert-order rows (top_k copies
@@ -304,7 +305,11 @@ class MinedGemm:
             return self._forward_lagged(x, topk_ids)
         state, main = self.state, self._main()
         self._fork(main)
-        with self._on_side():  # the routing table beside the rows kernel (the plane trees read both)
+        # The routing table beside the rows kernel (the plane trees read both). Its tensors come
+        # from the side stream's pool and are used on the serving stream: safe because every side
+        # stream allocation follows a fork from the serving stream (no record_stream, which is
+        # fragile inside graph capture).
+        with self._on_side():
             table = self._table(topk_ids, x.device)
             table_ready = self._event()
         pre = quant.prepare_rows(x)

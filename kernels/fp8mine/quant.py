@@ -105,11 +105,11 @@ def noisy_side(rows: Rows, e_lines: torch.Tensor, f_lines: torch.Tensor,
     never stored); on the CPU the model's N feeds the same element op. positions
     (`RoutingTable.positions`): the codes are written straight into expert order, top_k copies a
     row (no gather after)."""
-    scaled = (rows.alpha, rows.beta, rows.values)
+    operands = (rows.alpha, rows.beta, rows.values)
     if rows.values.is_cuda:
-        codes = noisy_codes_of_lines(*scaled, e_lines, f_lines, positions)
+        codes = noisy_codes_of_lines(*operands, e_lines, f_lines, positions)
     else:
-        codes = noisy_codes(*scaled, matmul(e_lines, f_lines), positions)
+        codes = noisy_codes(*operands, matmul(e_lines, f_lines), positions)
     return NoisySide(codes, rows.alpha, rows.beta, e_lines, positions)
 
 
