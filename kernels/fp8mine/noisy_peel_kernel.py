@@ -22,7 +22,7 @@ import triton.language as tl
 from kernels.triton_jit import jit
 
 from .noisy_kernel import _bf16_of_bits, noisy_codes_tile, scattered_out, store_codes, tile_noise
-from .peel import counters, e4m3_value, finish_a_peel, stream_id
+from .peel import counters, e4m3_value, finish_a_peel, split_k, stream_id
 
 _ROWS = 64  # the row block (and the tile height of the E·F dot, as noisy_codes_of_lines)
 _COLS = 64  # the column tile
@@ -60,10 +60,7 @@ def _noisy_peel_kernel(x_ptr, noise_ptr, e_ptr, f_ptr, f_b_ptr, alpha_ptr, beta_
 def spans(rows: int, k: int) -> tuple[int, int]:
     """(column spans, columns a span): enough (row block, span) programs to reach _PROGRAMS,
     each span a whole number of column tiles."""
-    row_blocks = triton.cdiv(rows, _ROWS)
-    wanted = max(1, min(triton.cdiv(k, _COLS), _PROGRAMS // row_blocks))
-    per_span = triton.cdiv(triton.cdiv(k, wanted), _COLS) * _COLS
-    return triton.cdiv(k, per_span), per_span
+    return split_k(k, _COLS, min(triton.cdiv(k, _COLS), _PROGRAMS // triton.cdiv(rows, _ROWS)))
 
 
 def noisy_codes_and_peel(alpha: torch.Tensor, beta: torch.Tensor, x: torch.Tensor, e_lines: torch.Tensor,

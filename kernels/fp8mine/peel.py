@@ -144,8 +144,13 @@ def a_peel_splits(rows: int, k: int, block_k: int) -> tuple[int, int]:
     else enough (row block, k split) programs to fill ~128 SMs; prefill keeps one split."""
     row_blocks = triton.cdiv(rows, a_peel_rows(rows))
     programs = _A_PEEL_DECODE_PROGRAMS if rows <= _A_PEEL_DECODE_ROWS else _A_PEEL_PROGRAMS
-    wanted = max(1, min(k // block_k, programs // row_blocks))
-    per_split = triton.cdiv(triton.cdiv(k, wanted), block_k) * block_k
+    return split_k(k, block_k, min(k // block_k, programs // row_blocks))
+
+
+def split_k(k: int, block_k: int, wanted: int) -> tuple[int, int]:
+    """(splits, k per split) closest to `wanted` splits (at least one) with each k range a whole
+    number of block_k steps. Shared with the noisy launch that also peels (its column spans)."""
+    per_split = triton.cdiv(triton.cdiv(k, max(1, wanted)), block_k) * block_k
     return triton.cdiv(k, per_split), per_split
 
 

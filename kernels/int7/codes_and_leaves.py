@@ -36,8 +36,8 @@ MIN_ROWS = 4096  # below this many rows (decode) the fused decode A side or the 
 
 
 @jit
-def _codes_and_leaves_kernel(x_ptr, q_ptr, q_words_ptr, scale_ptr, key_ptr, key_stride, cv_ptr, rows, rows_per_instance, K,
-                             ROWS: tl.constexpr, CHUNKS_PER_ROW: tl.constexpr, BK: tl.constexpr,
+def _codes_and_leaves_kernel(x_ptr, q_ptr, q_words_ptr, scale_ptr, key_ptr, key_stride, cv_ptr, rows,
+                             rows_per_instance, K, ROWS: tl.constexpr, CHUNKS_PER_ROW: tl.constexpr, BK: tl.constexpr,
                              TAIL: tl.constexpr, RECIPROCAL: tl.constexpr, BF16_BITS: tl.constexpr,
                              LANES: tl.constexpr):
     """Rows [ROWS·program_id, +ROWS): their codes and scales, then their chunks' chaining values
@@ -75,9 +75,10 @@ def fits(x: torch.Tensor, rows_per_instance: int) -> bool:
 def codes_and_leaves(x: torch.Tensor, keys: torch.Tensor, *,
                      rows_per_instance: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(q, scale, leaves) of floating rows x (..., K): the int7 codes (`activations.quantise_rows`'
-    except at exact ties: see the module's docstring) and its row scales, and the leaf chaining values (instances, chunks, 8) int32
-    of the keyed trees `blake3.keyed_trees(keys, q.view(instances, -1))` builds, the instance of a
-    row being row // rows_per_instance; keys (instances or 1, 8) int32."""
+    except at exact ties: see the module's docstring) and its row scales, and the leaf chaining
+    values (instances, chunks, 8) int32 of the keyed trees `blake3.keyed_trees(keys,
+    q.view(instances, -1))` builds, the instance of a row being row // rows_per_instance; keys
+    (instances or 1, 8) int32."""
     if not fits(x, rows_per_instance):
         raise ActivationError(f"codes_and_leaves needs floating rows, K a multiple of {CHUNK_BYTES} (one pass), "
                               f"at least {MIN_ROWS} rows in instances of more than one chunk; got {x.dtype} "
@@ -96,7 +97,9 @@ def codes_and_leaves(x: torch.Tensor, keys: torch.Tensor, *,
     leaves = torch.empty((instances, rows_per_instance * chunks_per_row, 8), dtype=torch.int32, device=x.device)
     bf16 = x.dtype == torch.bfloat16
     _codes_and_leaves_kernel[(triton.cdiv(rows, rows_per_program),)](
-        x.view(torch.int16) if bf16 else x, q, q.view(torch.int32), scale, keys.contiguous(), 0 if keys.shape[0] == 1 else 8, leaves,
-        rows, rows_per_instance, k, ROWS=rows_per_program, CHUNKS_PER_ROW=chunks_per_row, BK=block_k, TAIL=tail,
-        RECIPROCAL=PRODUCT_CODES.value if bf16 or x.dtype == torch.float16 else 0, BF16_BITS=int(bf16), LANES=LANES, num_warps=LANES // 32)
+        x.view(torch.int16) if bf16 else x, q, q.view(torch.int32), scale, keys.contiguous(),
+        0 if keys.shape[0] == 1 else 8, leaves, rows, rows_per_instance, k, ROWS=rows_per_program,
+        CHUNKS_PER_ROW=chunks_per_row, BK=block_k, TAIL=tail,
+        RECIPROCAL=PRODUCT_CODES.value if bf16 or x.dtype == torch.float16 else 0, BF16_BITS=int(bf16),
+        LANES=LANES, num_warps=LANES // 32)
     return q, scale, leaves

@@ -85,7 +85,8 @@ def _variants() -> list[tuple[str, object, dict, dict, int, int]]:
         block_k, tail = activations.one_pass_blocks(k)
         out.append((f"codes_and_leaves_k{k}", codes_and_leaves._codes_and_leaves_kernel, fused,
                     {"ROWS": chunk_lanes // (k // 1024), "CHUNKS_PER_ROW": k // 1024, "BK": block_k, "TAIL": tail,
-                     "RECIPROCAL": activations.PRODUCT_CODES.value, "BF16_BITS": 1, "LANES": chunk_lanes}, chunk_lanes // 32, 1))
+                     "RECIPROCAL": activations.PRODUCT_CODES.value, "BF16_BITS": 1, "LANES": chunk_lanes},
+                    chunk_lanes // 32, 1))
     for regime, rows, warps, atomic in (("decode", 16, 4, 1), ("prefill", 128, 8, 0), ("mid", 64, 4, 0)):
         out.append((f"activations_apb_{regime}", activations._apb_kernel,
                     {"q_ptr": "*i8", "pb_ptr": "*i8", "pb_stride": "i32", "apb_ptr": "*i32",

@@ -706,7 +706,8 @@ def _switch_row(timer: Timer, shape: tuple) -> dict:
 def section_switches(report: Report) -> dict:
     """Every switch's other setting beside the default, one run per shape: the noised kernel's
     form of P and the quantiser that hashes its codes on the prefill shapes, the lagged pass on
-    the CuTe GEMM (with and without sharing its SMs) on the decode shapes; a switch turns on where its pass is faster (docs/decisions.md)."""
+    the CuTe GEMM (with and without sharing its SMs) on the decode shapes; a switch turns on
+    where its pass is faster (docs/decisions.md)."""
     return _each_shape(report, "switches", _switch_row)
 
 
