@@ -63,6 +63,17 @@ def _output(precision: Precision, x_scale: torch.Tensor | None,
         raise GroupedGemmError(f"scales apply to fp8 and int8 only: {exc}") from None
 
 
+def tma_rows(t: torch.Tensor) -> bool:
+    """Whether TMA can read t's rows in place: K innermost and every other stride a multiple of
+    16 bytes (a contiguous tensor, or rows with room after them, as the FP8 mining operands)."""
+    return t.stride(-1) == 1 and all(stride * t.element_size() % 16 == 0 for stride in t.stride()[:-1])
+
+
+def tma_operand(t: torch.Tensor) -> torch.Tensor:
+    """t itself where `tma_rows`, else a contiguous copy."""
+    return t if tma_rows(t) else t.contiguous()
+
+
 def _check(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, x_scale: torch.Tensor | None,
            w_scale: torch.Tensor | None, out: torch.Tensor | None) -> tuple[Precision, Output]:
     precision = precision_of(x)
@@ -76,8 +87,8 @@ def _check(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, x_scale: tor
         raise GroupedGemmError(f"x has K={x.shape[1]} but w has K={k}")
     if k == 0:
         raise GroupedGemmError("K must be positive")
-    if not (x.is_contiguous() and w.is_contiguous()):
-        raise GroupedGemmError("x and w must be contiguous (row-major, K innermost)")
+    if not (tma_rows(x) and tma_rows(w)):
+        raise GroupedGemmError("x and w must be row-major with K innermost and 16-byte aligned row strides")
     output = _output(precision, x_scale, w_scale)
     out_dtype = _TORCH_DTYPES[output]
     if (k * x.element_size()) % _ALIGN_BYTES or (n * out_dtype.itemsize) % _ALIGN_BYTES:

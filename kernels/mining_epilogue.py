@@ -2,8 +2,9 @@
 may peel: the FP8 fold (kernels.fp8mine.fold_epilogue: folded lanes), the FP8 fold + peel
 (kernels.fp8mine.peel_epilogue) and the INT7 transcript (kernels.int7.transcript_gemm: transcript
 words). Beside quack's default epilogue arguments they take the experts' row bounds (E + 1,), the
-int32 words buffer (tile rows, column tiles, 16) and, for the peel, its operands; a field left
-None is absent from the compiled kernel, so one argument type serves every variant.
+int32 words buffer (tile rows, column tiles, 16); the peel's unscale uses quack's two vectors (its
+operands ride the GEMM's own TMA ring). A field left None is absent from the compiled kernel, so
+one argument type serves every variant.
 
 This module imports cutlass and quack at import time, like kernels.grouped_gemm_sm90.
 """
@@ -22,7 +23,7 @@ from quack.gemm_default_epi import GemmDefaultEpiMixin
 @mlir_namedtuple
 class MiningEpilogueArguments(NamedTuple):
     """quack's default epilogue arguments (the peel uses the two scale vectors), then the row
-    bounds and the words, then the peel's operands (int32 views of bf16 pairs, and Rflat)."""
+    bounds and the words."""
 
     alpha: Optional[Float32 | cute.Tensor] = None
     beta: Optional[Float32 | cute.Tensor] = None
@@ -38,12 +39,9 @@ class MiningEpilogueArguments(NamedTuple):
     mSFDCol: Optional[cute.Tensor] = None
     lottery_bounds: Optional[cute.Tensor] = None
     lottery_lanes: Optional[cute.Tensor] = None
-    peel_a: Optional[cute.Tensor] = None
-    peel_b: Optional[cute.Tensor] = None
-    peel_rflat: Optional[cute.Tensor] = None
 
 
-_MINING_FIELDS = ("lottery_bounds", "lottery_lanes", "peel_a", "peel_b", "peel_rflat")
+_MINING_FIELDS = ("lottery_bounds", "lottery_lanes")
 
 
 class MiningParamsMixin:
@@ -68,19 +66,16 @@ def fake_tile_words_arguments(m, n, num_experts) -> MiningEpilogueArguments:
         lottery_lanes=make_fake_tensor(Int32, (cute.sym_int(), cute.sym_int(), 16), leading_dim=2))
 
 
-def fake_peel_arguments(m, n, num_experts) -> MiningEpilogueArguments:
-    """`fake_tile_words_arguments` plus the peel's: 1/α_B per column (E, n), 1/α_A per row (m,),
-    the A and B peel rows as int32 pairs (rows, 32) and Rflat."""
-    sym = cute.sym_int
+def fake_unscale_arguments(m, n, num_experts) -> MiningEpilogueArguments:
+    """`fake_tile_words_arguments` plus the unscale's vectors: 1/α_B per column (E, n) and 1/α_A
+    per row (m,)."""
     return fake_tile_words_arguments(m, n, num_experts)._replace(
         mRowVecBroadcast=make_fake_tensor(Float32, (num_experts, n), leading_dim=1, divisibility=4),
-        mColVecBroadcast=make_fake_tensor(Float32, (m,), leading_dim=0, divisibility=4),
-        peel_a=make_fake_tensor(Int32, (sym(), 32), leading_dim=1),
-        peel_b=make_fake_tensor(Int32, (sym(), 32), leading_dim=1),
-        peel_rflat=make_fake_tensor(Int32, (sym(),), leading_dim=0))
+        mColVecBroadcast=make_fake_tensor(Float32, (m,), leading_dim=0, divisibility=4))
 
 
-def mining_arguments(bounds, words, **peel) -> MiningEpilogueArguments:
-    """Launch-time arguments (compile-time fields travel as None); `peel`: the peel's fields."""
+def mining_arguments(bounds, words, **vectors) -> MiningEpilogueArguments:
+    """Launch-time arguments (compile-time fields travel as None); `vectors`: the unscale's
+    mRowVecBroadcast and mColVecBroadcast."""
     return MiningEpilogueArguments(add_to_output=None, rounding_mode=None, lottery_bounds=bounds,
-                                   lottery_lanes=words, **peel)
+                                   lottery_lanes=words, **vectors)

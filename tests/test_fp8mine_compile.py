@@ -44,9 +44,9 @@ SCRIPT = textwrap.dedent("""
         noisy = triton.compile(ASTSource(fn=noisy_kernel._noisy_kernel, signature={
             "x_ptr": "*i16", "noise_ptr": "*fp32", "e_ptr": "*u8", "f_ptr": "*u8", "alpha_ptr": "*i16",
             "beta_ptr": "*i16", "out_ptr": "*u8", "positions_ptr": "*i32", "rows": "i32", "k": "i32",
-            "BR": "constexpr", "BC": "constexpr", "DOT": "constexpr", "TOP_K": "constexpr"},
+            "stride": "i32", "BR": "constexpr", "BC": "constexpr", "DOT": "constexpr", "TOP_K": "constexpr"},
             constexprs={"BR": rows, "BC": cols, "DOT": dot, "TOP_K": top_k},
-            attrs=ALIGNED(10)), target=target, options={"enable_fp_fusion": False})
+            attrs=ALIGNED(11)), target=target, options={"enable_fp_fusion": False})
         if top_k == 0:
             print("NOISYDOT-BEGIN" if dot else "NOISY-BEGIN")
             print(noisy.asm["ptx"])
@@ -55,10 +55,10 @@ SCRIPT = textwrap.dedent("""
         fused = triton.compile(ASTSource(fn=noisy_peel_kernel._noisy_peel_kernel, signature={
             "x_ptr": "*i16", "noise_ptr": "*i16", "e_ptr": "*u8", "f_ptr": "*u8", "f_b_ptr": "*fp32",
             "alpha_ptr": "*i16", "beta_ptr": "*i16", "out_ptr": "*u8", "positions_ptr": "*i32", "peel_ptr": "*i16",
-            "partial_ptr": "*fp32", "counter_ptr": "*i32", "rows": "i32", "k": "i32", "span": "i32",
-            "splits": "i32", "BR": "constexpr", "BC": "constexpr", "DOT": "constexpr", "TOP_K": "constexpr"},
+            "partial_ptr": "*fp32", "counter_ptr": "*i32", "rows": "i32", "k": "i32", "stride": "i32",
+            "span": "i32", "splits": "i32", "BR": "constexpr", "BC": "constexpr", "DOT": "constexpr", "TOP_K": "constexpr"},
             constexprs={"BR": noisy_peel_kernel._ROWS, "BC": noisy_peel_kernel._COLS, "DOT": True, "TOP_K": top_k},
-            attrs=ALIGNED(15)), target=target, options={"enable_fp_fusion": False})
+            attrs=ALIGNED(16)), target=target, options={"enable_fp_fusion": False})
         assert ".local" not in fused.asm["ptx"], "the noisy launch that peels keeps a stack frame"
     triton.compile(ASTSource(fn=noisy_kernel._row_scales_kernel, signature={
         "l2_ptr": "*i16", "linf_ptr": "*i16", "alpha_ptr": "*i16", "beta_ptr": "*i16", "rows": "i32",
@@ -108,8 +108,8 @@ SCRIPT = textwrap.dedent("""
         triton.compile(ASTSource(fn=peel._a_peel_kernel, signature={
             "codes_ptr": "*u8", "positions_ptr": "*i32", "beta_ptr": "*i16", "e_ptr": "*u8",
             "f_b_ptr": "*fp32" if f_values else "*u8", "out_ptr": "*i16", "partial_ptr": "*fp32",
-            "counter_ptr": "*i32", "rows": "i32", "k": "i32", "k_per_split": "i32", "splits": "i32",
-            "BR": "constexpr", "BK": "constexpr", "F_VALUES": "constexpr", "TOP_K": "constexpr"},
+            "counter_ptr": "*i32", "rows": "i32", "k": "i32", "stride": "i32", "k_per_split": "i32",
+            "splits": "i32", "BR": "constexpr", "BK": "constexpr", "F_VALUES": "constexpr", "TOP_K": "constexpr"},
             constexprs={"BR": rows, "BK": 128, "F_VALUES": f_values, "TOP_K": top_k}), target=target,
             options={"num_warps": 8 if f_values else 4, "num_stages": 4 if f_values else 3})
     triton.compile(ASTSource(fn=transcript._forest_kernel, signature={

@@ -1,7 +1,8 @@
 """GPU check of the peel in the GEMM's epilogue (kernels.fp8mine.peel_epilogue; skipped without a
-GPU): on an uneven routing with Rflat gathering tokens, the epilogue's bf16 output is the peel
-pass's (peel.peel_and_unscale on the plain raw accumulator) within two bf16 steps, and its folded
-lanes are the fold epilogue's.
+GPU): on an uneven routing with an empty expert, operands whose rows carry their peel rows as
+128-byte tails (strided views, as the pipeline passes them), the epilogue's bf16 output is the
+peel pass's (peel.peel_and_unscale on the plain raw accumulator) within two bf16 steps, and its
+folded lanes are bitwise the fold epilogue's.
 """
 import numpy as np
 import pytest
@@ -16,28 +17,40 @@ SIZES = [37, 0, 130, 259, 6]
 N, K = 384, 384
 
 
-@pytest.mark.parametrize("key", ["128x128x128_c2x1_coop", "64x128x128_c1x1_pp"])
+def _with_tails(codes: np.ndarray, peel: torch.Tensor) -> torch.Tensor:
+    """(rows, K) e4m3 codes in a (rows, K + 128) buffer, each row's peel row after it: the codes
+    view (rows, K), strided as the pipeline's."""
+    from kernels.fp8mine.peel import TAIL_BYTES, write_tails
+    rows = codes.reshape(-1, K).shape[0]
+    buffer = torch.zeros((rows, K + TAIL_BYTES), dtype=torch.uint8, device="cuda")
+    buffer[:, :K] = torch.from_numpy(codes.reshape(-1, K)).cuda()
+    view = buffer[:, :K].view(torch.float8_e4m3fn)
+    write_tails(view, peel.reshape(rows, 64))
+    return view
+
+
+@pytest.mark.parametrize("key", ["128x128x128_c2x1_coop", "64x128x128_c1x1_pp", "128x128x128_c1x1_coop"])
 def test_epilogue_peel_matches_the_peel_pass(key: str) -> None:
     from kernels.fp8mine.fold_epilogue import folded_grouped_gemm
-    from kernels.fp8mine.peel import peel_and_unscale
-    from kernels.fp8mine.peel_epilogue import PeelOperands, peeled_grouped_gemm
+    from kernels.fp8mine.peel import TAIL_BYTES, padded_rows, peel_and_unscale
+    from kernels.fp8mine.peel_epilogue import peeled_grouped_gemm
     from kernels.fp8mine.routing import RoutingTable
 
     config = GroupedGemmConfig.from_key(key)
     gen = np.random.default_rng(5)
-    rows, tokens, experts = sum(SIZES), sum(SIZES) // 2 + 3, len(SIZES)
+    rows, experts = sum(SIZES), len(SIZES)
     codes = gen.integers(0, 256, size=(rows, K), dtype=np.uint8)
     codes[(codes & 0x7F) == 0x7F] = 0x3C
     weights = gen.integers(0, 256, size=(experts, N, K), dtype=np.uint8)
     weights[(weights & 0x7F) == 0x7F] = 0x38
-    a = torch.from_numpy(codes).cuda().view(torch.float8_e4m3fn)
-    b = torch.from_numpy(weights).cuda().view(torch.float8_e4m3fn)
-    bounds = torch.from_numpy(np.concatenate([[0], np.cumsum(SIZES)]).astype(np.int32)).cuda()
-    table = RoutingTable(torch.from_numpy(gen.integers(0, tokens, rows).astype(np.int32)).cuda(), bounds)
-    a_peel = (torch.randn(tokens, 64, device="cuda") * 300).to(torch.bfloat16)
+    a_peel = (torch.randn(rows, 64, device="cuda") * 300).to(torch.bfloat16)
     b_peel = (torch.randn(experts, N, 64, device="cuda") * 300).to(torch.bfloat16)
-    alpha_a = (torch.rand(tokens, device="cuda") * 30 + 1).to(torch.bfloat16)
+    alpha_a = (torch.rand(rows, device="cuda") * 30 + 1).to(torch.bfloat16)
     alpha_b = (torch.rand(experts, N, device="cuda") * 30 + 1).to(torch.bfloat16)
+    a = _with_tails(codes, a_peel)
+    b = _with_tails(weights, b_peel).view(experts, N, K)
+    bounds = torch.from_numpy(np.concatenate([[0], np.cumsum(SIZES)]).astype(np.int32)).cuda()
+    table = RoutingTable(torch.arange(rows, dtype=torch.int32, device="cuda"), bounds)
 
     raw = torch.empty((rows, N), dtype=torch.float32, device="cuda")
     want_lanes = torch.full((rows // 4, N // 64, 16), -1, dtype=torch.int32, device="cuda")
@@ -46,9 +59,9 @@ def test_epilogue_peel_matches_the_peel_pass(key: str) -> None:
 
     lanes = torch.full_like(want_lanes, -1)
     out = torch.empty((rows, N), dtype=torch.bfloat16, device="cuda")
-    peel = PeelOperands(table.rflat, a_peel, 1.0 / alpha_a.float()[table.rflat.long()], b_peel,
-                        1.0 / alpha_b.float())
-    peeled_grouped_gemm(a, b, bounds, out, lanes, peel, config)
+    padded_b = padded_rows(b.view(-1, K)).view(experts, N, K + TAIL_BYTES)
+    peeled_grouped_gemm(padded_rows(a).view(torch.float8_e4m3fn), padded_b.view(torch.float8_e4m3fn), bounds,
+                        out, lanes, 1.0 / alpha_a.float(), 1.0 / alpha_b.float(), config)
     assert torch.equal(lanes, want_lanes)
     diff = (out.float() - want.float()).abs()
     assert float((diff - 2 ** -7 * want.float().abs()).max()) <= 1e-3 * float(want.float().abs().max())

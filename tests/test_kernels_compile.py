@@ -202,17 +202,20 @@ def test_int7_transcript_and_peel_configs(experts, rows, n, k) -> None:
 @pytest.mark.parametrize("config", FP8_CONFIGS, ids=[c.key for c in FP8_CONFIGS])
 def test_fp8_peel_epilogue_compiles_where_it_fits(config: GroupedGemmConfig) -> None:
     """The FP8 mining GEMM that also peels and unscales in its epilogue
-    (kernels.fp8mine.peel_epilogue): every config that `peel_fits` chains 4 bf16 warp MMAs per
-    8-column block a thread holds onto the accumulator, without spills; 192-wide tiles, which
-    spill with it, are refused."""
+    (kernels.fp8mine.peel_epilogue): every config that `peel_fits` adds one bf16 K = 64 WGMMA
+    chain (4 k16 HGMMAs a warpgroup's MMA atom) to the e4m3 QGMMAs of the folding GEMM, reading
+    the ring's last stage, without spills."""
+    from kernels.fp8mine.fold_epilogue import compile_fold_gemm, fits
     from kernels.fp8mine.peel_epilogue import compile_peel_gemm, peel_fits
 
-    if not peel_fits(config, 4096):
-        assert config.tile_n > 128 or config.tile_n % 64 or config.tile_m == 192
+    if not peel_fits(config, 4096, 6144):
+        assert not fits(config, 4096)
         return
     sass = compile_peel_gemm(config).__sass__
-    atoms_m = config.tile_m // 64 if config.pingpong else max(1, config.tile_m // 128)
-    assert len(re.findall(r"\bHMMA\.16816\.F32\.BF16\b", sass)) == 4 * config.tile_n // 8 * atoms_m
+    fold = compile_fold_gemm(config, False, Output.BF16).__sass__
+    atoms_m = 1 if config.pingpong else max(1, config.tile_m // 128)
+    assert len(re.findall(r"\bHGMMA\.64x\d+x16\.F32\.BF16\b", sass)) == 4 * atoms_m
+    assert len(re.findall(r"\bQGMMA\.", sass)) == len(re.findall(r"\bQGMMA\.", fold))
     assert not re.search(r"\b(LDL|STL)\b", sass), "registers spilled to local memory"
 
 
@@ -220,19 +223,16 @@ GATHER_CONFIGS = [c for c in FP8_CONFIGS if c.cluster_n == 1]
 
 
 @pytest.mark.parametrize("config", GATHER_CONFIGS, ids=[c.key for c in GATHER_CONFIGS])
-def test_fp8_mining_epilogues_compile_with_gathered_rows(config: GroupedGemmConfig) -> None:
-    """The fold (and, where it fits, the peel) GEMM reading its A rows through Rflat (quack's
-    gather_A: cp.async row copies by the producer warps, B still through TMA), without spills."""
+def test_fp8_fold_epilogue_compiles_with_gathered_rows(config: GroupedGemmConfig) -> None:
+    """The fold GEMM reading its A rows through Rflat (quack's gather_A: cp.async row copies by
+    the producer warps, B still through TMA), without spills."""
     from kernels.fp8mine.fold_epilogue import compile_fold_gemm, fits
-    from kernels.fp8mine.peel_epilogue import compile_peel_gemm, peel_fits
 
     if not fits(config, 4096):
         return
-    compiled = [compile_fold_gemm(config, True)] + ([compile_peel_gemm(config, True)] if peel_fits(config, 4096) else [])
-    for fn in compiled:
-        sass = fn.__sass__
-        assert re.search(r"\bLDGSTS\b", sass) and "UTMALDG" in sass
-        assert not re.search(r"\b(LDL|STL)\b", sass), "registers spilled to local memory"
+    sass = compile_fold_gemm(config, True).__sass__
+    assert re.search(r"\bLDGSTS\b", sass) and "UTMALDG" in sass
+    assert not re.search(r"\b(LDL|STL)\b", sass), "registers spilled to local memory"
 
 
 @pytest.mark.parametrize("config", INT8_CONFIGS, ids=[c.key for c in INT8_CONFIGS])

@@ -140,7 +140,7 @@ def peel_in_gemm(rows: int, b: torch.Tensor, impl: str | None = None) -> bool:
         return False
     from .fold_epilogue import fold_config
     from .peel_epilogue import peel_fits
-    return peel_fits(fold_config(rows, *b.shape), b.shape[1])
+    return peel_fits(fold_config(rows, *b.shape), b.shape[1], b.shape[2])
 
 
 def gather_in_gemm(rows: int, b: torch.Tensor, impl: str | None = None) -> bool:
@@ -193,7 +193,8 @@ def grouped_matmul(a: torch.Tensor, b: torch.Tensor, table: RoutingTable,
             raise MatmulError(f"no fold epilogue for {rows} rows × {tuple(b.shape)} "
                               f"(impl {impl}, max_sms {max_sms}, side_smem {side_smem})")
         from .fold_epilogue import folded_grouped_gemm
-        return folded_grouped_gemm(a.contiguous(), b.contiguous(), table.bounds, out, fold_into,
+        from kernels.grouped_gemm import tma_operand
+        return folded_grouped_gemm(tma_operand(a), tma_operand(b), table.bounds, out, fold_into,
                                    a_idx=table.rflat if gather else None)
     if impl == "cute":
         return _cute_grouped(a, b, table, out, max_sms, side_smem)
@@ -209,8 +210,8 @@ def grouped_matmul(a: torch.Tensor, b: torch.Tensor, table: RoutingTable,
 def _cute_grouped(a: torch.Tensor, b: torch.Tensor, table: RoutingTable, out: torch.Tensor,
                   max_sms: int | None = None, side_smem: int = 0) -> torch.Tensor:
     """The CuTe DSL grouped GEMM's raw fp32 accumulator (rows in expert order, bounds (e+1,))."""
-    from kernels.grouped_gemm import grouped_gemm  # checks the TMA alignment (K % 16, N % 4)
-    return grouped_gemm(a.contiguous(), b.contiguous(), table.bounds, out=out, max_sms=max_sms,
+    from kernels.grouped_gemm import grouped_gemm, tma_operand  # checks the TMA alignment (K % 16, N % 4)
+    return grouped_gemm(tma_operand(a), tma_operand(b), table.bounds, out=out, max_sms=max_sms,
                         side_smem=side_smem)
 
 

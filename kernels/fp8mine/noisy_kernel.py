@@ -178,20 +178,21 @@ def tile_noise(x_ptr, noise_ptr, e_ptr, f_ptr, r, cols, offs, live_r, live, k, D
 
 
 @jit
-def store_codes(out_ptr, positions_ptr, codes, r, cols, offs, live_r, live, k, TOP_K: tl.constexpr):
+def store_codes(out_ptr, positions_ptr, codes, r, cols, live_r, live, stride, TOP_K: tl.constexpr):
     """TOP_K = 0: the tile at its own rows; TOP_K > 0: row r at out rows positions[r·TOP_K + j],
-    j < TOP_K (the expert-order rows it is routed to)."""
+    j < TOP_K (the expert-order rows it is routed to). stride: out's row stride (k, or k plus a
+    peel tail: `scattered_out`)."""
     if TOP_K == 0:
-        tl.store(out_ptr + offs, codes, mask=live)
+        tl.store(out_ptr + r.to(tl.int64)[:, None] * stride + cols[None, :], codes, mask=live)
     else:
         for j in tl.static_range(TOP_K):
             dest = tl.load(positions_ptr + r.to(tl.int64) * TOP_K + j, mask=live_r, other=0).to(tl.int64)
-            tl.store(out_ptr + dest[:, None] * k + cols[None, :], codes, mask=live)
+            tl.store(out_ptr + dest[:, None] * stride + cols[None, :], codes, mask=live)
 
 
 @jit
 def _noisy_kernel(x_ptr, noise_ptr, e_ptr, f_ptr, alpha_ptr, beta_ptr, out_ptr, positions_ptr, rows, k,
-                  BR: tl.constexpr, BC: tl.constexpr, DOT: tl.constexpr, TOP_K: tl.constexpr):
+                  stride, BR: tl.constexpr, BC: tl.constexpr, DOT: tl.constexpr, TOP_K: tl.constexpr):
     """BR rows × BC columns: α, β loaded once per row; N read from noise_ptr, or with DOT formed
     here from the E and F lines (no N in memory, no GEMM launch before this one); the element op
     `noisy_codes_tile`; the codes stored by `store_codes`."""
@@ -204,50 +205,55 @@ def _noisy_kernel(x_ptr, noise_ptr, e_ptr, f_ptr, alpha_ptr, beta_ptr, out_ptr, 
     alpha = _bf16_of_bits(alpha_ptr, r, live_r)[:, None]
     beta = _bf16_of_bits(beta_ptr, r, live_r)[:, None]
     codes = noisy_codes_tile(x, alpha, beta, dot).to(tl.uint8)
-    store_codes(out_ptr, positions_ptr, codes, r, cols, offs, live_r, live, k, TOP_K)
+    store_codes(out_ptr, positions_ptr, codes, r, cols, live_r, live, stride, TOP_K)
 
 
-def scattered_out(x: torch.Tensor, positions: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, int]:
+def scattered_out(x: torch.Tensor, positions: torch.Tensor | None,
+                  tail: int = 0) -> tuple[torch.Tensor, torch.Tensor, int]:
     """(codes buffer, positions argument, TOP_K) for x's rows stored as themselves (positions None)
-    or at their expert-order rows (positions (rows·top_k,) int32: `RoutingTable.positions`)."""
+    or at their expert-order rows (positions (rows·top_k,) int32: `RoutingTable.positions`).
+    tail: bytes left after each row's k codes (the peel GEMM's operand rows carry their peel row
+    there: `peel.padded_rows`); the buffer is then (out rows, k + tail) and the codes its first k
+    columns."""
     rows, k = x.shape
     if positions is None:
-        return torch.empty((rows, k), dtype=torch.uint8, device=x.device), x, 0
+        return torch.empty((rows, k + tail), dtype=torch.uint8, device=x.device), x, 0
     if positions.dtype != torch.int32 or positions.dim() != 1 or rows == 0 or positions.shape[0] % rows:
         raise ValueError(f"positions must be int32 (rows·top_k,) for {rows} rows, "
                          f"got {positions.dtype} {tuple(positions.shape)}")
     total = positions.shape[0]
-    return torch.empty((total, k), dtype=torch.uint8, device=x.device), positions.contiguous(), total // rows
+    return torch.empty((total, k + tail), dtype=torch.uint8, device=x.device), positions.contiguous(), total // rows
 
 
 def noisy_codes(alpha: torch.Tensor, beta: torch.Tensor, x: torch.Tensor, noise: torch.Tensor,
-                positions: torch.Tensor | None = None) -> torch.Tensor:
+                positions: torch.Tensor | None = None, tail: int = 0) -> torch.Tensor:
     """e4m3 codes (rows, k) from bf16 α, β (rows,), bf16 X (rows, k) and the fp32 noise dot; with
-    positions (rows·top_k,), (rows·top_k, k) codes with row r at rows positions[r·top_k + j]."""
+    positions (rows·top_k,), (rows·top_k, k) codes with row r at rows positions[r·top_k + j];
+    tail: rows `tail` bytes apart beyond k (`scattered_out`)."""
     rows, k = x.shape
-    out, where, top_k = scattered_out(x, positions)
+    out, where, top_k = scattered_out(x, positions, tail)
     grid = (triton.cdiv(rows, _NOISY_ROWS), triton.cdiv(k, _NOISY_COLS))
     x16 = x.contiguous().view(torch.int16)
     _noisy_kernel[grid](x16, noise.contiguous(), x16, x16, alpha.contiguous().view(torch.int16),
-                        beta.contiguous().view(torch.int16), out, where, rows, k, BR=_NOISY_ROWS,
+                        beta.contiguous().view(torch.int16), out, where, rows, k, k + tail, BR=_NOISY_ROWS,
                         BC=_NOISY_COLS, DOT=False, TOP_K=top_k, enable_fp_fusion=False)
-    return out.view(torch.float8_e4m3fn)
+    return out[:, :k].view(torch.float8_e4m3fn)
 
 
 def noisy_codes_of_lines(alpha: torch.Tensor, beta: torch.Tensor, x: torch.Tensor, e_lines: torch.Tensor,
-                         f_lines: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+                         f_lines: torch.Tensor, positions: torch.Tensor | None = None, tail: int = 0) -> torch.Tensor:
     """`noisy_codes` with N = E·Fᵀ formed inside the launch from the e4m3 lines E (rows, 32) and
     F (k, 32) — the A side, whose N nothing else reads. The tensor-core dot is the device's own
     FP8 atom, so this is CUDA-only: the caller passes the model's N to `noisy_codes` elsewhere."""
     rows, k = x.shape
-    out, where, top_k = scattered_out(x, positions)
+    out, where, top_k = scattered_out(x, positions, tail)
     grid = (triton.cdiv(rows, _DOT_ROWS), triton.cdiv(k, _DOT_COLS))
     x16 = x.contiguous().view(torch.int16)
     _noisy_kernel[grid](x16, x16, e_lines.contiguous().view(torch.uint8), f_lines.contiguous().view(torch.uint8),
                         alpha.contiguous().view(torch.int16), beta.contiguous().view(torch.int16), out, where,
-                        rows, k, BR=_DOT_ROWS, BC=_DOT_COLS, DOT=True, TOP_K=top_k, enable_fp_fusion=False,
-                        num_warps=4)
-    return out.view(torch.float8_e4m3fn)
+                        rows, k, k + tail, BR=_DOT_ROWS, BC=_DOT_COLS, DOT=True, TOP_K=top_k,
+                        enable_fp_fusion=False, num_warps=4)
+    return out[:, :k].view(torch.float8_e4m3fn)
 
 
 def bf16_value(bits: int) -> float:

@@ -31,7 +31,7 @@ _PROGRAMS = 1024  # split the columns until row blocks × spans reaches this (pr
 
 @jit
 def _noisy_peel_kernel(x_ptr, noise_ptr, e_ptr, f_ptr, f_b_ptr, alpha_ptr, beta_ptr, out_ptr, positions_ptr,
-                       peel_ptr, partial_ptr, counter_ptr, rows, k, span, splits, BR: tl.constexpr,
+                       peel_ptr, partial_ptr, counter_ptr, rows, k, stride, span, splits, BR: tl.constexpr,
                        BC: tl.constexpr, DOT: tl.constexpr, TOP_K: tl.constexpr):
     """Row block program_id(0), columns [program_id(1)·span, + span) in BC steps: the codes of
     each tile (as _noisy_kernel), then Σ codes' values · F_B over the span (tf32 dot: e4m3 values
@@ -50,7 +50,7 @@ def _noisy_peel_kernel(x_ptr, noise_ptr, e_ptr, f_ptr, f_b_ptr, alpha_ptr, beta_
         offs = r.to(tl.int64)[:, None] * k + cols[None, :]
         x, dot = tile_noise(x_ptr, noise_ptr, e_ptr, f_ptr, r, cols, offs, live_r, live, k, DOT)
         codes = noisy_codes_tile(x, alpha, beta, dot)
-        store_codes(out_ptr, positions_ptr, codes.to(tl.uint8), r, cols, offs, live_r, live, k, TOP_K)
+        store_codes(out_ptr, positions_ptr, codes.to(tl.uint8), r, cols, live_r, live, stride, TOP_K)
         values = tl.where(live, e4m3_value(codes), 0.0)
         f_b = tl.load(f_b_ptr + cols.to(tl.int64)[:, None] * 32 + j[None, :], mask=live_c[:, None], other=0.0)
         total = tl.dot(values, f_b, total)
@@ -65,14 +65,14 @@ def spans(rows: int, k: int) -> tuple[int, int]:
 
 def noisy_codes_and_peel(alpha: torch.Tensor, beta: torch.Tensor, x: torch.Tensor, e_lines: torch.Tensor,
                          f_lines: torch.Tensor, f_b_values: torch.Tensor, positions: torch.Tensor | None = None,
-                         noise: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                         noise: torch.Tensor | None = None, tail: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """(codes, A peel): `noisy_kernel.noisy_codes_of_lines`'s codes (or, given the fp32 noise dot
     `noise`, `noisy_codes`'s: the CPU path) and the A peel (rows, 64) bf16 against F_B's fp32
-    values (k, 32), in one launch."""
+    values (k, 32), in one launch; tail as `noisy_kernel.scattered_out`."""
     rows, k = x.shape
     if f_b_values.dtype != torch.float32 or f_b_values.shape != (k, 32):
         raise ValueError(f"f_b_values must be fp32 ({k}, 32), got {f_b_values.dtype} {tuple(f_b_values.shape)}")
-    out, where, top_k = scattered_out(x, positions)
+    out, where, top_k = scattered_out(x, positions, tail)
     splits, per_span = spans(rows, k)
     row_blocks = triton.cdiv(rows, _ROWS)
     peel = torch.empty((rows, 64), dtype=torch.int16, device=x.device)
@@ -86,6 +86,6 @@ def noisy_codes_and_peel(alpha: torch.Tensor, beta: torch.Tensor, x: torch.Tenso
     _noisy_peel_kernel[(row_blocks, splits)](
         x16, x16 if dot else noise.contiguous(), e_lines.contiguous().view(torch.uint8),
         f_lines.contiguous().view(torch.uint8), f_b_values.contiguous(), alpha.contiguous().view(torch.int16),
-        beta.contiguous().view(torch.int16), out, where, peel, partial, done, rows, k, per_span, splits,
+        beta.contiguous().view(torch.int16), out, where, peel, partial, done, rows, k, k + tail, per_span, splits,
         BR=_ROWS, BC=_COLS, DOT=dot, TOP_K=top_k, enable_fp_fusion=False, num_warps=4)
-    return out.view(torch.float8_e4m3fn), peel.view(torch.bfloat16)
+    return out[:, :k].view(torch.float8_e4m3fn), peel.view(torch.bfloat16)

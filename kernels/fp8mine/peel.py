@@ -34,6 +34,7 @@ from .quant import NoisySide
 from .routing import RoutingTable, RowTiles, row_tiles
 
 ROW_CHUNK = 2048  # rows per pass of the torch FMA emulation (bounds its f64 temporaries)
+TAIL_BYTES = 128  # a bf16 peel row (64 values) after an operand row's codes: the peel GEMM's extra k-tile
 _A_PEEL_ROWS = 16
 _A_PEEL_WIDE_ROWS = 64  # row block at decode (few rows) and once rows alone fill the GPU (prefill)
 _A_PEEL_WIDE_FROM = 64 * 128  # rows from which the wide block is used
@@ -79,12 +80,13 @@ def _store_a_peel(out_ptr, beta_ptr, e_ptr, r, right_sum, rows, BR: tl.constexpr
 
 @jit
 def _a_peel_kernel(codes_ptr, positions_ptr, beta_ptr, e_ptr, f_b_ptr, out_ptr, partial_ptr, counter_ptr, rows, k,
-                   k_per_split, splits, BR: tl.constexpr, BK: tl.constexpr, F_VALUES: tl.constexpr,
+                   stride, k_per_split, splits, BR: tl.constexpr, BK: tl.constexpr, F_VALUES: tl.constexpr,
                    TOP_K: tl.constexpr):
     """Σ_k A′[r, k] · F_B[k, :] over split program_id(1)'s k range for BR rows, stored by
     `finish_a_peel` (several splits: no combine launch). F_B is e4m3
     codes, or (F_VALUES) its f32 values decoded once per launch (prefill). TOP_K > 0: the codes
-    are in expert order and row r is read from codes row positions[r·TOP_K] (its first copy)."""
+    are in expert order and row r is read from codes row positions[r·TOP_K] (its first copy).
+    stride: the codes' row stride (k, or k plus a peel tail)."""
     r = tl.program_id(0) * BR + tl.arange(0, BR)
     live = (r < rows)[:, None]
     r64 = r.to(tl.int64)[:, None]
@@ -98,7 +100,7 @@ def _a_peel_kernel(codes_ptr, positions_ptr, beta_ptr, e_ptr, f_b_ptr, out_ptr, 
     k_start = tl.program_id(1) * k_per_split
     k_end = tl.minimum(k_start + k_per_split, k)
     for k0 in range(k_start, k_end, BK):
-        a = e4m3_value(tl.load(codes_ptr + source * k + k0 + kk[None, :], mask=live, other=0).to(tl.int32))
+        a = e4m3_value(tl.load(codes_ptr + source * stride + k0 + kk[None, :], mask=live, other=0).to(tl.int32))
         f_cells = f_b_ptr + (k0 + kk).to(tl.int64)[:, None] * 32 + j
         if F_VALUES:
             f = tl.load(f_cells)
@@ -195,10 +197,11 @@ def a_peel(side: NoisySide, f_b: torch.Tensor, f_b_values: torch.Tensor | None =
         f_b = f_b.float() if f_b_values is None else f_b_values
     else:
         f_b = f_b.contiguous().view(torch.uint8)
-    codes = side.codes.contiguous().view(torch.uint8)
+    codes = (side.codes if side.codes.stride(1) == 1 else side.codes.contiguous()).view(torch.uint8)
     positions = codes if side.positions is None else side.positions
     _a_peel_kernel[(row_blocks, splits)](
-        codes, positions, beta, e_lines, f_b, out, partial, done, rows, k, per_split, splits, BR=block_rows,
+        codes, positions, beta, e_lines, f_b, out, partial, done, rows, k, codes.stride(0), per_split, splits,
+        BR=block_rows,
         BK=block_k, F_VALUES=f_values, TOP_K=side.top_k, num_warps=8 if f_values else 4,
         num_stages=4 if f_values else 3)
     return out.view(torch.bfloat16)
@@ -413,3 +416,33 @@ def peel_and_unscale(acc: torch.Tensor, a_peel_: torch.Tensor, alpha_a: torch.Te
                                BR=_PEEL_ROWS, BN=shape.cols, STEPS=shape.steps, STAGES=shape.stages,
                                SHIFTED=row_shift is not None, RIGHT_ONLY=a_left_zero, num_warps=shape.warps)
     return out.view(torch.bfloat16)
+
+
+def has_tail(codes: torch.Tensor) -> bool:
+    """Whether the e4m3 rows `codes` (rows, k) lie k + TAIL_BYTES apart (written with a tail:
+    `noisy_kernel.scattered_out`), so each row's peel row can ride after it (`padded_rows`)."""
+    return codes.dim() == 2 and codes.stride(1) == 1 and codes.stride(0) == codes.shape[1] + TAIL_BYTES
+
+
+def padded_rows(codes: torch.Tensor) -> torch.Tensor:
+    """The (rows, k + TAIL_BYTES) uint8 rows around `codes` (which must `has_tail`): the peel
+    GEMM's operand, each row's codes then its peel row's bytes."""
+    if not has_tail(codes):
+        raise ValueError(f"codes {tuple(codes.shape)} with strides {codes.stride()} carry no peel tail")
+    rows, k = codes.shape
+    return codes.view(torch.uint8).as_strided((rows, k + TAIL_BYTES), (k + TAIL_BYTES, 1))
+
+
+def write_tails(codes: torch.Tensor, peel_rows: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+    """Store each operand row's bf16 peel row (64 values) in its codes' tail and return
+    `padded_rows(codes)`. positions (rows·top_k,): the codes are in expert order and peel row t
+    goes to codes rows positions[t·top_k + j] (`NoisySide.positions`)."""
+    padded = padded_rows(codes)
+    tails = padded[:, codes.shape[1]:].view(torch.bfloat16)
+    if positions is None:
+        tails.copy_(peel_rows)
+    else:
+        top_k = positions.shape[0] // peel_rows.shape[0]
+        copies = peel_rows.unsqueeze(1).expand(-1, top_k, -1).reshape(-1, peel_rows.shape[1])
+        tails.index_copy_(0, positions.long(), copies)
+    return padded

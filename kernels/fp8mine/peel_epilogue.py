@@ -1,92 +1,92 @@
-"""The peel and unscale (§10) inside the mined GEMM's epilogue, after the lottery fold (off by
-default, `matmul.PEEL_IN_EPILOGUE`: within two bf16 steps of the peel pass on the H200, but the
-pass is slower with it, 5333 against 4240 µs at GLM-5 prefill in session 11).
+"""The peel and unscale (§10) inside the mined GEMM, its operands staged by the GEMM's own TMA
+ring: out = (acc + A_peel · B_peelᵀ) · (1/α_A[row]) · (1/α_B[w, col]) in bf16, where acc is the
+window-promoted e4m3 accumulator after the lottery fold (`matmul.PEEL_IN_EPILOGUE`).
 
-out = (acc + A_peel[token] · B_peel[w]ᵀ) · (1/α_A[token]) · (1/α_B[w, col]) in bf16, as
-peel.peel_and_unscale computes it from the written accumulator, but from registers: the 1 GB
-fp32 accumulator of a GLM-5 prefill launch is never written and the 630 µs peel pass goes.
+How the operands travel. A bf16 peel row (64 values) is 128 bytes, exactly one 128-k slice of
+an e4m3 row, and a 128-byte-swizzled (rows, 64) bf16 tile has the same bytes in shared memory as
+a 128-byte-swizzled (rows, 128) e4m3 tile. So each A′ row carries its A peel as a 128-byte tail
+(`with_peel_tail`: the GEMM's A is (rows, k + 128) e4m3) and each B′ row its B peel, and the
+producer warp loads the tails as one more k-tile of the ring, with no change to it. The consumer
+runs the e4m3 k-tiles as the folding GEMM does, folds the lottery tiles from the total, and then
+reads the last stage as bf16 (the same shared memory, a bf16 view) with one K = 64 bf16 WGMMA
+chain into the same accumulator, as Pearl's Hopper kernel does (fp8-and-integration.md §10).
 
-Why mma.sync fits: per warp, Hopper's WGMMA accumulator of an 8-column block is exactly the C
-fragment of an m16n8k16 warp MMA (c0, c1 at row g = lane/4, columns 2q, 2q + 1 with q = lane % 4;
-c2, c3 at row g + 8), so the rank-64 correction is 4 bf16 MMAs per 8 columns chained onto the
-accumulator. A fragments come from the A peel rows of the thread's two tokens (Rflat gathers
-them), B fragments from the B peel rows of the block's columns (int32 pairs of bf16). The scales
-are quack's per-row and per-column vector loads, applied column scale first as peel.py does.
+Why not the earlier register-fed form (session 11): its ~150 scattered global loads a thread ran
+while the tensor cores idled, and the pass was 1.1 ms slower than with the peel pass.
+
+This module imports cutlass and quack at import time, like kernels.grouped_gemm_sm90.
 """
 from __future__ import annotations
 
 import functools
-from typing import Callable, NamedTuple
+from typing import Callable
 
 import cutlass
 import cutlass.cute as cute
 import torch
-from cutlass import Float32, Int32
-from cutlass._mlir.dialects import llvm
-from cutlass.cutlass_dsl import T
+from cutlass import BFloat16, Int32, const_expr
+from cutlass.cute.nvgpu import warpgroup
+import cutlass.utils.hopper_helpers as sm90_utils
+import quack.sm90_utils as quack_sm90_utils
 from quack.gemm_default_epi import GemmDefaultEpiMixin
 from quack.gemm_sm90 import GemmSm90
 
-from kernels.grouped_gemm import launch_variant
+from kernels.grouped_gemm import launch_variant, tma_operand
 from kernels.grouped_gemm_config import GroupedGemmConfig, Output, Precision
 from kernels.grouped_gemm_sm90 import compile_variant
-from kernels.mining_epilogue import MiningParamsMixin, fake_peel_arguments, mining_arguments
+from kernels.mining_epilogue import MiningParamsMixin, fake_unscale_arguments, mining_arguments
 
 from .fold_epilogue import FoldEpilogueMixin, checked_config, fits
+from .peel import TAIL_BYTES
 
-_MAX_TILE_N = 128  # 192-wide tiles spill registers with the peel (sm_90a SASS: 8-10 local accesses)
-_K_STEPS = 4  # 64 peel columns = 4 MMAs of k = 16
-_MMA = ("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-        "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};")
+PEEL_COLUMNS = TAIL_BYTES // 2  # 2r = 64: the peel's K, one bf16 row in one 128-k e4m3 slice
 
 
-def _mma(c: list, a: list, b: list) -> list:
-    """d = a · b + c for one m16n8k16 bf16 warp MMA: a 4, b 2 packed bf16-pair words, c 4 fp32."""
-    out = llvm.inline_asm(
-        llvm.StructType.get_literal([T.f32()] * 4), [x.ir_value() for x in a + b + c], _MMA,
-        "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", has_side_effects=False, is_align_stack=False)
-    return [Float32(llvm.extractvalue(T.f32(), out, [i])) for i in range(4)]
+class PeelTileMixin(FoldEpilogueMixin):
+    """mma: every k-tile but the last (the peel tails) as the folding GEMM; epi_visit_acc: the
+    fold of the pre-peel total, then the peel tile's bf16 WGMMAs into it; epi_visit_subtile:
+    the unscale (quack writes bf16 after it)."""
 
+    def epi_get_smem_tensors(self, params, storage):
+        """Also the ring's A and B stages seen as bf16 (for the peel tile's WGMMA)."""
+        tile_m, tile_n = self.cta_tile_shape_mnk[0], self.cta_tile_shape_mnk[1]
+        a_layout, b_layout, _, _ = self._make_smem_layouts(
+            (tile_m, tile_n, PEEL_COLUMNS), self.epi_tile, BFloat16, self.a_layout, BFloat16, self.b_layout,
+            self.ab_stage, None, self.d_layout, 0, None, None, 0)
+        self._peel_smem = (storage.sA.get_tensor(a_layout.outer, swizzle=a_layout.inner, dtype=BFloat16),
+                           storage.sB.get_tensor(b_layout.outer, swizzle=b_layout.inner, dtype=BFloat16))
+        return super().epi_get_smem_tensors(params, storage)
 
-class PeelEpilogueMixin(FoldEpilogueMixin):
-    """epi_visit_acc: the lottery fold of the pre-peel accumulator, then the peel correction in
-    place; epi_visit_subtile: the unscale (quack writes bf16 after it)."""
+    def mma(self, ab_pipeline, ab_read_state, mma_fn, acc, acc_slow, k_tile_cnt: Int32, warp_group_idx: Int32):
+        """The e4m3 k-tiles (quack's promoted loop), leaving the peel tile's stage for the epilogue."""
+        ab_read_state = super().mma(ab_pipeline, ab_read_state, mma_fn, acc, acc_slow, k_tile_cnt - 1,
+                                    warp_group_idx)
+        self._peel_stage = (ab_pipeline, ab_read_state.clone())
+        ab_read_state.advance()
+        return ab_read_state
 
     @cute.jit
     def epi_visit_acc(self, params, acc: cute.Tensor, tiled_mma, tile_coord_mnkl, tidx: Int32) -> None:
         self.fold_tiles(params, acc, tiled_mma, tile_coord_mnkl, tidx)
-        self.add_correction(params, acc, tiled_mma, tile_coord_mnkl, tidx)
+        self.add_peel_tile(acc, tidx)
 
     @cute.jit
-    def add_correction(self, params, acc: cute.Tensor, tiled_mma, tile_coord_mnkl, tidx: Int32) -> None:
+    def add_peel_tile(self, acc: cute.Tensor, tidx: Int32) -> None:
+        """acc += A_peel · B_peelᵀ from the peel tile's ring stage (bf16, K = 64), then the stage
+        goes back to the producer."""
         tile_m, tile_n = self.cta_tile_shape_mnk[0], self.cta_tile_shape_mnk[1]
-        ident = tiled_mma.get_slice(tidx).partition_C(cute.make_identity_tensor((tile_m, tile_n)))
-        expert = tile_coord_mnkl[3]
-        start = params.lottery_bounds[expert]
-        rows = params.lottery_bounds[expert + 1] - start
-        n_e = cute.size(params.lottery_lanes, mode=[1]) * 64
-        q = tidx % 4
-        g = (tidx % 32) // 4
-        for mm in cutlass.range_constexpr(cute.size(acc, mode=[1])):
-            for mn in cutlass.range_constexpr(cute.size(acc, mode=[2])):
-                a = [[Int32(0)] * 4 for _ in range(_K_STEPS)]
-                for h in cutlass.range_constexpr(2):  # rows g and g + 8 of the warp's slab
-                    m, _ = ident[(0, h, 0), mm, mn]
-                    row = tile_coord_mnkl[0] * tile_m + m
-                    token = params.peel_rflat[start + cutlass.select_(row < rows, row, 0)]
-                    for s in cutlass.range_constexpr(_K_STEPS):
-                        a[s][h] = params.peel_a[token, 8 * s + q]
-                        a[s][2 + h] = params.peel_a[token, 8 * s + q + 4]
-                for nb in cutlass.range_constexpr(cute.size(acc, mode=[0, 2])):
-                    _, n = ident[(0, 0, nb), mm, mn]  # this thread's column 2q of the 8-column block
-                    col = tile_coord_mnkl[1] * tile_n + n - 2 * q + g  # B's column for lane (g, q): g
-                    b_row = expert * n_e + cutlass.select_(col < n_e, col, 0)
-                    c = [acc[(0, 0, nb), mm, mn], acc[(1, 0, nb), mm, mn],
-                         acc[(0, 1, nb), mm, mn], acc[(1, 1, nb), mm, mn]]
-                    for s in cutlass.range_constexpr(_K_STEPS):
-                        c = _mma(c, a[s], [params.peel_b[b_row, 8 * s + q], params.peel_b[b_row, 8 * s + q + 4]])
-                    acc[(0, 0, nb), mm, mn], acc[(1, 0, nb), mm, mn] = c[0], c[1]
-                    acc[(0, 1, nb), mm, mn], acc[(1, 1, nb), mm, mn] = c[2], c[3]
+        tiled_mma = sm90_utils.make_trivial_tiled_mma(
+            BFloat16, BFloat16, self.a_layout.sm90_mma_major_mode(), self.b_layout.sm90_mma_major_mode(),
+            self.acc_dtype, self.atom_layout_mnk, tiler_mn=(64, tile_n // self.atom_layout_mnk[1]))
+        warp_group = 0 if const_expr(self.pingpong) else tidx // 128
+        thr_mma = tiled_mma.get_slice(warp_group * 128)
+        s_a, s_b = self._peel_smem
+        _, t_a, t_b = quack_sm90_utils.partition_fragment_ABC(thr_mma, (tile_m, tile_n, PEEL_COLUMNS), s_a, s_b)
+        pipeline, stage = self._peel_stage
+        pipeline.consumer_wait(stage)
+        quack_sm90_utils.gemm_w_idx(tiled_mma, acc, t_a, t_b, zero_init=False, A_idx=stage.index, B_idx=stage.index)
+        warpgroup.wait_group(0)
+        pipeline.consumer_release(stage)
 
     @cute.jit
     def epi_visit_subtile(self, params, epi_loop_tensors, tRS_rD: cute.Tensor, tRS_rC=None):
@@ -97,43 +97,45 @@ class PeelEpilogueMixin(FoldEpilogueMixin):
         return ()
 
 
-class Bf16PeelSm90(MiningParamsMixin, PeelEpilogueMixin, GemmDefaultEpiMixin, GemmSm90):
-    """fp8 grouped GEMM (128-k promotion) → fold, peel and unscale → bf16 out."""
+class Bf16PeelSm90(MiningParamsMixin, PeelTileMixin, GemmDefaultEpiMixin, GemmSm90):
+    """fp8 grouped GEMM (128-k promotion) + the peel tile → fold, peel and unscale → bf16 out."""
 
 
-def peel_fits(config: GroupedGemmConfig, n: int) -> bool:
-    """Whether the peel epilogue runs this config: the fold's `fits`, at most 128 columns a tile."""
-    return fits(config, n) and config.tile_n <= _MAX_TILE_N
+def peel_fits(config: GroupedGemmConfig, n: int, k: int) -> bool:
+    """Whether the peel epilogue runs this config: the fold's `fits`, and k whole 128-k tiles
+    (the peel tile must start a ring stage of its own)."""
+    return fits(config, n) and k % 128 == 0
 
 
 @functools.lru_cache(maxsize=None)
-def compile_peel_gemm(config: GroupedGemmConfig, gather: bool = False) -> Callable:
-    """The fp8 grouped GEMM with the fold, peel and unscale epilogue → bf16, for sm_90a;
-    gather: A's rows read through Rflat (`compile_variant`)."""
-    return compile_variant(Bf16PeelSm90, Precision.FP8, Output.BF16, config, fake_peel_arguments, gather=gather)
-
-
-class PeelOperands(NamedTuple):
-    """What the epilogue peel reads (device tensors)."""
-
-    rflat: torch.Tensor  # (rows,) int32: output row → token
-    a_peel: torch.Tensor  # (tokens, 64) bf16
-    inv_alpha_rows: torch.Tensor  # (rows,) fp32: 1/α_A[Rflat[row]]
-    b_peel: torch.Tensor  # (e, n, 64) bf16
-    inv_alpha_b: torch.Tensor  # (e, n) fp32
+def compile_peel_gemm(config: GroupedGemmConfig) -> Callable:
+    """The fp8 grouped GEMM with the peel tile and the fold, peel and unscale epilogue → bf16,
+    for sm_90a (fake tensors)."""
+    return compile_variant(Bf16PeelSm90, Precision.FP8, Output.BF16, config, fake_unscale_arguments)
 
 
 def peeled_grouped_gemm(a: torch.Tensor, b: torch.Tensor, bounds: torch.Tensor, out: torch.Tensor,
-                        lanes: torch.Tensor, peel: PeelOperands,
-                        config: GroupedGemmConfig | None = None, gather: bool = False) -> torch.Tensor:
-    """out (rows, n) bf16 = the peeled, unscaled layer output; `lanes` as `folded_grouped_gemm`.
-    gather: a is the (tokens, k) token rows and the GEMM reads row r from a[rflat[r]]."""
-    experts, n, k = b.shape
-    config = checked_config(config, peel.rflat.shape[0], tuple(b.shape), gather, fit=peel_fits)
-    epi = mining_arguments(bounds, lanes, mRowVecBroadcast=peel.inv_alpha_b, mColVecBroadcast=peel.inv_alpha_rows,
-                           peel_a=peel.a_peel.contiguous().view(torch.int32),
-                           peel_b=peel.b_peel.contiguous().view(torch.int32).view(experts * n, 32),
-                           peel_rflat=peel.rflat)
-    launch_variant(compile_peel_gemm(config, gather), a, b, bounds, out, config, epi,
-                   a_idx=peel.rflat if gather else None)
+                        lanes: torch.Tensor, inv_alpha_rows: torch.Tensor, inv_alpha_b: torch.Tensor,
+                        config: GroupedGemmConfig | None = None) -> torch.Tensor:
+    """out (rows, n) bf16 = the peeled, unscaled layer output; `lanes` as
+    `fold_epilogue.folded_grouped_gemm` (folded from the pre-peel accumulator).
+
+    a (rows, k + TAIL_BYTES) e4m3: A′'s rows in expert order, each followed by its A peel row's
+    128 bytes; b (e, n, k + TAIL_BYTES) e4m3: B′'s rows each followed by its B peel row
+    (`peel.write_tails` builds both; strided views are read in place). bounds (e+1,) int32 row
+    offsets; inv_alpha_rows (rows,) fp32 1/α_A of each row; inv_alpha_b (e, n) fp32 1/α_B.
+    config: one that `peel_fits` (default: the fold GEMM's for k)."""
+    experts, n, padded_k = b.shape
+    rows, k = a.shape[0], padded_k - TAIL_BYTES
+    if a.shape[1] != padded_k or k <= 0 or k % 128:
+        raise ValueError(f"a {tuple(a.shape)} and b {tuple(b.shape)} must share k + {TAIL_BYTES}, k a multiple of 128")
+    if out.dtype != torch.bfloat16 or out.shape != (rows, n):
+        raise ValueError(f"out must be bfloat16 ({rows}, {n}), got {out.dtype} {tuple(out.shape)}")
+    if inv_alpha_rows.shape != (rows,) or inv_alpha_b.shape != (experts, n):
+        raise ValueError(f"need inv_alpha_rows ({rows},) and inv_alpha_b ({experts}, {n}), got "
+                         f"{tuple(inv_alpha_rows.shape)} and {tuple(inv_alpha_b.shape)}")
+    config = checked_config(config, rows, (experts, n, k), False, fit=lambda c, n_: peel_fits(c, n_, k))
+    epi = mining_arguments(bounds, lanes, mRowVecBroadcast=inv_alpha_b.float().contiguous(),
+                           mColVecBroadcast=inv_alpha_rows.float().contiguous())
+    launch_variant(compile_peel_gemm(config), tma_operand(a), tma_operand(b), bounds, out, config, epi)
     return out

@@ -32,7 +32,7 @@ from .hashing import constant_bytes
 from .lagged import LagSlot, MinedSlot, clean_peel, lagged_front
 from .lottery import LotteryLatch, threshold_words
 from .matmul import fold_in_gemm, folded_lanes, gather_in_gemm, grouped_matmul, peel_in_gemm
-from .peel import a_peel, b_peel, peel_and_unscale, peel_tiles, reads_tiles
+from .peel import TAIL_BYTES, a_peel, b_peel, has_tail, padded_rows, peel_and_unscale, peel_tiles, reads_tiles, write_tails
 from .routing import RoutingTable, dense_table, routing_table, row_tiles
 
 
@@ -160,9 +160,12 @@ class BSide:
         f_a = noise.noise_lines(line_key, "A", "F", self.k)
         f_b = noise.noise_lines(line_key, "B", "F", self.k)
         e_b = noise.noise_lines(line_key, "B", "E", self.codes.shape[0])
-        side, noise_b = quant.noisy_quantize(self.values, self.l2, self.linf, e_b, f_b)
-        return BState(bytes(ancestor_header), seed_b, f_a, f_b, f_b.float(), side, b_peel(side, noise_b, f_a),
-                      1.0 / side.alpha.float())
+        # each B′ row carries its B peel row after it (16 MB at GLM-5 FC1), for the GEMM that
+        # peels in its epilogue (peel_epilogue): B′ is then never copied
+        side, noise_b = quant.noisy_quantize(self.values, self.l2, self.linf, e_b, f_b, tail=TAIL_BYTES)
+        peel = b_peel(side, noise_b, f_a)
+        write_tails(side.codes, peel)
+        return BState(bytes(ancestor_header), seed_b, f_a, f_b, f_b.float(), side, peel, 1.0 / side.alpha.float())
 
 
 @dataclass
@@ -185,7 +188,8 @@ class ASide:
 
 
 def prepare_a(rows: quant.Rows, seed_message: torch.Tensor, p_a_len: int, state: BState,
-              table: RoutingTable | None, in_expert_order: bool = False, with_peel: bool = False) -> ASide:
+              table: RoutingTable | None, in_expert_order: bool = False, with_peel: bool = False,
+              tail: int = 0) -> ASide:
     """HA (+ HR, HO), seedA, the keys, E_A and A′ from the pre-quantized rows
     (`quant.prepare_rows(x)`), on their device. The A peel is the caller's
     (`peel.a_peel(a.side, state.f_b, state.f_b_values)`): only a same-launch pass peels these
@@ -194,6 +198,7 @@ def prepare_a(rows: quant.Rows, seed_message: torch.Tensor, p_a_len: int, state:
     seed_message: the job's `transcript.seed_a_message` (keyA inside; its head is written here).
     in_expert_order (MoE): A′ is written straight into the GEMM's expert-order rows (top_k copies
     of each token, `NoisySide.positions`) instead of token order and a gather after.
+    tail: A′'s rows lie k + tail bytes apart (room for each row's peel row: `peel.write_tails`).
     """
     key_a = transcript.key_a_of(seed_message)
     planes = [rows.codes, rows.scales] + ([table.rflat, table.offsets] if table is not None else [])
@@ -205,9 +210,9 @@ def prepare_a(rows: quant.Rows, seed_message: torch.Tensor, p_a_len: int, state:
     if in_expert_order and positions is None:
         raise PipelineError("A′ in expert order needs a routing table with positions")
     if with_peel:
-        side, peel = quant.noisy_side_and_peel(rows, e_a, state.f_a, state.f_b_values, positions)
+        side, peel = quant.noisy_side_and_peel(rows, e_a, state.f_a, state.f_b_values, positions, tail)
         return ASide(rows.codes, rows.scales, keys, side, peel)
-    side = quant.noisy_side(rows, e_a, state.f_a, positions)
+    side = quant.noisy_side(rows, e_a, state.f_a, positions, tail)
     return ASide(rows.codes, rows.scales, keys, side)
 
 
@@ -315,9 +320,12 @@ class MinedGemm:
         pre = quant.prepare_rows(x)
         self._wait(main, table_ready)
         b_codes, n_rows = self.b_codes(), table.rflat.shape[0]
-        gather = self.moe and gather_in_gemm(n_rows, b_codes)  # the GEMM reads A′ through Rflat
+        # the GEMM peels in its epilogue where it can read A′ in expert order (or dense) by TMA
+        peeling = peel_in_gemm(n_rows, b_codes) and has_tail(state.side.codes) and (not self.moe or A_IN_EXPERT_ORDER)
+        gather = self.moe and not peeling and gather_in_gemm(n_rows, b_codes)  # the GEMM reads A′ through Rflat
         a = prepare_a(pre, self.seed_message, self.p_a_len, state, table if self.moe else None,
-                      in_expert_order=self.moe and not gather and A_IN_EXPERT_ORDER, with_peel=A_PEEL_IN_NOISY)
+                      in_expert_order=self.moe and not gather and A_IN_EXPERT_ORDER, with_peel=A_PEEL_IN_NOISY,
+                      tail=TAIL_BYTES if peeling else 0)
         # on the serving stream: a side-stream A peel found no SM free before the persistent GEMM
         # ended, and the peel then waited for it (H100 timeline, session 17)
         peel_rows = a.peel if a.peel is not None else a_peel(a.side, state.f_b, state.f_b_values)
@@ -325,8 +333,8 @@ class MinedGemm:
         sources = {"codes": a.codes, "scales": a.scales, "rflat": table.rflat, "offsets": table.offsets}
         if fold_in_gemm(n_rows, b_codes):
             lanes = folded_lanes(n_rows, b_codes.shape[1], rows.device)
-            if peel_in_gemm(n_rows, b_codes):  # no raw accumulator: the output comes peeled
-                out = self._peeled(rows, b_codes, table, lanes, a, peel_rows, gather)
+            if peeling:  # no raw accumulator: the output comes peeled
+                out = self._peeled(write_tails(a.side.codes, peel_rows, a.side.positions), table, lanes, a)
                 self.latch.run_folded(lanes, row_tiles(table), a.pow_key, self.threshold, state.seed_b, sources)
                 self.latch.publish()
                 self._join(main)
@@ -345,17 +353,17 @@ class MinedGemm:
         self._join(main)
         return LaunchResult(out, acc, table, a)
 
-    def _peeled(self, rows: torch.Tensor, b_codes: torch.Tensor, table: RoutingTable, lanes: torch.Tensor,
-                a: ASide, peel_rows: torch.Tensor, gather: bool) -> torch.Tensor:
-        """The GEMM with the fold, peel and unscale in its epilogue: the bf16 output (gather: `rows`
-        are the token rows, read through Rflat)."""
-        from .peel_epilogue import PeelOperands, peeled_grouped_gemm
-        experts, n_e = self.b.experts, self.b.n_e
-        peel = PeelOperands(table.rflat, peel_rows, 1.0 / a.side.alpha.float()[table.rflat.long()],
-                            self.state.peel.view(experts, n_e, -1),
-                            self.state.inv_alpha.view(experts, n_e))
-        out = torch.empty((table.rflat.shape[0], n_e), dtype=torch.bfloat16, device=rows.device)
-        return peeled_grouped_gemm(rows, b_codes, table.bounds, out, lanes, peel, gather=gather)
+    def _peeled(self, padded_a: torch.Tensor, table: RoutingTable, lanes: torch.Tensor, a: ASide) -> torch.Tensor:
+        """The GEMM with the fold, peel and unscale in its epilogue: the bf16 output. padded_a:
+        A′'s expert-order rows, each followed by its A peel row (`peel.write_tails`)."""
+        from .peel_epilogue import peeled_grouped_gemm
+        assert self.state is not None
+        experts, n_e, k = self.b.experts, self.b.n_e, self.b.k
+        padded_b = padded_rows(self.state.side.codes).view(experts, n_e, k + TAIL_BYTES)
+        out = torch.empty((table.rflat.shape[0], n_e), dtype=torch.bfloat16, device=padded_a.device)
+        return peeled_grouped_gemm(padded_a.view(torch.float8_e4m3fn), padded_b.view(torch.float8_e4m3fn),
+                                   table.bounds, out, lanes, 1.0 / a.side.alpha.float()[table.rflat.long()],
+                                   self.state.inv_alpha.view(experts, n_e))
 
     def _table(self, topk_ids: torch.Tensor | None, device: torch.device) -> RoutingTable:
         return routing_table(topk_ids, self.b.experts) if self.moe else dense_table(self.m, device)

@@ -84,41 +84,42 @@ def row_scales(l2: torch.Tensor, linf: torch.Tensor) -> tuple[torch.Tensor, torc
 
 
 def noisy_quantize(x: torch.Tensor, l2: torch.Tensor, linf: torch.Tensor, e_lines: torch.Tensor,
-                   f_lines: torch.Tensor) -> tuple[NoisySide, torch.Tensor]:
+                   f_lines: torch.Tensor, tail: int = 0) -> tuple[NoisySide, torch.Tensor]:
     """A whole operand: x (rows, k) bf16, norms (rows,), E (rows, 32) and F (k, 32) e4m3 lines.
 
     Returns the noisy side and the fp32 noise dot N = E@Fᵀ (rows, k); only the B peel needs N,
-    so callers drop it afterwards."""
+    so callers drop it afterwards. tail: the codes' rows are `tail` bytes longer than k
+    (`noisy_kernel.scattered_out`)."""
     rows, k = x.shape
     if x.dtype != torch.bfloat16 or e_lines.shape != (rows, 32) or f_lines.shape != (k, 32):
         raise QuantError(f"need x bf16 (rows, k), e_lines (rows, 32), f_lines (k, 32); got "
                          f"{x.dtype} {tuple(x.shape)}, {tuple(e_lines.shape)}, {tuple(f_lines.shape)}")
     alpha, beta = row_scales(l2, linf)
     noise = matmul(e_lines, f_lines)
-    return NoisySide(noisy_codes(alpha, beta, x, noise), alpha, beta, e_lines), noise
+    return NoisySide(noisy_codes(alpha, beta, x, noise, tail=tail), alpha, beta, e_lines), noise
 
 
 def noisy_side(rows: Rows, e_lines: torch.Tensor, f_lines: torch.Tensor,
-               positions: torch.Tensor | None = None) -> NoisySide:
+               positions: torch.Tensor | None = None, tail: int = 0) -> NoisySide:
     """`noisy_quantize` of pre-quantized rows (`prepare_rows`: opened values, α, β), for a side
     whose N nothing else reads (A): on CUDA the codes launch forms N itself (no GEMM launch, N
     never stored); on the CPU the model's N feeds the same element op. positions
     (`RoutingTable.positions`): the codes are written straight into expert order, top_k copies a
-    row (no gather after)."""
+    row (no gather after). tail: as `noisy_quantize`."""
     operands = (rows.alpha, rows.beta, rows.values)
     if rows.values.is_cuda:
-        codes = noisy_codes_of_lines(*operands, e_lines, f_lines, positions)
+        codes = noisy_codes_of_lines(*operands, e_lines, f_lines, positions, tail)
     else:
-        codes = noisy_codes(*operands, matmul(e_lines, f_lines), positions)
+        codes = noisy_codes(*operands, matmul(e_lines, f_lines), positions, tail)
     return NoisySide(codes, rows.alpha, rows.beta, e_lines, positions)
 
 
 def noisy_side_and_peel(rows: Rows, e_lines: torch.Tensor, f_lines: torch.Tensor, f_b_values: torch.Tensor,
-                        positions: torch.Tensor | None = None) -> tuple[NoisySide, torch.Tensor]:
+                        positions: torch.Tensor | None = None, tail: int = 0) -> tuple[NoisySide, torch.Tensor]:
     """`noisy_side` and the side's A peel (rows, 64) bf16 against F_B's fp32 values, from one
     launch (`noisy_peel_kernel`: the codes' dot with F_B is taken while they are in registers)."""
     from .noisy_peel_kernel import noisy_codes_and_peel
     noise = None if rows.values.is_cuda else matmul(e_lines, f_lines)
     codes, peel = noisy_codes_and_peel(rows.alpha, rows.beta, rows.values, e_lines, f_lines, f_b_values,
-                                       positions, noise)
+                                       positions, noise, tail)
     return NoisySide(codes, rows.alpha, rows.beta, e_lines, positions), peel
