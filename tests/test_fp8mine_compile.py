@@ -20,7 +20,7 @@ SCRIPT = textwrap.dedent("""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    from kernels.fp8mine import (hashing, lottery, matmul, noise, noisy_kernel, noisy_peel_kernel, norms_kernel,
+    from kernels.fp8mine import (hashing, lottery, matmul, noise, noisy_kernel, norms_kernel,
                                  peel, prequant_kernel, routing, transcript)
     target = GPUTarget("cuda", 90, 128)
     # what a launch specialises: 16-byte aligned pointers and integers divisible by 16 (first n args)
@@ -51,15 +51,6 @@ SCRIPT = textwrap.dedent("""
             print("NOISYDOT-BEGIN" if dot else "NOISY-BEGIN")
             print(noisy.asm["ptx"])
             print("NOISYDOT-END" if dot else "NOISY-END")
-    for top_k in (0, 8):  # the codes and their A peel from one launch (pipeline.A_PEEL_IN_NOISY)
-        fused = triton.compile(ASTSource(fn=noisy_peel_kernel._noisy_peel_kernel, signature={
-            "x_ptr": "*i16", "noise_ptr": "*i16", "e_ptr": "*u8", "f_ptr": "*u8", "f_b_ptr": "*fp32",
-            "alpha_ptr": "*i16", "beta_ptr": "*i16", "out_ptr": "*u8", "positions_ptr": "*i32", "peel_ptr": "*i16",
-            "partial_ptr": "*fp32", "counter_ptr": "*i32", "rows": "i32", "k": "i32", "stride": "i32",
-            "span": "i32", "splits": "i32", "BR": "constexpr", "BC": "constexpr", "DOT": "constexpr", "TOP_K": "constexpr"},
-            constexprs={"BR": noisy_peel_kernel._ROWS, "BC": noisy_peel_kernel._COLS, "DOT": True, "TOP_K": top_k},
-            attrs=ALIGNED(16)), target=target, options={"enable_fp_fusion": False})
-        assert ".local" not in fused.asm["ptx"], "the noisy launch that peels keeps a stack frame"
     triton.compile(ASTSource(fn=noisy_kernel._row_scales_kernel, signature={
         "l2_ptr": "*i16", "linf_ptr": "*i16", "alpha_ptr": "*i16", "beta_ptr": "*i16", "rows": "i32",
         "delta_r": "fp32", "delta_over_std": "fp32", "BLOCK": "constexpr"}, constexprs={"BLOCK": 1024}),

@@ -124,19 +124,6 @@ def test_mined_pass_launches(moe_pass, counter):
     assert counter.launches <= PASS_BUDGET
 
 
-def test_mined_pass_with_the_a_peel_from_the_codes_launch(moe_pass, counter, monkeypatch):
-    """pipeline.A_PEEL_IN_NOISY: one launch gives A′ and the A peel (no A peel launch)."""
-    from kernels.fp8mine import pipeline
-    gemm, x, topk = moe_pass
-    monkeypatch.setattr(pipeline, "A_PEEL_IN_NOISY", True)
-    counter.reset()
-    with counter:
-        gemm.forward(x, topk)
-    assert counter.kernels["_noisy_peel_kernel"] == 1
-    assert "_a_peel_kernel" not in counter.kernels and "_noisy_kernel" not in counter.kernels
-    assert counter.launches <= PASS_BUDGET - 1
-
-
 LAGGED_MAIN_BUDGET = 3  # the front (routing + clean quantization + combined operand: one launch), GEMM, peel
 # READY's tail copy, the lottery's tile map (the decode peel reads none), clean A peel, lottery + payload + publish of
 # MINED (the rows the previous launch hashed), the A side, PENDING fill (one kernel, was six

@@ -17,22 +17,24 @@ SIZES = [37, 0, 130, 259, 6]
 N, K = 384, 384
 
 
-def _with_tails(codes: np.ndarray, peel: torch.Tensor) -> torch.Tensor:
-    """(rows, K) e4m3 codes in a (rows, K + 128) buffer, each row's peel row after it: the codes
-    view (rows, K), strided as the pipeline's."""
+def _with_tails(codes: np.ndarray, peel: torch.Tensor, alpha: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rows, K) e4m3 codes in a (rows, K + 128) buffer, each row's peel row after it, as the
+    pipeline writes them: (the padded rows, 1/α of each row)."""
     from kernels.fp8mine.peel import TAIL_BYTES, write_tails
+    from kernels.fp8mine.quant import NoisySide
     rows = codes.reshape(-1, K).shape[0]
     buffer = torch.zeros((rows, K + TAIL_BYTES), dtype=torch.uint8, device="cuda")
     buffer[:, :K] = torch.from_numpy(codes.reshape(-1, K)).cuda()
-    view = buffer[:, :K].view(torch.float8_e4m3fn)
-    write_tails(view, peel.reshape(rows, 64))
-    return view
+    side = NoisySide(buffer[:, :K].view(torch.float8_e4m3fn), alpha.reshape(rows), alpha.reshape(rows),
+                     torch.zeros((rows, 32), dtype=torch.uint8, device="cuda"))
+    padded, inv = write_tails(side, peel.reshape(rows, 64))
+    return padded.view(torch.float8_e4m3fn), inv
 
 
 @pytest.mark.parametrize("key", ["128x128x128_c2x1_coop", "64x128x128_c1x1_pp", "128x128x128_c1x1_coop"])
 def test_epilogue_peel_matches_the_peel_pass(key: str) -> None:
     from kernels.fp8mine.fold_epilogue import folded_grouped_gemm
-    from kernels.fp8mine.peel import TAIL_BYTES, padded_rows, peel_and_unscale
+    from kernels.fp8mine.peel import TAIL_BYTES, peel_and_unscale
     from kernels.fp8mine.peel_epilogue import peeled_grouped_gemm
     from kernels.fp8mine.routing import RoutingTable
 
@@ -47,8 +49,10 @@ def test_epilogue_peel_matches_the_peel_pass(key: str) -> None:
     b_peel = (torch.randn(experts, N, 64, device="cuda") * 300).to(torch.bfloat16)
     alpha_a = (torch.rand(rows, device="cuda") * 30 + 1).to(torch.bfloat16)
     alpha_b = (torch.rand(experts, N, device="cuda") * 30 + 1).to(torch.bfloat16)
-    a = _with_tails(codes, a_peel)
-    b = _with_tails(weights, b_peel).view(experts, N, K)
+    padded_a, inv_a = _with_tails(codes, a_peel, alpha_a)
+    padded_b, inv_b = _with_tails(weights, b_peel, alpha_b)
+    assert torch.equal(inv_a, 1.0 / alpha_a.float()) and torch.equal(inv_b, 1.0 / alpha_b.float().reshape(-1))
+    a, b = padded_a[:, :K], padded_b[:, :K].view(experts, N, K)
     bounds = torch.from_numpy(np.concatenate([[0], np.cumsum(SIZES)]).astype(np.int32)).cuda()
     table = RoutingTable(torch.arange(rows, dtype=torch.int32, device="cuda"), bounds)
 
@@ -59,9 +63,8 @@ def test_epilogue_peel_matches_the_peel_pass(key: str) -> None:
 
     lanes = torch.full_like(want_lanes, -1)
     out = torch.empty((rows, N), dtype=torch.bfloat16, device="cuda")
-    padded_b = padded_rows(b.view(-1, K)).view(experts, N, K + TAIL_BYTES)
-    peeled_grouped_gemm(padded_rows(a).view(torch.float8_e4m3fn), padded_b.view(torch.float8_e4m3fn), bounds,
-                        out, lanes, 1.0 / alpha_a.float(), 1.0 / alpha_b.float(), config)
+    peeled_grouped_gemm(padded_a, padded_b.view(experts, N, K + TAIL_BYTES), bounds, out, lanes, inv_a,
+                        inv_b.view(experts, N), config)
     assert torch.equal(lanes, want_lanes)
     diff = (out.float() - want.float()).abs()
     assert float((diff - 2 ** -7 * want.float().abs()).max()) <= 1e-3 * float(want.float().abs().max())

@@ -403,8 +403,9 @@ def test_codes_written_with_peel_tails():
     """Codes written with a tail (the peel GEMM's operand rows): the same codes, rows k + 128
     bytes apart, for every launch form; the A peel reads them in place; `write_tails` puts each
     token's peel row after each of its expert-order copies (and after dense rows), leaving the
-    codes untouched; rows without a tail are refused."""
-    from kernels.fp8mine import noisy_kernel, noisy_peel_kernel
+    codes untouched, and gives each codes row's 1/α (RNE, as torch divides); rows without a tail
+    are refused."""
+    from kernels.fp8mine import noisy_kernel
     from kernels.fp8mine.peel import TAIL_BYTES, a_peel, has_tail, padded_rows, write_tails
     rows, k, top_k, experts = 70, 160, 3, 5
     rng, rows_in, (e_t, f_t), want = _noisy_case(22, rows, k, 8)
@@ -414,8 +415,7 @@ def test_codes_written_with_peel_tails():
     f_b = torch.from_numpy(rng.choice(_SMALL_CODES, (k, 32))).view(torch.float8_e4m3fn)
     for positions, want_codes in ((None, want.codes), (table.positions, want.codes[table.rflat.numpy()])):
         forms = (noisy_kernel.noisy_codes_of_lines(*args, e_t, f_t, positions, TAIL_BYTES),
-                 noisy_kernel.noisy_codes(*args, matmul(e_t, f_t), positions, TAIL_BYTES),
-                 noisy_peel_kernel.noisy_codes_and_peel(*args, e_t, f_t, f_b.float(), positions, None, TAIL_BYTES)[0])
+                 noisy_kernel.noisy_codes(*args, matmul(e_t, f_t), positions, TAIL_BYTES))
         for got in forms:
             assert has_tail(got) and got.stride() == (k + TAIL_BYTES, 1)
             assert np.array_equal(got.view(torch.uint8).numpy(), want_codes)
@@ -423,41 +423,18 @@ def test_codes_written_with_peel_tails():
         plain = dev_quant.NoisySide(torch.from_numpy(want.codes).view(torch.float8_e4m3fn), args[0], args[1], e_t)
         peel = a_peel(side, f_b)
         assert torch.equal(peel.view(torch.int16), a_peel(plain, f_b).view(torch.int16))
-        padded = write_tails(side.codes, peel, positions)
+        padded, inv = write_tails(side, peel)
         assert padded.shape == (want_codes.shape[0], k + TAIL_BYTES)
         assert np.array_equal(padded[:, :k].numpy(), want_codes)
         token = np.arange(rows) if positions is None else table.rflat.numpy()
         assert torch.equal(padded[:, k:].contiguous().view(torch.bfloat16).view(torch.int16),
                            peel.view(torch.int16)[torch.from_numpy(token).long()])
+        assert torch.equal(inv, 1.0 / args[0].float()[torch.from_numpy(token).long()])
         assert padded.data_ptr() == side.codes.data_ptr()  # in place: no copy of the codes
     assert not has_tail(torch.from_numpy(want.codes).view(torch.float8_e4m3fn))
     with pytest.raises(ValueError, match="carry no peel tail"):
         padded_rows(torch.from_numpy(want.codes).view(torch.float8_e4m3fn))
 
-
-def test_noisy_codes_and_their_a_peel_from_one_launch():
-    """noisy_peel_kernel: the codes are noisy_kernel's bit for bit (token order and expert order,
-    the dot formed in the launch and read from memory), and the A peel equals peel.a_peel's over
-    the same codes (small-integer lines: every product and sum is exact, so the two summation
-    orders agree); three column spans, so the last-program finish runs."""
-    from kernels.fp8mine import noisy_peel_kernel
-    from kernels.fp8mine.peel import a_peel
-    rows, k, top_k, experts = 70, 160, 2, 4
-    rng, rows_in, (e_t, f_t), want = _noisy_case(23, rows, k, 8)
-    topk = np.stack([rng.permutation(experts)[:top_k] for _ in range(rows)])
-    table = dev_routing.routing_table(torch.from_numpy(topk), experts)
-    args = (rows_in.alpha, rows_in.beta, rows_in.values)
-    f_b_t = torch.from_numpy(rng.choice(_SMALL_CODES, (k, 32))).view(torch.float8_e4m3fn)
-    assert noisy_peel_kernel.spans(rows, k) == (3, 64)
-    for positions in (None, table.positions):
-        for noise in (None, matmul(e_t, f_t)):
-            got, peel = noisy_peel_kernel.noisy_codes_and_peel(*args, e_t, f_t, f_b_t.float(), positions, noise)
-            want_codes = want.codes if positions is None else want.codes[table.rflat.numpy()]
-            assert np.array_equal(got.view(torch.uint8).numpy(), want_codes)
-            side = dev_quant.NoisySide(got, args[0], args[1], e_t, positions)
-            assert torch.equal(peel.view(torch.int16), a_peel(side, f_b_t).view(torch.int16))
-    with pytest.raises(ValueError, match="f_b_values must be fp32"):
-        noisy_peel_kernel.noisy_codes_and_peel(*args, e_t, f_t, f_b_t.float()[:-1])
 
 # ---------------------------------------------------------------------------------- routing, matmul
 

@@ -271,12 +271,6 @@ def _checked_stages(gemm: MinedGemm, x: torch.Tensor, topk) -> dict:
         out["bf16 accumulator"] = _bf16_acc_report(gemm, x, topk, result)
     if _would("PEEL_IN_EPILOGUE", peel_in_gemm, rows, gemm.b_codes()):
         out["peel in the epilogue vs the peel pass"] = _epilogue_peel_error(gemm, x, topk, result)
-    fused = _forward_switched(gemm, x, topk, "A_PEEL_IN_NOISY", True)
-    out["A peel from the codes launch vs its own launch"] = {
-        "A' codes and accumulator bitwise equal": bool(
-            torch.equal(fused.a.side.codes.view(torch.uint8), result.a.side.codes.view(torch.uint8))
-            and (fused.acc is None or torch.equal(fused.acc.view(torch.int32), result.acc.view(torch.int32)))),
-        **_output_diff(fused.out, result.out)}
     if gemm.moe:
         gathered = _forward_switched(gemm, x, topk, "A_IN_EXPERT_ORDER", False)
         out["A′ written in expert order: accumulator and output bitwise those of gathered rows"] = bool(
@@ -320,7 +314,7 @@ def _output_diff(got: torch.Tensor, want: torch.Tensor) -> dict:
 @contextlib.contextmanager
 def _switched(switch: str, value: bool):
     """A module switch (matmul's FOLD_IN_EPILOGUE, PEEL_IN_EPILOGUE, GATHER_IN_GEMM,
-    BF16_FOLDED_ACC; pipeline's A_IN_EXPERT_ORDER, A_PEEL_IN_NOISY) set to `value` for the
+    BF16_FOLDED_ACC; pipeline's A_IN_EXPERT_ORDER) set to `value` for the
     block: the other variant, for comparisons and timing."""
     module = matmul_module if hasattr(matmul_module, switch) else pipeline_module
     before = getattr(module, switch)
@@ -346,7 +340,9 @@ def _would(switch: str, applies, rows: int, b_codes: torch.Tensor) -> bool:
 
 def check_planted() -> dict:
     out = {}
-    for name, args in (("dense", (1, 128, 1024, 16, 1)), ("moe", (4, 128, 1024, 32, 2))):
+    # the prefill-sized launch (256 rows an expert) peels in its GEMM (`matmul.peel_in_gemm`)
+    for name, args in (("dense", (1, 128, 1024, 16, 1)), ("moe", (4, 128, 1024, 32, 2)),
+                       ("moe prefill-sized", (4, 128, 1024, 512, 2))):
         gemm, _, x, topk, header = _setup(*args, seed=5)
         with _switched("PEEL_IN_EPILOGUE", False):  # every ticket, from the fp32 accumulator
             first = _forward_switched(gemm, x, topk, "BF16_FOLDED_ACC", False)
@@ -382,21 +378,27 @@ def _captured(gemm: MinedGemm, static_x: torch.Tensor, static_topk: torch.Tensor
 
 
 def check_graph() -> dict:
-    gemm, _, x, topk, _ = _setup(32, 512, 2048, 64, 8, seed=7)
+    return {**_check_graph_same_launch(32, 512, 2048, 64, 8),
+            "prefill-sized (the peel in the GEMM)": _check_graph_same_launch(8, 256, 1024, 1024, 2),
+            "lagged": _check_graph_lagged()}
+
+
+def _check_graph_same_launch(experts: int, n_e: int, k: int, tokens: int, top_k: int) -> dict:
+    """The same-launch pass captured, replayed on new activations and routing, against eager."""
+    gemm, _, x, topk, _ = _setup(experts, n_e, k, tokens, top_k, seed=7)
     static_x, static_topk = x.clone(), topk.clone()
     graph, captured = _captured(gemm, static_x, static_topk)
     new_x = torch.randn_like(x.float()).to(torch.bfloat16)
-    new_topk = _uniform_topk(x.shape[0], 8, 32).roll(1, 0)
+    new_topk = _uniform_topk(x.shape[0], top_k, experts).roll(1, 0)
     static_x.copy_(new_x)
     static_topk.copy_(new_topk)
     graph.replay()
     torch.cuda.synchronize()
     eager = gemm.forward(new_x, new_topk)
     torch.cuda.synchronize()
-    return {"captured": True,
+    return {"captured": True, "peels in the GEMM": captured.acc is None,
             "acc bitwise equal": _bitwise_equal(captured.acc, eager.acc),
-            "out bitwise equal": bool(torch.equal(captured.out.view(torch.int16), eager.out.view(torch.int16))),
-            "lagged": _check_graph_lagged()}
+            "out bitwise equal": bool(torch.equal(captured.out.view(torch.int16), eager.out.view(torch.int16)))}
 
 
 def _bitwise_equal(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
@@ -490,6 +492,8 @@ def _parts(gemm: MinedGemm, x: torch.Tensor, topk, result) -> dict:
     """Where the mined pass spends its time: each stage alone, as a graph of one call."""
     from .peel import a_peel, peel_and_unscale
     from .pipeline import prepare_a
+    if result.acc is None:  # the default peeled in its GEMM: the parts of the pass that keeps an accumulator
+        result = _forward_switched(gemm, x, topk, "PEEL_IN_EPILOGUE", False)
     state, table, a = gemm.state, result.table, result.a
     codes, b_codes = gemm.expert_rows(a.side, table), gemm.b_codes()
     token_codes = a.side.token_codes()
@@ -554,10 +558,12 @@ def _peel_epilogue_parts(gemm: MinedGemm, codes, b_codes, table: RoutingTable, a
     out = torch.empty_like(acc)
     padded_a = torch.empty((rows, k + TAIL_BYTES), dtype=torch.uint8, device=codes.device)
     padded_a[:, :k] = codes.view(torch.uint8)
-    peel_rows = a_peel(a.side, state.f_b, state.f_b_values).index_select(0, table.rflat.long())
-    padded_a = write_tails(padded_a[:, :k].view(torch.float8_e4m3fn), peel_rows).view(torch.float8_e4m3fn)
+    token = table.rflat.long()
+    side = quant.NoisySide(padded_a[:, :k].view(torch.float8_e4m3fn), a.side.alpha[token], a.side.beta[token],
+                           a.side.e_lines[token])
+    padded_a, inv_alpha_rows = write_tails(side, a_peel(a.side, state.f_b, state.f_b_values)[token])
+    padded_a = padded_a.view(torch.float8_e4m3fn)
     padded_b = padded_rows(state.side.codes).view(experts, n_e, k + TAIL_BYTES).view(torch.float8_e4m3fn)
-    inv_alpha_rows = 1.0 / a.side.alpha.float()[table.rflat.long()]
     parts = {}
     for config in dict.fromkeys([default, GroupedGemmConfig(64, 128, 128, pingpong=True)]):
         if not peel_fits(config, n_e, k):
@@ -579,7 +585,7 @@ def _time_each(stages: dict) -> dict:
 
 def _a_side_stages(gemm: MinedGemm, x: torch.Tensor, table: RoutingTable) -> dict:
     """Each stage of `prepare_a` alone, on the intermediates of one eager A side (same order)."""
-    from . import noise, noisy_kernel, noisy_peel_kernel, prequant, transcript
+    from . import noise, noisy_kernel, prequant, transcript
     from .peel import a_peel
     state = gemm.state
     codes, scales, values = prequant.prequantize_and_open(x)
@@ -610,8 +616,6 @@ def _a_side_stages(gemm: MinedGemm, x: torch.Tensor, table: RoutingTable) -> dic
             alpha, beta, values, e_a, state.f_a),
         **({"same, written into expert order": lambda: noisy_kernel.noisy_codes_of_lines(
             alpha, beta, values, e_a, state.f_a, table.positions)} if gemm.moe else {}),
-        "same, with the A peel (one launch)": lambda: noisy_peel_kernel.noisy_codes_and_peel(
-            alpha, beta, values, e_a, state.f_a, state.f_b_values, table.positions if gemm.moe else None),
         "A peel": lambda: a_peel(side, state.f_b, state.f_b_values),
     }
     return _time_each(stages)
@@ -690,24 +694,23 @@ def check_timing() -> dict:
             ws = torch.ones(experts, n_e, device=DEVICE)
             label, unmined = _unmined(xq, wq, offsets, xs, ws)
             methods = {"mined": [lambda: gemm.forward(x, topk)], "unmined": [unmined]}
-            if fold_in_gemm(xq.shape[0], gemm.b_codes()):  # the same pass, the lottery pass folding
+            peeling = peel_in_gemm(xq.shape[0], gemm.b_codes())
+            if peeling:  # the same pass with the peel pass after the GEMM
+                methods["mined, peel pass"] = [
+                    functools.partial(_forward_switched, gemm, x, topk, "PEEL_IN_EPILOGUE", False)]
+            elif fold_in_gemm(xq.shape[0], gemm.b_codes()):  # the same pass, the lottery pass folding
                 methods["mined, lottery pass"] = [
                     functools.partial(_forward_switched, gemm, x, topk, "FOLD_IN_EPILOGUE", False)]
                 methods["mined, fp32 accumulator"] = [
                     functools.partial(_forward_switched, gemm, x, topk, "BF16_FOLDED_ACC", False)]
                 entry["output rel err vs bf16, fp32 accumulator"] = _reference_error(
                     _forward_switched(gemm, x, topk, "BF16_FOLDED_ACC", False).out, x, weights, result.table)
-            methods["mined, A peel from the codes launch"] = [
-                functools.partial(_forward_switched, gemm, x, topk, "A_PEEL_IN_NOISY", True)]
             if gemm.moe:
                 methods["mined, A′ gathered into expert order"] = [
                     functools.partial(_forward_switched, gemm, x, topk, "A_IN_EXPERT_ORDER", False)]
             if gemm.moe and _would("GATHER_IN_GEMM", gather_in_gemm, xq.shape[0], gemm.b_codes()):
                 methods["mined, A′ gathered by the GEMM"] = [
                     functools.partial(_forward_switched, gemm, x, topk, "GATHER_IN_GEMM", True)]
-            if _would("PEEL_IN_EPILOGUE", peel_in_gemm, xq.shape[0], gemm.b_codes()):  # peeling in the epilogue
-                methods["mined, peel in the epilogue"] = [
-                    functools.partial(_forward_switched, gemm, x, topk, "PEEL_IN_EPILOGUE", True)]
             lag = None
             if "decode" in name:  # lagged mining is the decode design (64-row tiles, ~16 rows an expert)
                 lag = MinedGemm(weights, m=tokens, top_k=top_k, layer_id=1, lagged=True)
@@ -725,17 +728,14 @@ def check_timing() -> dict:
             if "mined, lottery pass" in timings:
                 entry["mined with the lottery pass median us"] = _median_us(timings["mined, lottery pass"])
                 entry["mined with the fp32 accumulator median us"] = _median_us(timings["mined, fp32 accumulator"])
-            entry["mined with the A peel from the codes launch median us"] = _median_us(
-                timings["mined, A peel from the codes launch"])
             if "mined, A′ gathered into expert order" in timings:
                 entry["mined with A′ gathered into expert order median us"] = _median_us(
                     timings["mined, A′ gathered into expert order"])
             if "mined, A′ gathered by the GEMM" in timings:
                 entry["mined with the A′ gather in the GEMM median us"] = _median_us(
                     timings["mined, A′ gathered by the GEMM"])
-            if "mined, peel in the epilogue" in timings:
-                entry["mined with the peel in the epilogue median us"] = _median_us(
-                    timings["mined, peel in the epilogue"])
+            if "mined, peel pass" in timings:
+                entry["mined with the peel pass median us"] = _median_us(timings["mined, peel pass"])
             best = ("mined", mined_us)
             if lag is not None:
                 lagged_us = _median_us(timings["mined lagged"])

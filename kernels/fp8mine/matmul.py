@@ -32,6 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.grouped_gemm_config import Regime, regime_for
 from kernels.triton_jit import jit
 from proof.fp8.mma import fp8_matmul as model_matmul
 
@@ -49,10 +50,12 @@ FOLD_IN_EPILOGUE = True
 # the bf16 GEMM at GLM-5 prefill 5.418 % against 5.408 %; H100 prefill pass 4469–4526 vs
 # 4709–4768 µs; docs/kernels-fp8mine.md "Sixteenth session").
 BF16_FOLDED_ACC = True
-# Also peel and unscale in that epilogue (bf16 out, no raw accumulator written; peel_epilogue.py).
-# Off: exact on the H200 but slower (GLM-5 prefill pass 5333 vs 4240 µs, session 11: its operand
-# loads idle the tensor cores); gpu_check compares and times it against the peel pass.
-PEEL_IN_EPILOGUE = False
+# Also peel and unscale in that epilogue (bf16 out, no accumulator written; peel_epilogue.py: the
+# peel rows ride the TMA ring as one more k-tile) at prefill-sized launches: GLM-5 FC1 prefill
+# pass 3869 vs 4279 µs and 4203 vs 4588 (H100, session 18). Decode-sized launches keep the peel
+# pass: the same-launch GLM-5 decode pass was 396 vs 380 µs with it (and the decode default, the
+# lagged pass, peels its clean rows apart anyway).
+PEEL_IN_EPILOGUE = True
 # An MoE launch's GEMM reads its A′ rows through Rflat (quack's gather_A: cp.async row gathers)
 # instead of a copy of them into expert order before it (158 µs at GLM-5 prefill). Off: bitwise
 # equal on the H200 but slower (prefill pass 4653 vs 4240 µs, session 11); gpu_check times it.
@@ -134,9 +137,9 @@ def fold_in_gemm(rows: int, b: torch.Tensor, impl: str | None = None) -> bool:
 
 
 def peel_in_gemm(rows: int, b: torch.Tensor, impl: str | None = None) -> bool:
-    """Whether that epilogue also peels and unscales (PEEL_IN_EPILOGUE on, and a config the peel
-    epilogue supports: `peel_epilogue.peel_fits`)."""
-    if not (PEEL_IN_EPILOGUE and fold_in_gemm(rows, b, impl)):
+    """Whether that epilogue also peels and unscales (PEEL_IN_EPILOGUE on, a launch past decode
+    size, and a config the peel epilogue supports: `peel_epilogue.peel_fits`)."""
+    if not (PEEL_IN_EPILOGUE and fold_in_gemm(rows, b, impl)) or regime_for(rows, b.shape[0]) is Regime.DECODE:
         return False
     from .fold_epilogue import fold_config
     from .peel_epilogue import peel_fits

@@ -153,7 +153,7 @@ def noisy_codes_tile(x, alpha, beta, dot):
     """The element op on one tile: e4m3 codes (int32 0..255, clamped to ±448) of
     fma(α, X, bf16(β · bf16(N))) rounded once to bf16 (α, β per row, N the fp32 noise dot), in f32
     (_fma_bf16_f32) unless a product α·X of the tile is not exact in f32, then the whole tile in
-    f64. Shared with the launch that also peels (noisy_peel_kernel)."""
+    f64."""
     noise = _rne_bf16(dot.to(tl.int32, bitcast=True))
     scaled = _rne_bf16((beta * noise.to(tl.float32, bitcast=True)).to(tl.int32, bitcast=True)).to(tl.float32, bitcast=True)
     leaves = tl.reduce(tl.reduce(_product_leaves_f32(alpha, x).to(tl.int32), 1, tl.standard._elementwise_max),

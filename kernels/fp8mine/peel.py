@@ -5,10 +5,10 @@ A peel (rows, 2r) = [β_A ⊙ E_A | A′ · F_Bᵀ]; B peel (n, 2r) = [(β_B ⊙
 (the first block one bf16 FMA per element, as the reference); C″ = acc + A_peel · B_peelᵀ =
 (A′ − β_A N_A)(B′ − β_B N_B)ᵀ; out = C″ / (α_A α_B) in BF16.
 
-Per launch this is two Triton kernels: the A peel (one pass over A′; split over k when there
-are too few rows to fill the SMs, the last program of a row block adding the partials; at
-prefill F_B's fp32 values, decoded once per job; or taken by the noisy-codes launch itself,
-noisy_peel_kernel), and the rank-64 correction, add and unscale
+Per launch this is the A peel (one Triton pass over A′; split over k when there are too few
+rows to fill the SMs, the last program of a row block adding the partials; at prefill F_B's
+fp32 values, decoded once per job), then either the peel tails (`write_tails`: the GEMM peels in
+its epilogue, peel_epilogue.py, at prefill) or the rank-64 correction, add and unscale
 fused in one pass over the accumulator (row tiles never straddle an expert, so a tile's correction is one small dot against its
 expert's B peel; A peel rows and α_A are gathered through Rflat in the kernel; at prefill a
 program walks its row tile over 1024 columns with the accumulator tiles prefetched, see
@@ -38,7 +38,7 @@ TAIL_BYTES = 128  # a bf16 peel row (64 values) after an operand row's codes: th
 _A_PEEL_ROWS = 16
 _A_PEEL_WIDE_ROWS = 64  # row block at decode (few rows) and once rows alone fill the GPU (prefill)
 _A_PEEL_WIDE_FROM = 64 * 128  # rows from which the wide block is used
-_A_PEEL_PROGRAMS = 128  # split k until row blocks × splits reaches this (H200: 132 SMs)
+_A_PEEL_PROGRAMS = 264  # split k until row blocks × splits reaches this (2 × 132 SMs: GLM-5 prefill 80 vs 90 µs at 128, H100, session 18)
 _A_PEEL_DECODE_ROWS = 256  # rows up to which the A peel is a decode one (64-row blocks, few programs)
 _A_PEEL_DECODE_PROGRAMS = 16  # decode: few programs, k split 16 ways (side work beside the lagged GEMM)
 _PEEL_ROWS = 64  # row-tile height of the prefill pass (experts averaging ≥ 64 rows)
@@ -115,7 +115,7 @@ def finish_a_peel(out_ptr, beta_ptr, e_ptr, partial_ptr, counter_ptr, r, total, 
     """This program's Σ A′·F_B over its k split (`total`, (BR, 32) fp32) into the A peel rows r:
     directly with one split; else into partial[split, r, :], and the row block's last program to
     finish (an acq_rel counter per row block, reset by it) adds the partials in split order
-    (deterministic) and stores the rows. Shared with the noisy launch that also peels."""
+    (deterministic) and stores the rows."""
     if splits == 1:
         _store_a_peel(out_ptr, beta_ptr, e_ptr, r, total, rows, BR)
     else:
@@ -143,7 +143,8 @@ def a_peel_rows(rows: int) -> int:
 def a_peel_splits(rows: int, k: int, block_k: int) -> tuple[int, int]:
     """(k splits, k per split), each k range a whole number of BK steps. Decode: ~16 programs
     (the SMs the lagged pass leaves beside its GEMM; 64 rows, k = 6144 → 16 splits of 3 steps);
-    else enough (row block, k split) programs to fill ~128 SMs; prefill keeps one split."""
+    else enough (row block, k split) programs for two a GPU's SMs (GLM-5 prefill: 128 row
+    blocks × 2 splits)."""
     row_blocks = triton.cdiv(rows, a_peel_rows(rows))
     programs = _A_PEEL_DECODE_PROGRAMS if rows <= _A_PEEL_DECODE_ROWS else _A_PEEL_PROGRAMS
     return split_k(k, block_k, min(k // block_k, programs // row_blocks))
@@ -151,7 +152,7 @@ def a_peel_splits(rows: int, k: int, block_k: int) -> tuple[int, int]:
 
 def split_k(k: int, block_k: int, wanted: int) -> tuple[int, int]:
     """(splits, k per split) closest to `wanted` splits (at least one) with each k range a whole
-    number of block_k steps. Shared with the noisy launch that also peels (its column spans)."""
+    number of block_k steps."""
     per_split = triton.cdiv(triton.cdiv(k, max(1, wanted)), block_k) * block_k
     return triton.cdiv(k, per_split), per_split
 
@@ -160,8 +161,7 @@ def split_k(k: int, block_k: int, wanted: int) -> tuple[int, int]:
 def counters(device: torch.device, stream: int, row_blocks: int) -> torch.Tensor:
     """The split A peel's completion counters (one per row block) for launches on one stream
     (zero between launches: each block's last program resets its own), so launches on
-    different streams never share one; the A peel kernel and the noisy launch that peels share
-    them (stream-ordered, so never at once)."""
+    different streams never share one."""
     return torch.zeros(row_blocks, dtype=torch.int32, device=device)
 
 
@@ -433,16 +433,41 @@ def padded_rows(codes: torch.Tensor) -> torch.Tensor:
     return codes.view(torch.uint8).as_strided((rows, k + TAIL_BYTES), (k + TAIL_BYTES, 1))
 
 
-def write_tails(codes: torch.Tensor, peel_rows: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
-    """Store each operand row's bf16 peel row (64 values) in its codes' tail and return
-    `padded_rows(codes)`. positions (rows·top_k,): the codes are in expert order and peel row t
-    goes to codes rows positions[t·top_k + j] (`NoisySide.positions`)."""
-    padded = padded_rows(codes)
-    tails = padded[:, codes.shape[1]:].view(torch.bfloat16)
-    if positions is None:
-        tails.copy_(peel_rows)
-    else:
-        top_k = positions.shape[0] // peel_rows.shape[0]
-        copies = peel_rows.unsqueeze(1).expand(-1, top_k, -1).reshape(-1, peel_rows.shape[1])
-        tails.index_copy_(0, positions.long(), copies)
-    return padded
+@jit
+def _tails_kernel(peel_ptr, alpha_ptr, positions_ptr, padded_ptr, inv_ptr, rows, tail_at, stride,
+                  BR: tl.constexpr, TOP_K: tl.constexpr):
+    """BR operand rows: each bf16 peel row (64 int16) into its codes rows' tails (padded_ptr as
+    int16, rows `stride` apart, the tail at column tail_at) and 1/α (RNE) per codes row; TOP_K > 0:
+    row r's codes rows are positions[r·TOP_K + j], else row r itself."""
+    r = tl.program_id(0) * BR + tl.arange(0, BR)
+    live = r < rows
+    c = tl.arange(0, 64)
+    peel = tl.load(peel_ptr + r.to(tl.int64)[:, None] * 64 + c[None, :], mask=live[:, None], other=0)
+    inv = tl.math.div_rn(tl.full((BR,), 1.0, tl.float32), _bf16_of_bits(alpha_ptr, r, live))
+    for j in tl.static_range(max(TOP_K, 1)):
+        if TOP_K == 0:
+            dest = r.to(tl.int64)
+        else:
+            dest = tl.load(positions_ptr + r.to(tl.int64) * TOP_K + j, mask=live, other=0).to(tl.int64)
+        tl.store(padded_ptr + dest[:, None] * stride + tail_at + c[None, :], peel, mask=live[:, None])
+        tl.store(inv_ptr + dest, inv, mask=live)
+
+
+_TAIL_ROWS = 32
+
+
+def write_tails(side: NoisySide, peel_rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Store each operand row's bf16 peel row (rows, 64) in its codes' tails (every expert-order
+    copy where `side.positions`) and return (`padded_rows(side.codes)`, 1/α (codes rows,) fp32 in
+    the codes' row order): the peel GEMM's operand and its row scale, from one launch."""
+    padded = padded_rows(side.codes)
+    rows, k = side.alpha.shape[0], side.codes.shape[1]
+    if peel_rows.shape != (rows, 64) or peel_rows.dtype != torch.bfloat16:
+        raise ValueError(f"peel rows must be bf16 ({rows}, 64), got {peel_rows.dtype} {tuple(peel_rows.shape)}")
+    inv = torch.empty(side.codes.shape[0], dtype=torch.float32, device=padded.device)
+    int16 = padded.view(torch.int16)
+    _tails_kernel[(triton.cdiv(rows, _TAIL_ROWS),)](
+        peel_rows.contiguous().view(torch.int16), side.alpha.contiguous().view(torch.int16),
+        inv if side.positions is None else side.positions, int16, inv, rows, k // 2, int16.stride(0),
+        BR=_TAIL_ROWS, TOP_K=side.top_k)
+    return padded, inv

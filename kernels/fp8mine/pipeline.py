@@ -52,11 +52,6 @@ LAGGED_LOTTERY_FIRST = True
 # and an index_select after it (194 µs at GLM-5 FC1 prefill on the H100, session 16). False
 # keeps the gather (gpu_check times both).
 A_IN_EXPERT_ORDER = True
-# The same-launch pass takes the A peel from the noisy-codes launch (noisy_peel_kernel: the codes'
-# dot with F_B while they are in registers) instead of a second launch reading A′ back (95–102 µs
-# at GLM-5 FC1 prefill on the H100, session 17). Off: written without a device; gpu_check times
-# and checks it.
-A_PEEL_IN_NOISY = False
 
 
 class PipelineError(ValueError):
@@ -164,8 +159,8 @@ class BSide:
         # peels in its epilogue (peel_epilogue): B′ is then never copied
         side, noise_b = quant.noisy_quantize(self.values, self.l2, self.linf, e_b, f_b, tail=TAIL_BYTES)
         peel = b_peel(side, noise_b, f_a)
-        write_tails(side.codes, peel)
-        return BState(bytes(ancestor_header), seed_b, f_a, f_b, f_b.float(), side, peel, 1.0 / side.alpha.float())
+        _, inv_alpha = write_tails(side, peel)
+        return BState(bytes(ancestor_header), seed_b, f_a, f_b, f_b.float(), side, peel, inv_alpha)
 
 
 @dataclass
@@ -176,7 +171,6 @@ class ASide:
     scales: torch.Tensor  # bf16 (m, k/8) plane
     keys: torch.Tensor  # (4, 8) int32: HA, seedA, noise-line key, jackpot key
     side: quant.NoisySide
-    peel: torch.Tensor | None = None  # (m, 64) bf16 A peel, where A′'s launch computed it
 
     @property
     def seed_a(self) -> torch.Tensor:
@@ -188,12 +182,11 @@ class ASide:
 
 
 def prepare_a(rows: quant.Rows, seed_message: torch.Tensor, p_a_len: int, state: BState,
-              table: RoutingTable | None, in_expert_order: bool = False, with_peel: bool = False,
-              tail: int = 0) -> ASide:
+              table: RoutingTable | None, in_expert_order: bool = False, tail: int = 0) -> ASide:
     """HA (+ HR, HO), seedA, the keys, E_A and A′ from the pre-quantized rows
     (`quant.prepare_rows(x)`), on their device. The A peel is the caller's
     (`peel.a_peel(a.side, state.f_b, state.f_b_values)`): only a same-launch pass peels these
-    rows; with_peel, A′'s launch computes it instead (`ASide.peel`).
+    rows.
 
     seed_message: the job's `transcript.seed_a_message` (keyA inside; its head is written here).
     in_expert_order (MoE): A′ is written straight into the GEMM's expert-order rows (top_k copies
@@ -209,9 +202,6 @@ def prepare_a(rows: quant.Rows, seed_message: torch.Tensor, p_a_len: int, state:
     positions = table.positions if in_expert_order and table is not None else None
     if in_expert_order and positions is None:
         raise PipelineError("A′ in expert order needs a routing table with positions")
-    if with_peel:
-        side, peel = quant.noisy_side_and_peel(rows, e_a, state.f_a, state.f_b_values, positions, tail)
-        return ASide(rows.codes, rows.scales, keys, side, peel)
     side = quant.noisy_side(rows, e_a, state.f_a, positions, tail)
     return ASide(rows.codes, rows.scales, keys, side)
 
@@ -324,17 +314,16 @@ class MinedGemm:
         peeling = peel_in_gemm(n_rows, b_codes) and has_tail(state.side.codes) and (not self.moe or A_IN_EXPERT_ORDER)
         gather = self.moe and not peeling and gather_in_gemm(n_rows, b_codes)  # the GEMM reads A′ through Rflat
         a = prepare_a(pre, self.seed_message, self.p_a_len, state, table if self.moe else None,
-                      in_expert_order=self.moe and not gather and A_IN_EXPERT_ORDER, with_peel=A_PEEL_IN_NOISY,
-                      tail=TAIL_BYTES if peeling else 0)
+                      in_expert_order=self.moe and not gather and A_IN_EXPERT_ORDER, tail=TAIL_BYTES if peeling else 0)
         # on the serving stream: a side-stream A peel found no SM free before the persistent GEMM
         # ended, and the peel then waited for it (H100 timeline, session 17)
-        peel_rows = a.peel if a.peel is not None else a_peel(a.side, state.f_b, state.f_b_values)
+        peel_rows = a_peel(a.side, state.f_b, state.f_b_values)
         rows = a.side.codes if gather else self.expert_rows(a.side, table)
         sources = {"codes": a.codes, "scales": a.scales, "rflat": table.rflat, "offsets": table.offsets}
         if fold_in_gemm(n_rows, b_codes):
             lanes = folded_lanes(n_rows, b_codes.shape[1], rows.device)
             if peeling:  # no raw accumulator: the output comes peeled
-                out = self._peeled(write_tails(a.side.codes, peel_rows, a.side.positions), table, lanes, a)
+                out = self._peeled(*write_tails(a.side, peel_rows), table, lanes)
                 self.latch.run_folded(lanes, row_tiles(table), a.pow_key, self.threshold, state.seed_b, sources)
                 self.latch.publish()
                 self._join(main)
@@ -353,17 +342,18 @@ class MinedGemm:
         self._join(main)
         return LaunchResult(out, acc, table, a)
 
-    def _peeled(self, padded_a: torch.Tensor, table: RoutingTable, lanes: torch.Tensor, a: ASide) -> torch.Tensor:
+    def _peeled(self, padded_a: torch.Tensor, inv_alpha_rows: torch.Tensor, table: RoutingTable,
+                lanes: torch.Tensor) -> torch.Tensor:
         """The GEMM with the fold, peel and unscale in its epilogue: the bf16 output. padded_a:
-        A′'s expert-order rows, each followed by its A peel row (`peel.write_tails`)."""
+        A′'s expert-order rows, each followed by its A peel row, and their 1/α_A
+        (`peel.write_tails`)."""
         from .peel_epilogue import peeled_grouped_gemm
         assert self.state is not None
         experts, n_e, k = self.b.experts, self.b.n_e, self.b.k
         padded_b = padded_rows(self.state.side.codes).view(experts, n_e, k + TAIL_BYTES)
         out = torch.empty((table.rflat.shape[0], n_e), dtype=torch.bfloat16, device=padded_a.device)
         return peeled_grouped_gemm(padded_a.view(torch.float8_e4m3fn), padded_b.view(torch.float8_e4m3fn),
-                                   table.bounds, out, lanes, 1.0 / a.side.alpha.float()[table.rflat.long()],
-                                   self.state.inv_alpha.view(experts, n_e))
+                                   table.bounds, out, lanes, inv_alpha_rows, self.state.inv_alpha.view(experts, n_e))
 
     def _table(self, topk_ids: torch.Tensor | None, device: torch.device) -> RoutingTable:
         return routing_table(topk_ids, self.b.experts) if self.moe else dense_table(self.m, device)

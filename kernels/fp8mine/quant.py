@@ -112,14 +112,3 @@ def noisy_side(rows: Rows, e_lines: torch.Tensor, f_lines: torch.Tensor,
     else:
         codes = noisy_codes(*operands, matmul(e_lines, f_lines), positions, tail)
     return NoisySide(codes, rows.alpha, rows.beta, e_lines, positions)
-
-
-def noisy_side_and_peel(rows: Rows, e_lines: torch.Tensor, f_lines: torch.Tensor, f_b_values: torch.Tensor,
-                        positions: torch.Tensor | None = None, tail: int = 0) -> tuple[NoisySide, torch.Tensor]:
-    """`noisy_side` and the side's A peel (rows, 64) bf16 against F_B's fp32 values, from one
-    launch (`noisy_peel_kernel`: the codes' dot with F_B is taken while they are in registers)."""
-    from .noisy_peel_kernel import noisy_codes_and_peel
-    noise = None if rows.values.is_cuda else matmul(e_lines, f_lines)
-    codes, peel = noisy_codes_and_peel(rows.alpha, rows.beta, rows.values, e_lines, f_lines, f_b_values,
-                                       positions, noise, tail)
-    return NoisySide(codes, rows.alpha, rows.beta, e_lines, positions), peel
