@@ -87,12 +87,12 @@ def _check(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, x_scale: tor
         raise GroupedGemmError(f"x has K={x.shape[1]} but w has K={k}")
     if k == 0:
         raise GroupedGemmError("K must be positive")
-    if not (tma_rows(x) and tma_rows(w)):
-        raise GroupedGemmError("x and w must be row-major with K innermost and 16-byte aligned row strides")
     output = _output(precision, x_scale, w_scale)
     out_dtype = _TORCH_DTYPES[output]
     if (k * x.element_size()) % _ALIGN_BYTES or (n * out_dtype.itemsize) % _ALIGN_BYTES:
         raise GroupedGemmError(f"K={k} and N={n} rows must be multiples of {_ALIGN_BYTES} bytes")
+    if not (tma_rows(x) and tma_rows(w)):
+        raise GroupedGemmError("x and w must be row-major with K innermost and 16-byte aligned row strides")
     if offsets.dtype != torch.int32 or offsets.shape != (num_experts + 1,):
         raise GroupedGemmError(f"offsets must be int32 of shape ({num_experts + 1},), got "
                                f"{offsets.dtype} {tuple(offsets.shape)}")

@@ -158,6 +158,10 @@ def _args(**over):
     (dict(w=torch.zeros(2, 32, 48, dtype=torch.bfloat16)), "K="),
     (dict(x=torch.zeros(4, 36, dtype=torch.bfloat16), w=torch.zeros(2, 32, 36, dtype=torch.bfloat16)),
      "multiples of 16 bytes"),
+    (dict(x=torch.zeros(4, 72, dtype=torch.bfloat16)[:, :64]), "CUDA device"),  # rows with room: read in place
+    (dict(x=torch.zeros(4, 68, dtype=torch.bfloat16)[:, :64]), "16-byte aligned row strides"),
+    (dict(w=torch.zeros(2, 32, 64, dtype=torch.bfloat16).transpose(1, 2).contiguous().transpose(1, 2)),
+     "K innermost"),
     (dict(offsets=torch.tensor([0, 4], dtype=torch.int32)), "offsets"),
     (dict(offsets=torch.tensor([0, 2, 4], dtype=torch.int64)), "offsets"),
     (dict(), "CUDA device"),
