@@ -5,7 +5,7 @@ window-promoted e4m3 accumulator after the lottery fold (`matmul.PEEL_IN_EPILOGU
 How the operands travel. A bf16 peel row (64 values) is 128 bytes, exactly one 128-k slice of
 an e4m3 row, and a 128-byte-swizzled (rows, 64) bf16 tile has the same bytes in shared memory as
 a 128-byte-swizzled (rows, 128) e4m3 tile. So each A′ row carries its A peel as a 128-byte tail
-(`with_peel_tail`: the GEMM's A is (rows, k + 128) e4m3) and each B′ row its B peel, and the
+(`peel.write_tails`: the GEMM's A is (rows, k + 128) e4m3) and each B′ row its B peel, and the
 producer warp loads the tails as one more k-tile of the ring, with no change to it. The consumer
 runs the e4m3 k-tiles as the folding GEMM does, folds the lottery tiles from the total, and then
 reads the last stage as bf16 (the same shared memory, a bf16 view) with one K = 64 bf16 WGMMA
@@ -47,6 +47,10 @@ class PeelTileMixin(FoldEpilogueMixin):
     fold of the pre-peel total, then the peel tile's bf16 WGMMAs into it; epi_visit_subtile:
     the unscale (quack writes bf16 after it)."""
 
+    # quack's kernel hands its epilogue hooks neither the ring's shared memory nor the pipeline
+    # state, so the two hooks that see them (`epi_get_smem_tensors`, `mma`) keep them on self for
+    # `add_peel_tile`: trace-time values of the same kernel body, read later in the same trace.
+
     def epi_get_smem_tensors(self, params, storage):
         """Also the ring's A and B stages seen as bf16 (for the peel tile's WGMMA)."""
         tile_m, tile_n = self.cta_tile_shape_mnk[0], self.cta_tile_shape_mnk[1]
@@ -75,6 +79,8 @@ class PeelTileMixin(FoldEpilogueMixin):
         """acc += A_peel · B_peelᵀ from the peel tile's ring stage (bf16, K = 64), then the stage
         goes back to the producer."""
         tile_m, tile_n = self.cta_tile_shape_mnk[0], self.cta_tile_shape_mnk[1]
+        # the fold's configs split no tile along N between warpgroups (quack then permutes N)
+        assert self.atom_layout_mnk[1] == 1, "the peel tile needs one warpgroup column"
         tiled_mma = sm90_utils.make_trivial_tiled_mma(
             BFloat16, BFloat16, self.a_layout.sm90_mma_major_mode(), self.b_layout.sm90_mma_major_mode(),
             self.acc_dtype, self.atom_layout_mnk, tiler_mn=(64, tile_n // self.atom_layout_mnk[1]))
