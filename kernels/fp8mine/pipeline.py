@@ -32,7 +32,7 @@ from .hashing import constant_bytes
 from .lagged import LagSlot, MinedSlot, clean_peel, lagged_front
 from .lottery import LotteryLatch, threshold_words
 from .matmul import fold_in_gemm, folded_lanes, gather_in_gemm, grouped_matmul, peel_in_gemm
-from .peel import TAIL_BYTES, a_peel, b_peel, has_tail, padded_rows, peel_and_unscale, peel_tiles, reads_tiles, write_tails
+from .peel import TAIL_BYTES, a_peel, b_peel, padded_rows, peel_and_unscale, peel_tiles, reads_tiles, write_tails
 from .routing import RoutingTable, dense_table, routing_table, row_tiles
 
 
@@ -212,14 +212,14 @@ class LaunchResult:
 
     `acc` is the pre-peel accumulator: fp32, or rounded to bf16 where the GEMM folded the
     lottery (`matmul.BF16_FOLDED_ACC`; the lottery drew from the fp32 values, only the peel
-    read it).
+    read it); None where the GEMM peeled in its epilogue (`matmul.peel_in_gemm`: none is stored).
 
     Lagged passes: `acc` is the combined accumulator and `operand_bounds` its bounds (e+1,):
     expert w's rows start with the READY (previous launch's) rows, then this launch's clean rows.
     `a` is this launch's A side (mined by the next launch)."""
 
     out: torch.Tensor
-    acc: torch.Tensor
+    acc: torch.Tensor | None
     table: RoutingTable
     a: ASide
     operand_bounds: torch.Tensor | None = None
@@ -311,7 +311,8 @@ class MinedGemm:
         self._wait(main, table_ready)
         b_codes, n_rows = self.b_codes(), table.rflat.shape[0]
         # the GEMM peels in its epilogue where it can read A′ in expert order (or dense) by TMA
-        peeling = peel_in_gemm(n_rows, b_codes) and has_tail(state.side.codes) and (not self.moe or A_IN_EXPERT_ORDER)
+        # (B′ rows always carry their tails: BSide._build)
+        peeling = peel_in_gemm(n_rows, b_codes) and (not self.moe or A_IN_EXPERT_ORDER)
         gather = self.moe and not peeling and gather_in_gemm(n_rows, b_codes)  # the GEMM reads A′ through Rflat
         a = prepare_a(pre, self.seed_message, self.p_a_len, state, table if self.moe else None,
                       in_expert_order=self.moe and not gather and A_IN_EXPERT_ORDER, tail=TAIL_BYTES if peeling else 0)
