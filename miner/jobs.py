@@ -107,6 +107,10 @@ class Backoff:
 JobListener = Callable[["MiningJob | None"], None]
 
 
+# what a job source raises when it cannot answer (the poller retries; shutdown gives up)
+POLL_ERRORS = (SourceUnavailable, gateway.SchemaError, OSError)
+
+
 class JobPoller:
     """Polls a source in a daemon thread; the current job is read without locks by inference.
 
@@ -133,13 +137,14 @@ class JobPoller:
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(timeout=10)
+        if self._thread.ident is not None:  # a worker may stop before it started
+            self._thread.join(timeout=10)
 
     def poll_once(self) -> float:
         """One poll; returns how long to wait before the next."""
         try:
             job = self.source.fetch_job()
-        except (SourceUnavailable, gateway.SchemaError, OSError) as exc:
+        except POLL_ERRORS as exc:
             self.failures += 1
             self.last_error = f"{type(exc).__name__}: {exc}"
             log.warning("job poll failed (%d in a row): %s", self.failures, self.last_error)

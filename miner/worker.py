@@ -24,7 +24,7 @@ from miner.cpu_int7 import CpuInt7Backend
 from miner.events import EventBus
 from miner.generation import Generator, file_prompts, generated_prompts
 from miner.governor import SlowdownGovernor, slowdown_cap_text
-from miner.jobs import Backoff, JobPoller, JobSource, MiningJob
+from miner.jobs import Backoff, JobPoller, JobSource, MiningJob, POLL_ERRORS
 from miner.layer import MinedLayer
 from miner.model import ModelConfig, build_model
 from miner.modes import AUTO, CHOICES, Mode, choose_mode, job_height
@@ -236,9 +236,27 @@ class Worker:
             if self.finished():
                 break
 
+    def _settle_submitted(self, wait_s: float = 5.0) -> None:
+        """Read the chain again (a few seconds at most) for jobs submitted just before the stop.
+
+        A proof sent in the last moments is otherwise never counted: the poller has stopped, so
+        its job still looks current and the final status line would say accepted=N-1.
+        """
+        deadline = time.monotonic() + wait_s
+        while self.completion.awaiting:
+            try:
+                current = self.poller.source.fetch_job()
+            except POLL_ERRORS as exc:
+                log.warning("cannot read the chain at shutdown: %s", exc)
+                return
+            self.completion.account_blocks(current)
+            if not self.completion.awaiting or time.monotonic() >= deadline:
+                return
+            time.sleep(0.2)
+
     def shutdown(self) -> None:
         """Stop polling, drain the completion thread and persist unsent proofs."""
         self.poller.stop()
         kept = self.completion.stop()
-        self.check_blocks()
+        self._settle_submitted()
         self.events.publish("stopped", f"worker stopped; {len(kept)} proof(s) persisted")
