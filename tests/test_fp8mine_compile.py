@@ -37,20 +37,24 @@ SCRIPT = textwrap.dedent("""
         "ends_ptr": "*i32", "n": "i32", "k": "i32", "BM": "constexpr", "BN": "constexpr"},
         constexprs={"BM": 128, "BN": 128}), target=target, options={"num_warps": 8})  # the prefill tile
     # the B side (N from memory); the A side (N formed in the launch), in token order and written
-    # into expert order
-    for dot, rows, cols, top_k in ((False, noisy_kernel._NOISY_ROWS, noisy_kernel._NOISY_COLS, 0),
-                                   (True, noisy_kernel._DOT_ROWS, noisy_kernel._DOT_COLS, 0),
-                                   (True, noisy_kernel._DOT_ROWS, noisy_kernel._DOT_COLS, 8)):
+    # into expert order, reading opened values or (PLANES) opening them from codes and scales
+    for dot, rows, cols, top_k, planes in ((False, noisy_kernel._NOISY_ROWS, noisy_kernel._NOISY_COLS, 0, False),
+                                           (True, noisy_kernel._DOT_ROWS, noisy_kernel._DOT_COLS, 0, False),
+                                           (True, noisy_kernel._DOT_ROWS, noisy_kernel._DOT_COLS, 8, False),
+                                           (True, noisy_kernel._DOT_ROWS, noisy_kernel._DOT_COLS, 8, True),
+                                           (False, noisy_kernel._NOISY_ROWS, noisy_kernel._NOISY_COLS, 0, True)):
         noisy = triton.compile(ASTSource(fn=noisy_kernel._noisy_kernel, signature={
-            "x_ptr": "*i16", "noise_ptr": "*fp32", "e_ptr": "*u8", "f_ptr": "*u8", "alpha_ptr": "*i16",
-            "beta_ptr": "*i16", "out_ptr": "*u8", "positions_ptr": "*i32", "rows": "i32", "k": "i32",
-            "stride": "i32", "BR": "constexpr", "BC": "constexpr", "DOT": "constexpr", "TOP_K": "constexpr"},
-            constexprs={"BR": rows, "BC": cols, "DOT": dot, "TOP_K": top_k},
-            attrs=ALIGNED(11)), target=target, options={"enable_fp_fusion": False})
-        if top_k == 0:
-            print("NOISYDOT-BEGIN" if dot else "NOISY-BEGIN")
+            "x_ptr": "*i8" if planes else "*i16", "scales_ptr": "*i16", "noise_ptr": "*fp32", "e_ptr": "*u8",
+            "f_ptr": "*u8", "alpha_ptr": "*i16", "beta_ptr": "*i16", "out_ptr": "*u8", "positions_ptr": "*i32",
+            "rows": "i32", "k": "i32", "stride": "i32", "BR": "constexpr", "BC": "constexpr", "DOT": "constexpr",
+            "TOP_K": "constexpr", "PLANES": "constexpr"},
+            constexprs={"BR": rows, "BC": cols, "DOT": dot, "TOP_K": top_k, "PLANES": planes},
+            attrs=ALIGNED(12)), target=target, options={"enable_fp_fusion": False})
+        if top_k == 0 or planes:
+            tag = ("NOISYDOT" if dot else "NOISY") + ("PLANES" if planes else "")
+            print(tag + "-BEGIN")
             print(noisy.asm["ptx"])
-            print("NOISYDOT-END" if dot else "NOISY-END")
+            print(tag + "-END")
     triton.compile(ASTSource(fn=noisy_kernel._row_scales_kernel, signature={
         "l2_ptr": "*i16", "linf_ptr": "*i16", "alpha_ptr": "*i16", "beta_ptr": "*i16", "rows": "i32",
         "delta_r": "fp32", "delta_over_std": "fp32", "BLOCK": "constexpr"}, constexprs={"BLOCK": 1024}),
@@ -176,12 +180,18 @@ SCRIPT = textwrap.dedent("""
             "k": "i32", "wl2": "i32", "BR": "constexpr", "BB": "constexpr", "ONE_STEP": "constexpr"},
             constexprs={"BR": rows, "BB": blocks, "ONE_STEP": blocks >= 768}),
             target=target, options={"enable_fp_fusion": False, "num_warps": norms_kernel._warps(rows * blocks)})
-    triton.compile(ASTSource(fn=prequant_kernel._rows_kernel, signature={
-        "x_ptr": "*i16", "codes_ptr": "*i8", "scales_ptr": "*i16", "values_ptr": "*i16", "l2_ptr": "*i16",
-        "linf_ptr": "*i16", "alpha_ptr": "*i16", "beta_ptr": "*i16", "num_rows": "i32", "k": "i32", "wl2": "i32",
-        "recip_127": "fp32", "magic": "fp32", "delta_r": "fp32", "delta_over_std": "fp32", "BB": "constexpr"},
-        constexprs={"BB": prequant_kernel.MAX_ROW_BLOCKS}, attrs=ALIGNED(8)), target=target,
-        options={"enable_fp_fusion": False, "num_warps": prequant_kernel._ROW_WARPS})
+    for values in (True, False):
+        rows_kernel = triton.compile(ASTSource(fn=prequant_kernel._rows_kernel, signature={
+            "x_ptr": "*i16", "codes_ptr": "*i8", "scales_ptr": "*i16", "values_ptr": "*i16", "l2_ptr": "*i16",
+            "linf_ptr": "*i16", "alpha_ptr": "*i16", "beta_ptr": "*i16", "num_rows": "i32", "k": "i32",
+            "wl2": "i32", "recip_127": "fp32", "magic": "fp32", "delta_r": "fp32", "delta_over_std": "fp32",
+            "BB": "constexpr", "VALUES": "constexpr"},
+            constexprs={"BB": prequant_kernel.MAX_ROW_BLOCKS, "VALUES": values}, attrs=ALIGNED(8)), target=target,
+            options={"enable_fp_fusion": False, "num_warps": prequant_kernel._ROW_WARPS})
+        tag = "ROWS" if values else "ROWSNOVALUES"
+        print(tag + "-BEGIN")
+        print(rows_kernel.asm["ptx"])
+        print(tag + "-END")
     triton.compile(ASTSource(fn=hashing._short_kernel, signature={
         "key_ptr": "*i32", "key_stride": "i32", "msg_ptr": "*i32", "out_ptr": "*i32", "total": "i32",
         "nbytes": "i32", "blocks": "i32", "keyed": "i32", "LANES": "constexpr"}, constexprs={"LANES": 16}),
@@ -240,6 +250,24 @@ def test_noisy_kernel_forms_the_noise_dot_as_one_fresh_k32_wgmma(compiled):
     assert wgmma[0].rsplit(",", 3)[-3].strip() == "0"
     assert len(re.findall(r"^\s*add\.rn\.f32\s+%r\d+, %r\d+, 0f00000000;", ptx, flags=re.M)) == 64 * 64 // 128
     assert not re.search(r"\bfma\.rn\.f(32|64)", ptx)
+
+
+def test_codes_launch_opening_the_planes_stays_uncontracted_and_the_rows_launch_skips_values(compiled):
+    """OPEN_IN_NOISY: the codes launch that opens X from the planes keeps the same fresh noise
+    WGMMA, contracts no multiply-add (q · s must round once, as the rows launch's product) and
+    reads the codes as bytes, not bf16 values; the rows launch without values stores 2 bytes an
+    element fewer (fewer 16-bit stores than with them)."""
+    ptx = compiled.split("NOISYDOTPLANES-BEGIN")[1].split("NOISYDOTPLANES-END")[0]
+    wgmma = [line for line in ptx.splitlines() if "wgmma.mma_async" in line]
+    assert len(wgmma) == 1 and "m64n64k32.f32.e4m3.e4m3" in wgmma[0]
+    assert not re.search(r"\bfma\.rn\.f(32|64)", ptx)
+    assert re.search(r"ld\.global[\w.]*\.(?:v\d\.)?b(8|32)", ptx)
+    plain = compiled.split("NOISYPLANES-BEGIN")[1].split("NOISYPLANES-END")[0]
+    assert not re.search(r"\bfma\.rn\.f(32|64)", plain)
+    with_values = compiled.split("ROWS-BEGIN")[1].split("ROWS-END")[0]
+    without = compiled.split("ROWSNOVALUES-BEGIN")[1].split("ROWSNOVALUES-END")[0]
+    stores = lambda text: len(re.findall(r"st\.global[\w.]*", text))
+    assert stores(without) < stores(with_values)
 
 
 def test_prefill_peel_prefetches_accumulator_tiles(compiled):

@@ -1,4 +1,6 @@
 """kernels.fp8mine stages on the CPU backend, bit-exact against proof.fp8 (small shapes)."""
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -104,6 +106,18 @@ def test_prepare_rows_matches_reference(rows, k):
     want = [ref_quant.row_scales("hopper", int(a), int(b)) for a, b in zip(l2, linf)]
     assert same_bf16(u16(got.alpha), np.array([w[0] for w in want], dtype=np.uint16))
     assert same_bf16(u16(got.beta), np.array([w[1] for w in want], dtype=np.uint16))
+
+
+def test_prepare_rows_without_values_leaves_the_rest_unchanged():
+    """`OPEN_IN_NOISY`: the one rows launch writes no opened values; planes, norms, α and β are
+    the ones it writes with them."""
+    rng = np.random.default_rng(33)
+    x = torch.from_numpy((rng.standard_normal((70, 6144)) * 4).astype(np.float32)).to(torch.bfloat16)
+    full, bare = dev_quant.prepare_rows(x, open_values=True), dev_quant.prepare_rows(x, open_values=False)
+    assert full.values is not None and bare.values is None
+    for name in ("codes", "scales", "l2", "linf", "alpha", "beta"):
+        assert torch.equal(getattr(full, name).view(torch.int8 if name == "codes" else torch.int16),
+                           getattr(bare, name).view(torch.int8 if name == "codes" else torch.int16)), name
 
 
 def test_row_programs_grow_with_the_rows():
@@ -371,6 +385,41 @@ def test_noisy_codes_forming_the_noise_dot_in_the_launch():
     assert side.positions is None and np.array_equal(side.codes.view(torch.uint8).numpy(), want.codes)
     got = noisy_kernel.noisy_codes_of_lines(rows_in.alpha, rows_in.beta, rows_in.values, *lines)
     assert np.array_equal(got.view(torch.uint8).numpy(), want.codes)
+
+
+def test_noisy_codes_opened_from_the_planes_equal_those_from_the_values():
+    """`Planes` in place of X: every launch form (N from memory, N formed in the launch; token
+    order, expert order, peel tails) opens RNE_bf16(q · s) itself and writes the codes it writes
+    from the opened values; rows with scales at the extremes (2^-100's block floor, the largest
+    bf16 scales) and zero blocks included. noisy_side on rows without values (OPEN_IN_NOISY)
+    gives the side it gives with them; malformed planes are refused."""
+    from kernels.fp8mine import noisy_kernel
+    from kernels.fp8mine.peel import TAIL_BYTES
+    rows, k, top_k, experts = 70, 160, 3, 5
+    rng, rows_in, (e_t, f_t), want = _noisy_case(23, rows, k, 60)
+    codes, scales = rows_in.codes.clone(), rows_in.scales.view(torch.int16).clone()
+    codes[0, :8], scales[0, 0] = 0, 0x0D80  # an all-zero block at the 2^-100 floor's scale
+    codes[1, 8:16], scales[1, 1] = 127, 0x7B7F  # the largest codes at a huge scale (127·s still finite)
+    codes[2, :8] = torch.tensor([-127, 1, -1, 0, 64, -64, 3, 5], dtype=torch.int8)
+    planes = noisy_kernel.Planes(codes, scales.view(torch.bfloat16))
+    values = bf16_tensor(ref_prequant.open_values(codes.numpy(), scales.numpy().view(np.uint16)))
+    topk = np.stack([rng.permutation(experts)[:top_k] for _ in range(rows)])
+    positions = dev_routing.routing_table(torch.from_numpy(topk), experts).positions
+    noise = matmul(e_t, f_t)
+    for where, tail in ((None, 0), (positions, 0), (positions, TAIL_BYTES), (None, TAIL_BYTES)):
+        for form in (lambda x: noisy_kernel.noisy_codes(rows_in.alpha, rows_in.beta, x, noise, where, tail),
+                     lambda x: noisy_kernel.noisy_codes_of_lines(rows_in.alpha, rows_in.beta, x, e_t, f_t, where, tail)):
+            from_values, from_planes = form(values), form(planes)
+            assert from_planes.stride() == from_values.stride()
+            assert torch.equal(from_planes.view(torch.uint8), from_values.view(torch.uint8))
+    bare = dataclasses.replace(rows_in, values=None)
+    for where in (None, positions):
+        got, base = dev_quant.noisy_side(bare, e_t, f_t, where), dev_quant.noisy_side(rows_in, e_t, f_t, where)
+        assert torch.equal(got.codes.view(torch.uint8), base.codes.view(torch.uint8))
+    assert np.array_equal(dev_quant.noisy_side(bare, e_t, f_t).codes.view(torch.uint8).numpy(), want.codes)
+    with pytest.raises(ValueError, match="planes must be int8 codes"):
+        noisy_kernel.noisy_codes(rows_in.alpha, rows_in.beta, noisy_kernel.Planes(codes, scales.view(torch.bfloat16)[:, 1:]),
+                                 noise)
 
 
 def test_noisy_codes_written_straight_into_expert_order():

@@ -277,6 +277,11 @@ def _checked_stages(gemm: MinedGemm, x: torch.Tensor, topk) -> dict:
             result.a.side.positions is not None and gathered.a.side.positions is None
             and torch.equal(gathered.acc.view(torch.int32), result.acc.view(torch.int32))
             and torch.equal(gathered.out.view(torch.int16), result.out.view(torch.int16)))
+    opened = _forward_switched(gemm, x, topk, "OPEN_IN_NOISY", not quant.OPEN_IN_NOISY)
+    out["X opened in the codes launch or read as values: A′, accumulator and output bitwise equal"] = bool(
+        torch.equal(opened.a.side.codes.view(torch.uint8), result.a.side.codes.view(torch.uint8))
+        and _bitwise_equal(opened.acc, result.acc)
+        and torch.equal(opened.out.view(torch.int16), result.out.view(torch.int16)))
     if gemm.moe and _would("GATHER_IN_GEMM", gather_in_gemm, rows, gemm.b_codes()):
         gathered = _forward_switched(gemm, x, topk, "GATHER_IN_GEMM", True)
         out["A′ rows gathered by the GEMM: accumulator and output bitwise equal"] = bool(
@@ -314,9 +319,9 @@ def _output_diff(got: torch.Tensor, want: torch.Tensor) -> dict:
 @contextlib.contextmanager
 def _switched(switch: str, value: bool):
     """A module switch (matmul's FOLD_IN_EPILOGUE, PEEL_IN_EPILOGUE, GATHER_IN_GEMM,
-    BF16_FOLDED_ACC; pipeline's A_IN_EXPERT_ORDER) set to `value` for the
+    BF16_FOLDED_ACC; pipeline's A_IN_EXPERT_ORDER; quant's OPEN_IN_NOISY) set to `value` for the
     block: the other variant, for comparisons and timing."""
-    module = matmul_module if hasattr(matmul_module, switch) else pipeline_module
+    module = next(m for m in (matmul_module, pipeline_module, quant) if hasattr(m, switch))
     before = getattr(module, switch)
     setattr(module, switch, value)
     try:
@@ -599,7 +604,10 @@ def _a_side_stages(gemm: MinedGemm, x: torch.Tensor, table: RoutingTable) -> dic
     noise_dot = matmul(e_a, state.f_a)
     alpha, beta = quant.row_scales(l2, linf)
     side = quant.NoisySide(noisy_kernel.noisy_codes(alpha, beta, x, noise_dot), alpha, beta, e_a)
+    committed = noisy_kernel.Planes(codes, scales)
     stages = {
+        "rows, one launch (planes, values, norms, α, β)": lambda: quant.prepare_rows(x, open_values=True),
+        "rows, one launch without values (OPEN_IN_NOISY)": lambda: quant.prepare_rows(x, open_values=False),
         "prequant + open": lambda: prequant.prequantize_and_open(x),
         "row norms": lambda: prequant.row_norms(codes, scales),
         "plane trees (all, plane_roots)": lambda: transcript.plane_roots(key_a, planes),
@@ -614,8 +622,12 @@ def _a_side_stages(gemm: MinedGemm, x: torch.Tensor, table: RoutingTable) -> dic
         "noisy codes": lambda: noisy_kernel.noisy_codes(alpha, beta, x, noise_dot),
         "noisy codes, E·F dot in the launch": lambda: noisy_kernel.noisy_codes_of_lines(
             alpha, beta, values, e_a, state.f_a),
+        "same, X opened from the planes": lambda: noisy_kernel.noisy_codes_of_lines(
+            alpha, beta, committed, e_a, state.f_a),
         **({"same, written into expert order": lambda: noisy_kernel.noisy_codes_of_lines(
-            alpha, beta, values, e_a, state.f_a, table.positions)} if gemm.moe else {}),
+            alpha, beta, values, e_a, state.f_a, table.positions),
+            "same, into expert order, X opened from the planes": lambda: noisy_kernel.noisy_codes_of_lines(
+            alpha, beta, committed, e_a, state.f_a, table.positions)} if gemm.moe else {}),
         "A peel": lambda: a_peel(side, state.f_b, state.f_b_values),
     }
     return _time_each(stages)
@@ -708,6 +720,8 @@ def check_timing() -> dict:
             if gemm.moe:
                 methods["mined, A′ gathered into expert order"] = [
                     functools.partial(_forward_switched, gemm, x, topk, "A_IN_EXPERT_ORDER", False)]
+            methods["mined, X opened the other way"] = [
+                functools.partial(_forward_switched, gemm, x, topk, "OPEN_IN_NOISY", not quant.OPEN_IN_NOISY)]
             if gemm.moe and _would("GATHER_IN_GEMM", gather_in_gemm, xq.shape[0], gemm.b_codes()):
                 methods["mined, A′ gathered by the GEMM"] = [
                     functools.partial(_forward_switched, gemm, x, topk, "GATHER_IN_GEMM", True)]
@@ -736,6 +750,8 @@ def check_timing() -> dict:
                     timings["mined, A′ gathered by the GEMM"])
             if "mined, peel pass" in timings:
                 entry["mined with the peel pass median us"] = _median_us(timings["mined, peel pass"])
+            entry[f"mined with OPEN_IN_NOISY={not quant.OPEN_IN_NOISY} median us"] = _median_us(
+                timings["mined, X opened the other way"])
             best = ("mined", mined_us)
             if lag is not None:
                 lagged_us = _median_us(timings["mined lagged"])

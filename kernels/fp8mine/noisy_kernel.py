@@ -11,6 +11,8 @@ non-zero below 2^-126 or overflows), and a tile holding such a product takes the
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 import torch
 import triton
@@ -23,6 +25,15 @@ _NOISY_ROWS = 4  # noisy-codes tile: α, β once per row, 16-byte vector loads a
 _NOISY_COLS = 512
 _DOT_ROWS = 64  # the tile when the kernel forms N itself: one m64nNk32 e4m3 WGMMA per tile
 _DOT_COLS = 64
+
+
+class Planes(NamedTuple):
+    """Pre-quantized rows as committed: int8 codes (rows, k) and bf16 scales (rows, k/8). Given
+    these in place of X, the codes launch opens X = RNE_bf16(q · s) itself (`tile_values`), so
+    the rows launch need not write the opened values (2 bytes an element) for it to read back."""
+
+    codes: torch.Tensor
+    scales: torch.Tensor
 
 
 @jit
@@ -166,10 +177,23 @@ def noisy_codes_tile(x, alpha, beta, dot):
 
 
 @jit
-def tile_noise(x_ptr, noise_ptr, e_ptr, f_ptr, r, cols, offs, live_r, live, k, DOT: tl.constexpr):
-    """(X, N) of one tile: X's bf16 values and the noise dot, read from noise_ptr or (DOT) formed
-    from the E and F lines."""
-    x = _bf16_of_bits(x_ptr, offs, live)
+def tile_values(x_ptr, scales_ptr, r, cols, offs, live, k, PLANES: tl.constexpr):
+    """X of one tile as f32 values: bf16 bits at x_ptr, or (PLANES) opened from the int8 codes at
+    x_ptr and the bf16 scale of each 8-block, RNE_bf16(q · s) (the product is exact in f32) —
+    the bits the rows launch would have stored."""
+    if PLANES:
+        q = tl.load(x_ptr + offs, mask=live, other=0).to(tl.float32)
+        s = _bf16_of_bits(scales_ptr, r.to(tl.int64)[:, None] * (k // 8) + cols[None, :] // 8, live)
+        return _rne_bf16((q * s).to(tl.int32, bitcast=True)).to(tl.float32, bitcast=True)
+    return _bf16_of_bits(x_ptr, offs, live)
+
+
+@jit
+def tile_noise(x_ptr, scales_ptr, noise_ptr, e_ptr, f_ptr, r, cols, offs, live_r, live, k, DOT: tl.constexpr,
+               PLANES: tl.constexpr):
+    """(X, N) of one tile: X (`tile_values`) and the noise dot, read from noise_ptr or (DOT)
+    formed from the E and F lines."""
+    x = tile_values(x_ptr, scales_ptr, r, cols, offs, live, k, PLANES)
     if DOT:
         dot = _noise_dot(e_ptr, f_ptr, r, cols, live_r, cols < k)
     else:
@@ -191,21 +215,36 @@ def store_codes(out_ptr, positions_ptr, codes, r, cols, live_r, live, stride, TO
 
 
 @jit
-def _noisy_kernel(x_ptr, noise_ptr, e_ptr, f_ptr, alpha_ptr, beta_ptr, out_ptr, positions_ptr, rows, k,
-                  stride, BR: tl.constexpr, BC: tl.constexpr, DOT: tl.constexpr, TOP_K: tl.constexpr):
-    """BR rows × BC columns: α, β loaded once per row; N read from noise_ptr, or with DOT formed
-    here from the E and F lines (no N in memory, no GEMM launch before this one); the element op
-    `noisy_codes_tile`; the codes stored by `store_codes`."""
+def _noisy_kernel(x_ptr, scales_ptr, noise_ptr, e_ptr, f_ptr, alpha_ptr, beta_ptr, out_ptr, positions_ptr, rows, k,
+                  stride, BR: tl.constexpr, BC: tl.constexpr, DOT: tl.constexpr, TOP_K: tl.constexpr,
+                  PLANES: tl.constexpr):
+    """BR rows × BC columns: α, β loaded once per row; X read as values or (PLANES) opened from
+    the planes; N read from noise_ptr, or with DOT formed here from the E and F lines (no N in
+    memory, no GEMM launch before this one); the element op `noisy_codes_tile`; the codes stored
+    by `store_codes`."""
     r = tl.program_id(0) * BR + tl.arange(0, BR)
     cols = tl.program_id(1) * BC + tl.arange(0, BC)
     live_r = r < rows
     live = live_r[:, None] & (cols < k)[None, :]
     offs = r.to(tl.int64)[:, None] * k + cols[None, :]
-    x, dot = tile_noise(x_ptr, noise_ptr, e_ptr, f_ptr, r, cols, offs, live_r, live, k, DOT)
+    x, dot = tile_noise(x_ptr, scales_ptr, noise_ptr, e_ptr, f_ptr, r, cols, offs, live_r, live, k, DOT, PLANES)
     alpha = _bf16_of_bits(alpha_ptr, r, live_r)[:, None]
     beta = _bf16_of_bits(beta_ptr, r, live_r)[:, None]
     codes = noisy_codes_tile(x, alpha, beta, dot).to(tl.uint8)
     store_codes(out_ptr, positions_ptr, codes, r, cols, live_r, live, stride, TOP_K)
+
+
+def _x_arguments(x: torch.Tensor | Planes) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """(x pointer, scales pointer, PLANES) of bf16 values (rows, k) or of `Planes`."""
+    if isinstance(x, Planes):
+        codes, scales = x
+        rows, k = codes.shape
+        if codes.dtype != torch.int8 or scales.dtype != torch.bfloat16 or scales.shape != (rows, k // 8) or k % 8:
+            raise ValueError(f"planes must be int8 codes (rows, k) and bf16 scales (rows, k/8), got "
+                             f"{codes.dtype} {tuple(codes.shape)} and {scales.dtype} {tuple(scales.shape)}")
+        return codes.contiguous(), scales.contiguous().view(torch.int16), True
+    x16 = x.contiguous().view(torch.int16)
+    return x16, x16, False
 
 
 def scattered_out(x: torch.Tensor, positions: torch.Tensor | None,
@@ -225,34 +264,34 @@ def scattered_out(x: torch.Tensor, positions: torch.Tensor | None,
     return torch.empty((total, k + tail), dtype=torch.uint8, device=x.device), positions.contiguous(), total // rows
 
 
-def noisy_codes(alpha: torch.Tensor, beta: torch.Tensor, x: torch.Tensor, noise: torch.Tensor,
+def noisy_codes(alpha: torch.Tensor, beta: torch.Tensor, x: torch.Tensor | Planes, noise: torch.Tensor,
                 positions: torch.Tensor | None = None, tail: int = 0) -> torch.Tensor:
-    """e4m3 codes (rows, k) from bf16 α, β (rows,), bf16 X (rows, k) and the fp32 noise dot; with
-    positions (rows·top_k,), (rows·top_k, k) codes with row r at rows positions[r·top_k + j];
-    tail: rows `tail` bytes apart beyond k (`scattered_out`)."""
-    rows, k = x.shape
-    out, where, top_k = scattered_out(x, positions, tail)
+    """e4m3 codes (rows, k) from bf16 α, β (rows,), X (bf16 (rows, k), or the `Planes` it opens
+    from) and the fp32 noise dot; with positions (rows·top_k,), (rows·top_k, k) codes with row r
+    at rows positions[r·top_k + j]; tail: rows `tail` bytes apart beyond k (`scattered_out`)."""
+    x_ptr, scales_ptr, planes = _x_arguments(x)
+    rows, k = x_ptr.shape
+    out, where, top_k = scattered_out(x_ptr, positions, tail)
     grid = (triton.cdiv(rows, _NOISY_ROWS), triton.cdiv(k, _NOISY_COLS))
-    x16 = x.contiguous().view(torch.int16)
-    _noisy_kernel[grid](x16, noise.contiguous(), x16, x16, alpha.contiguous().view(torch.int16),
+    _noisy_kernel[grid](x_ptr, scales_ptr, noise.contiguous(), x_ptr, x_ptr, alpha.contiguous().view(torch.int16),
                         beta.contiguous().view(torch.int16), out, where, rows, k, k + tail, BR=_NOISY_ROWS,
-                        BC=_NOISY_COLS, DOT=False, TOP_K=top_k, enable_fp_fusion=False)
+                        BC=_NOISY_COLS, DOT=False, TOP_K=top_k, PLANES=planes, enable_fp_fusion=False)
     return out[:, :k].view(torch.float8_e4m3fn)
 
 
-def noisy_codes_of_lines(alpha: torch.Tensor, beta: torch.Tensor, x: torch.Tensor, e_lines: torch.Tensor,
+def noisy_codes_of_lines(alpha: torch.Tensor, beta: torch.Tensor, x: torch.Tensor | Planes, e_lines: torch.Tensor,
                          f_lines: torch.Tensor, positions: torch.Tensor | None = None, tail: int = 0) -> torch.Tensor:
     """`noisy_codes` with N = E·Fᵀ formed inside the launch from the e4m3 lines E (rows, 32) and
     F (k, 32) — the A side, whose N nothing else reads. The tensor-core dot is the device's own
     FP8 atom, so this is CUDA-only: the caller passes the model's N to `noisy_codes` elsewhere."""
-    rows, k = x.shape
-    out, where, top_k = scattered_out(x, positions, tail)
+    x_ptr, scales_ptr, planes = _x_arguments(x)
+    rows, k = x_ptr.shape
+    out, where, top_k = scattered_out(x_ptr, positions, tail)
     grid = (triton.cdiv(rows, _DOT_ROWS), triton.cdiv(k, _DOT_COLS))
-    x16 = x.contiguous().view(torch.int16)
-    _noisy_kernel[grid](x16, x16, e_lines.contiguous().view(torch.uint8), f_lines.contiguous().view(torch.uint8),
-                        alpha.contiguous().view(torch.int16), beta.contiguous().view(torch.int16), out, where,
-                        rows, k, k + tail, BR=_DOT_ROWS, BC=_DOT_COLS, DOT=True, TOP_K=top_k,
-                        enable_fp_fusion=False, num_warps=4)
+    _noisy_kernel[grid](x_ptr, scales_ptr, x_ptr, e_lines.contiguous().view(torch.uint8),
+                        f_lines.contiguous().view(torch.uint8), alpha.contiguous().view(torch.int16),
+                        beta.contiguous().view(torch.int16), out, where, rows, k, k + tail, BR=_DOT_ROWS,
+                        BC=_DOT_COLS, DOT=True, TOP_K=top_k, PLANES=planes, enable_fp_fusion=False, num_warps=4)
     return out[:, :k].view(torch.float8_e4m3fn)
 
 

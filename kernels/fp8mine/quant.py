@@ -19,9 +19,13 @@ from proof.fp8.quantization import scale_constants
 
 from . import noisy_kernel, prequant, prequant_kernel
 from .matmul import matmul
-from .noisy_kernel import noisy_codes, noisy_codes_of_lines
+from .noisy_kernel import Planes, noisy_codes, noisy_codes_of_lines
 
 DELTA_R, DELTA_OVER_STD = scale_constants("hopper")
+# The A side's codes launch opens X from the planes (codes + scales, 1.25 bytes an element)
+# instead of reading opened values the rows launch wrote (2 bytes, written then read once):
+# bit-identical codes, ~140 MB less traffic at GLM-5 prefill. Off until timed on a GPU.
+OPEN_IN_NOISY = False
 
 
 class QuantError(ValueError):
@@ -58,21 +62,24 @@ class Rows:
 
     codes: torch.Tensor  # (rows, k) int8
     scales: torch.Tensor  # (rows, k/8) bf16
-    values: torch.Tensor  # (rows, k) bf16
+    values: torch.Tensor | None  # (rows, k) bf16; None where the codes launch opens them (OPEN_IN_NOISY)
     l2: torch.Tensor  # (rows,) bf16
     linf: torch.Tensor
     alpha: torch.Tensor
     beta: torch.Tensor
 
 
-def prepare_rows(x: torch.Tensor) -> Rows:
+def prepare_rows(x: torch.Tensor, open_values: bool | None = None) -> Rows:
     """prequant.prequantize_and_open + prequant.row_norms + row_scales of bf16 x (rows, k): one
     launch when k ≤ 8192 (`prequant_kernel.row_programs`; decode: three launches of 96, 64 and 1
-    programs took 2 waves each on the lagged side stream's ~16 SMs), the three launches otherwise."""
+    programs took 2 waves each on the lagged side stream's ~16 SMs), the three launches otherwise.
+    open_values (default: not OPEN_IN_NOISY): whether the one launch writes the opened values;
+    without them `noisy_side` opens X from the planes."""
     if x.dtype == torch.bfloat16 and x.dim() == 2 and x.shape[1] % BLOCK_SIZE == 0 \
             and 0 < x.shape[1] <= 8 * prequant_kernel.MAX_ROW_BLOCKS:
         return Rows(*prequant_kernel.prequantize_rows(x, l2_frame_width(x.shape[1]), noisy_kernel.bf16_value(DELTA_R),
-                                                      noisy_kernel.bf16_value(DELTA_OVER_STD)))
+                                                      noisy_kernel.bf16_value(DELTA_OVER_STD),
+                                                      not OPEN_IN_NOISY if open_values is None else open_values))
     codes, scales, values = prequant.prequantize_and_open(x)
     l2, linf = prequant.row_norms(codes, scales)
     return Rows(codes, scales, values, l2, linf, *row_scales(l2, linf))
@@ -101,13 +108,14 @@ def noisy_quantize(x: torch.Tensor, l2: torch.Tensor, linf: torch.Tensor, e_line
 
 def noisy_side(rows: Rows, e_lines: torch.Tensor, f_lines: torch.Tensor,
                positions: torch.Tensor | None = None, tail: int = 0) -> NoisySide:
-    """`noisy_quantize` of pre-quantized rows (`prepare_rows`: opened values, α, β), for a side
-    whose N nothing else reads (A): on CUDA the codes launch forms N itself (no GEMM launch, N
+    """`noisy_quantize` of pre-quantized rows (`prepare_rows`: opened values or only the planes,
+    α, β), for a side whose N nothing else reads (A): on CUDA the codes launch forms N itself (no GEMM launch, N
     never stored); on the CPU the model's N feeds the same element op. positions
     (`RoutingTable.positions`): the codes are written straight into expert order, top_k copies a
     row (no gather after). tail: as `noisy_quantize`."""
-    operands = (rows.alpha, rows.beta, rows.values)
-    if rows.values.is_cuda:
+    x = rows.values if rows.values is not None else Planes(rows.codes, rows.scales)
+    operands = (rows.alpha, rows.beta, x)
+    if rows.codes.is_cuda:
         codes = noisy_codes_of_lines(*operands, e_lines, f_lines, positions, tail)
     else:
         codes = noisy_codes(*operands, matmul(e_lines, f_lines), positions, tail)
