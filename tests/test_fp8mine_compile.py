@@ -99,14 +99,20 @@ SCRIPT = textwrap.dedent("""
             print("EXPERTPEEL-BEGIN")
             print(by_expert.asm["ptx"])
             print("EXPERTPEEL-END")
-    for rows, f_values, top_k in ((64, False, 0), (16, False, 0), (64, True, 0), (64, True, 8)):
-        triton.compile(ASTSource(fn=peel._a_peel_kernel, signature={
+    # F_B's codes (decode), its fp32 values (prefill), F_Bᵀ's codes for the e4m3 dot (A_PEEL_FP8)
+    for rows, f_form, top_k in ((64, 0, 0), (16, 0, 0), (64, 1, 0), (64, 1, 8), (64, 2, 8), (64, 2, 0)):
+        a_peel_kernel = triton.compile(ASTSource(fn=peel._a_peel_kernel, signature={
             "codes_ptr": "*u8", "positions_ptr": "*i32", "beta_ptr": "*i16", "e_ptr": "*u8",
-            "f_b_ptr": "*fp32" if f_values else "*u8", "out_ptr": "*i16", "partial_ptr": "*fp32",
+            "f_b_ptr": "*fp32" if f_form == 1 else "*u8", "out_ptr": "*i16", "partial_ptr": "*fp32",
             "counter_ptr": "*i32", "rows": "i32", "k": "i32", "stride": "i32", "k_per_split": "i32",
-            "splits": "i32", "BR": "constexpr", "BK": "constexpr", "F_VALUES": "constexpr", "TOP_K": "constexpr"},
-            constexprs={"BR": rows, "BK": 128, "F_VALUES": f_values, "TOP_K": top_k}), target=target,
-            options={"num_warps": 8 if f_values else 4, "num_stages": 4 if f_values else 3})
+            "splits": "i32", "BR": "constexpr", "BK": "constexpr", "F_FORM": "constexpr", "TOP_K": "constexpr"},
+            constexprs={"BR": rows, "BK": 128, "F_FORM": f_form, "TOP_K": top_k},
+            attrs={**ALIGNED(8), **{(i,): [["tt.divisibility", 16]] for i in (9, 10, 11)}}), target=target,
+            options={"num_warps": 8 if f_form == 1 else 4, "num_stages": 3 if f_form == 0 else 4})
+        if f_form == 2 and top_k:
+            print("APEELFP8-BEGIN")
+            print(a_peel_kernel.asm["ptx"])
+            print("APEELFP8-END")
     triton.compile(ASTSource(fn=transcript._forest_kernel, signature={
         "key_ptr": "*i32", **{f"p{i}": "*i32" for i in range(4)}, **{f"w{i}": "i32" for i in range(4)},
         **{f"n{i}": "i32" for i in range(4)}, "g1": "i32", "g2": "i32", "g3": "i32", "programs": "i32",
@@ -268,6 +274,19 @@ def test_codes_launch_opening_the_planes_stays_uncontracted_and_the_rows_launch_
     without = compiled.split("ROWSNOVALUES-BEGIN")[1].split("ROWSNOVALUES-END")[0]
     stores = lambda text: len(re.findall(r"st\.global[\w.]*", text))
     assert stores(without) < stores(with_values)
+
+
+def test_a_peel_fp8_sums_e4m3_windows_on_the_tensor_cores(compiled):
+    """A_PEEL_FP8: each 128-k step is four K = 32 e4m3 WGMMAs from zero, then one fp32 add per
+    accumulator register (the promotion kept apart from the dot); no TF32 MMA is left, and the
+    codes stream into shared memory by cp.async (k, the stride and the split specialised as
+    multiples of 16, as a launch at GLM-5's k = 6144 is)."""
+    ptx = compiled.split("APEELFP8-BEGIN")[1].split("APEELFP8-END")[0]
+    assert re.search(r"cp\.async\.c[ag]\.shared\.global", ptx)
+    wgmma = [line for line in ptx.splitlines() if "wgmma.mma_async" in line]
+    assert len(wgmma) == 4 and all("k32.f32.e4m3.e4m3" in line for line in wgmma)
+    assert wgmma[0].rsplit(",", 3)[-3].strip() == "0"
+    assert "tf32" not in ptx
 
 
 def test_prefill_peel_prefetches_accumulator_tiles(compiled):

@@ -114,7 +114,7 @@ def test_b_state_is_reused_across_the_window_and_prefetched(monkeypatch):
 
     def fake_build(header):
         built.append(header[0])
-        return BState(header, None, None, None, None, None, None, None)
+        return BState(header, None, None, None, None, None, None, None, None)
 
     monkeypatch.setattr(side, "_build", fake_build)
     chain = [bytes([height]) * 108 for height in range(20)]

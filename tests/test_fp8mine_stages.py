@@ -14,6 +14,7 @@ from kernels.fp8mine import transcript as dev_transcript
 from kernels.fp8mine.hashing import as_bytes, constant_bytes, hash_short
 from kernels.fp8mine.matmul import MatmulError, grouped_matmul, matmul
 from kernels.fp8mine.numerics import bf16_fma, from_bits16
+from kernels.stream_counters import stream_counters
 from proof.fp8 import bf16 as ref_bf16
 from proof.fp8 import lottery as ref_lottery
 from proof.fp8 import noise as ref_noise
@@ -263,7 +264,7 @@ def test_plane_roots_of_many_groups(monkeypatch):
               for i, n in enumerate(leaves)]
     for plane, root in zip(planes, dev_transcript.plane_roots(words(key), planes)):
         assert digest(root) == keyed_tree_root(key, plane.numpy().tobytes(), 1024)
-    assert int(dev_transcript._counter(torch.device("cpu"), 0)) == 0
+    assert int(stream_counters(torch.device("cpu"), 1)) == 0
     # more groups than lanes (prefill planes), here with 2-lane programs: blocks of 2 group nodes
     # first, then the block nodes (5 leaves: 3 groups, a full block and a block of one); 9 leaves
     # are past 2³ chunks and go through int7's trees
@@ -272,7 +273,7 @@ def test_plane_roots_of_many_groups(monkeypatch):
     many = [torch.from_numpy(rng.integers(-128, 128, (n, 1024), dtype=np.int8)).view(-1) for n in (5, 9)]
     for plane, root in zip(many, dev_transcript.plane_roots(words(key), many)):
         assert digest(root) == keyed_tree_root(key, plane.numpy().tobytes(), 1024)
-    assert int(dev_transcript._counter(torch.device("cpu"), 0)) == 0
+    assert int(stream_counters(torch.device("cpu"), 1)) == 0
     with pytest.raises(ValueError, match="multiple of 4 bytes"):
         dev_transcript.plane_roots(words(key), [torch.zeros(3, dtype=torch.int8)])
 
@@ -721,16 +722,19 @@ def test_peel_recovers_the_denoised_product():
     assert float((out.float() - want).norm() / want.norm()) < 2e-2
 
 
-@pytest.mark.parametrize("split_k, rows, wide", [(True, 64, False), (True, 16, False), (False, 64, False),
-                                                  (False, 64, True)])
-def test_a_peel_and_routed_peel_match_the_formula(split_k, rows, wide, monkeypatch):
+@pytest.mark.parametrize("split_k, rows, wide, fp8", [(True, 64, False, False), (True, 16, False, False),
+                                                       (False, 64, False, False), (False, 64, True, False),
+                                                       (True, 64, False, True), (False, 64, True, True)])
+def test_a_peel_and_routed_peel_match_the_formula(split_k, rows, wide, fp8, monkeypatch):
     """The A peel kernel (split over k, the last program of each row block adding the partials
     — run twice, so the counters are back at zero — or one pass; 16- or 64-row blocks, F_B codes
-    or values) and the peel pass with rows in expert order (tiles never straddle an expert; A
-    peel rows and α_A gathered through Rflat) against the formula in torch."""
+    or values, or (A_PEEL_FP8) e4m3 windows against F_Bᵀ's codes) and the peel pass with rows in
+    expert order (tiles never straddle an expert; A peel rows and α_A gathered through Rflat)
+    against the formula in torch."""
     from kernels.fp8mine import peel
     from kernels.fp8mine.peel import a_peel, peel_and_unscale
     from kernels.fp8mine.quant import NoisySide
+    monkeypatch.setattr(peel, "A_PEEL_FP8", fp8)
     if not split_k:
         monkeypatch.setattr(peel, "_A_PEEL_DECODE_PROGRAMS", 1)
     if rows == 16:  # the middle sizes' row blocks

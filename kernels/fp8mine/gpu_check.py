@@ -43,6 +43,7 @@ from proof.fp8.params import TILE_4X64
 from proof.fp8.verify import evaluate_plain_proof, verify_plain_proof
 
 from . import matmul as matmul_module
+from . import peel as peel_module
 from . import pipeline as pipeline_module
 from . import quant
 from .lottery import LotteryLatch
@@ -282,6 +283,8 @@ def _checked_stages(gemm: MinedGemm, x: torch.Tensor, topk) -> dict:
         torch.equal(opened.a.side.codes.view(torch.uint8), result.a.side.codes.view(torch.uint8))
         and _bitwise_equal(opened.acc, result.acc)
         and torch.equal(opened.out.view(torch.int16), result.out.view(torch.int16)))
+    out["A peel as e4m3 windows or TF32 sums (A_PEEL_FP8 flipped): output"] = _output_diff(
+        _forward_switched(gemm, x, topk, "A_PEEL_FP8", not peel_module.A_PEEL_FP8).out, result.out)
     if gemm.moe and _would("GATHER_IN_GEMM", gather_in_gemm, rows, gemm.b_codes()):
         gathered = _forward_switched(gemm, x, topk, "GATHER_IN_GEMM", True)
         out["A′ rows gathered by the GEMM: accumulator and output bitwise equal"] = bool(
@@ -319,9 +322,9 @@ def _output_diff(got: torch.Tensor, want: torch.Tensor) -> dict:
 @contextlib.contextmanager
 def _switched(switch: str, value: bool):
     """A module switch (matmul's FOLD_IN_EPILOGUE, PEEL_IN_EPILOGUE, GATHER_IN_GEMM,
-    BF16_FOLDED_ACC; pipeline's A_IN_EXPERT_ORDER; quant's OPEN_IN_NOISY) set to `value` for the
-    block: the other variant, for comparisons and timing."""
-    module = next(m for m in (matmul_module, pipeline_module, quant) if hasattr(m, switch))
+    BF16_FOLDED_ACC; pipeline's A_IN_EXPERT_ORDER; quant's OPEN_IN_NOISY; peel's A_PEEL_FP8) set
+    to `value` for the block: the other variant, for comparisons and timing."""
+    module = next(m for m in (matmul_module, pipeline_module, quant, peel_module) if hasattr(m, switch))
     before = getattr(module, switch)
     setattr(module, switch, value)
     try:
@@ -511,7 +514,8 @@ def _parts(gemm: MinedGemm, x: torch.Tensor, topk, result) -> dict:
         **({"routing table": lambda: routing_table(topk, gemm.b.experts)} if gemm.moe else {}),
         "A side": lambda: prepare_a(quant.prepare_rows(x), gemm.seed_message, gemm.p_a_len, state,
                                     table if gemm.moe else None, in_expert_order=a.side.positions is not None),
-        "A peel": lambda: a_peel(a.side, state.f_b, state.f_b_values),
+        "A peel": lambda: a_peel(a.side, state.f_b, state.f_b_values, state.f_b_t),
+        f"A peel, A_PEEL_FP8={not peel_module.A_PEEL_FP8}": lambda: _a_peel_switched(a.side, state),
         "A' token rows gathered into expert order": lambda: token_codes.index_select(0, table.rflat),
         **{f"GEMM ({impl})": functools.partial(grouped_matmul, codes, b_codes, table, impl) for impl in IMPLS},
         "lottery tile map + lottery": lambda: gemm.latch.run(acc32, row_tiles(table), a.pow_key,
@@ -566,7 +570,7 @@ def _peel_epilogue_parts(gemm: MinedGemm, codes, b_codes, table: RoutingTable, a
     token = table.rflat.long()
     side = quant.NoisySide(padded_a[:, :k].view(torch.float8_e4m3fn), a.side.alpha[token], a.side.beta[token],
                            a.side.e_lines[token])
-    padded_a, inv_alpha_rows = write_tails(side, a_peel(a.side, state.f_b, state.f_b_values)[token])
+    padded_a, inv_alpha_rows = write_tails(side, a_peel(a.side, state.f_b, state.f_b_values, state.f_b_t)[token])
     padded_a = padded_a.view(torch.float8_e4m3fn)
     padded_b = padded_rows(state.side.codes).view(experts, n_e, k + TAIL_BYTES).view(torch.float8_e4m3fn)
     parts = {}
@@ -628,9 +632,16 @@ def _a_side_stages(gemm: MinedGemm, x: torch.Tensor, table: RoutingTable) -> dic
             alpha, beta, values, e_a, state.f_a, table.positions),
             "same, into expert order, X opened from the planes": lambda: noisy_kernel.noisy_codes_of_lines(
             alpha, beta, committed, e_a, state.f_a, table.positions)} if gemm.moe else {}),
-        "A peel": lambda: a_peel(side, state.f_b, state.f_b_values),
+        "A peel": lambda: a_peel(side, state.f_b, state.f_b_values, state.f_b_t),
+        f"A peel, A_PEEL_FP8={not peel_module.A_PEEL_FP8}": lambda: _a_peel_switched(side, state),
     }
     return _time_each(stages)
+
+
+def _a_peel_switched(side: quant.NoisySide, state) -> torch.Tensor:
+    """The A peel with `A_PEEL_FP8` flipped (timed beside the default)."""
+    with _switched("A_PEEL_FP8", not peel_module.A_PEEL_FP8):
+        return peel_module.a_peel(side, state.f_b, state.f_b_values, state.f_b_t)
 
 
 def _median_us(timing) -> float:
@@ -720,6 +731,8 @@ def check_timing() -> dict:
             if gemm.moe:
                 methods["mined, A′ gathered into expert order"] = [
                     functools.partial(_forward_switched, gemm, x, topk, "A_IN_EXPERT_ORDER", False)]
+            methods["mined, A peel the other way"] = [
+                functools.partial(_forward_switched, gemm, x, topk, "A_PEEL_FP8", not peel_module.A_PEEL_FP8)]
             methods["mined, X opened the other way"] = [
                 functools.partial(_forward_switched, gemm, x, topk, "OPEN_IN_NOISY", not quant.OPEN_IN_NOISY)]
             if gemm.moe and _would("GATHER_IN_GEMM", gather_in_gemm, xq.shape[0], gemm.b_codes()):
@@ -750,6 +763,8 @@ def check_timing() -> dict:
                     timings["mined, A′ gathered by the GEMM"])
             if "mined, peel pass" in timings:
                 entry["mined with the peel pass median us"] = _median_us(timings["mined, peel pass"])
+            entry[f"mined with A_PEEL_FP8={not peel_module.A_PEEL_FP8} median us"] = _median_us(
+                timings["mined, A peel the other way"])
             entry[f"mined with OPEN_IN_NOISY={not quant.OPEN_IN_NOISY} median us"] = _median_us(
                 timings["mined, X opened the other way"])
             best = ("mined", mined_us)

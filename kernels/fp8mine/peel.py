@@ -19,13 +19,13 @@ job (torch ops).
 """
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
+from kernels.stream_counters import stream_counters
 from kernels.triton_jit import jit
 
 from .noisy_kernel import _bf16_of_bits, _rne_bf16
@@ -41,6 +41,12 @@ _A_PEEL_WIDE_FROM = 64 * 128  # rows from which the wide block is used
 _A_PEEL_PROGRAMS = 264  # split k until row blocks × splits reaches this (2 × 132 SMs: GLM-5 prefill 80 vs 90 µs at 128, H100, session 18)
 _A_PEEL_DECODE_ROWS = 256  # rows up to which the A peel is a decode one (64-row blocks, few programs)
 _A_PEEL_DECODE_PROGRAMS = 16  # decode: few programs, k split 16 ways (side work beside the lagged GEMM)
+# The A peel's Σ A′·F_B as e4m3 · e4m3 tensor-core windows (F_Bᵀ's codes, K-major, promoted to
+# fp32 every k step as the Hopper model does) instead of decoding A′ to fp32 for a TF32 dot:
+# the codes then go to the tensor cores as loaded (1 byte, not 4, through the operand layout).
+# The peel is approximate (§10): its sums round to bf16 either way. Off until timed on a GPU.
+A_PEEL_FP8 = False
+_F_CODES, _F_VALUES, _F_TRANSPOSED_CODES = 0, 1, 2  # what the A peel kernel reads of F_B
 _PEEL_ROWS = 64  # row-tile height of the prefill pass (experts averaging ≥ 64 rows)
 _PEEL_WIDE_COLS = 64  # prefill: 64-column steps, 3-stage cp.async prefetch (82 KB smem, 112 regs: 2 an SM)
 _PEEL_SPAN = 1024  # most columns one prefill program walks
@@ -80,11 +86,12 @@ def _store_a_peel(out_ptr, beta_ptr, e_ptr, r, right_sum, rows, BR: tl.constexpr
 
 @jit
 def _a_peel_kernel(codes_ptr, positions_ptr, beta_ptr, e_ptr, f_b_ptr, out_ptr, partial_ptr, counter_ptr, rows, k,
-                   stride, k_per_split, splits, BR: tl.constexpr, BK: tl.constexpr, F_VALUES: tl.constexpr,
+                   stride, k_per_split, splits, BR: tl.constexpr, BK: tl.constexpr, F_FORM: tl.constexpr,
                    TOP_K: tl.constexpr):
     """Σ_k A′[r, k] · F_B[k, :] over split program_id(1)'s k range for BR rows, stored by
-    `finish_a_peel` (several splits: no combine launch). F_B is e4m3
-    codes, or (F_VALUES) its f32 values decoded once per launch (prefill). TOP_K > 0: the codes
+    `finish_a_peel` (several splits: no combine launch). F_FORM: F_B as e4m3 codes (k, 32) decoded
+    each step, as its f32 values (k, 32) decoded once per job (prefill), or as F_Bᵀ's codes
+    (32, k) for e4m3 tensor-core windows promoted each step (A_PEEL_FP8). TOP_K > 0: the codes
     are in expert order and row r is read from codes row positions[r·TOP_K] (its first copy).
     stride: the codes' row stride (k, or k plus a peel tail)."""
     r = tl.program_id(0) * BR + tl.arange(0, BR)
@@ -100,13 +107,18 @@ def _a_peel_kernel(codes_ptr, positions_ptr, beta_ptr, e_ptr, f_b_ptr, out_ptr, 
     k_start = tl.program_id(1) * k_per_split
     k_end = tl.minimum(k_start + k_per_split, k)
     for k0 in range(k_start, k_end, BK):
-        a = e4m3_value(tl.load(codes_ptr + source * stride + k0 + kk[None, :], mask=live, other=0).to(tl.int32))
-        f_cells = f_b_ptr + (k0 + kk).to(tl.int64)[:, None] * 32 + j
-        if F_VALUES:
-            f = tl.load(f_cells)
+        codes = tl.load(codes_ptr + source * stride + k0 + kk[None, :], mask=live, other=0)
+        if F_FORM == 2:
+            f_t = tl.load(f_b_ptr + tl.arange(0, 32).to(tl.int64)[:, None] * k + k0 + kk[None, :])
+            window = tl.dot(codes.to(tl.float8e4nv, bitcast=True), tl.trans(f_t.to(tl.float8e4nv, bitcast=True)))
+            total = tl.fma(window, 1.0, total)  # promoted apart from the dot, as the windowed GEMM
         else:
-            f = e4m3_value(tl.load(f_cells).to(tl.int32))
-        total = tl.dot(a, f, total)  # e4m3 values are exact in tf32
+            f_cells = f_b_ptr + (k0 + kk).to(tl.int64)[:, None] * 32 + j
+            if F_FORM == 1:
+                f = tl.load(f_cells)
+            else:
+                f = e4m3_value(tl.load(f_cells).to(tl.int32))
+            total = tl.dot(e4m3_value(codes.to(tl.int32)), f, total)  # e4m3 values are exact in tf32
     finish_a_peel(out_ptr, beta_ptr, e_ptr, partial_ptr, counter_ptr, r, total, rows, splits, BR)
 
 
@@ -157,25 +169,14 @@ def split_k(k: int, block_k: int, wanted: int) -> tuple[int, int]:
     return triton.cdiv(k, per_split), per_split
 
 
-@functools.lru_cache(maxsize=64)
-def counters(device: torch.device, stream: int, row_blocks: int) -> torch.Tensor:
-    """The split A peel's completion counters (one per row block) for launches on one stream
-    (zero between launches: each block's last program resets its own), so launches on
-    different streams never share one."""
-    return torch.zeros(row_blocks, dtype=torch.int32, device=device)
-
-
-def stream_id(device: torch.device) -> int:
-    """The current stream's handle on `device` (0 on the CPU): the key of `counters`."""
-    return torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-
-
-def a_peel(side: NoisySide, f_b: torch.Tensor, f_b_values: torch.Tensor | None = None) -> torch.Tensor:
+def a_peel(side: NoisySide, f_b: torch.Tensor, f_b_values: torch.Tensor | None = None,
+           f_b_t: torch.Tensor | None = None) -> torch.Tensor:
     """(rows, 64) bf16: [β_A ⊙ E_A | A′ · F_Bᵀ] (k a multiple of 32). One Triton launch: split
     over k when the rows alone give too few programs (decode), the last program of each row
     block adding the partial sums; at prefill F_B's values come from one torch decode (k × 32,
-    exact; or `f_b_values`, F_B as fp32 decoded once per job). Codes in expert order
-    (`side.positions`) are read at each token's first copy."""
+    exact; or `f_b_values`, F_B as fp32 decoded once per job); with A_PEEL_FP8 the sums are
+    e4m3 tensor-core windows against F_Bᵀ's codes (`f_b_t`, (32, k), formed once per job, or
+    here). Codes in expert order (`side.positions`) are read at each token's first copy."""
     rows, k = side.alpha.shape[0], side.codes.shape[1]
     device = side.codes.device
     block_k = 128 if k % 128 == 0 else 32
@@ -185,7 +186,7 @@ def a_peel(side: NoisySide, f_b: torch.Tensor, f_b_values: torch.Tensor | None =
     row_blocks = triton.cdiv(rows, block_rows)
     if splits > 1:
         partial = torch.empty((splits, rows, 32), dtype=torch.float32, device=device)
-        done = counters(device, stream_id(device), row_blocks)
+        done = stream_counters(device, row_blocks)
     else:
         partial = done = out
     beta, e_lines = side.beta.contiguous().view(torch.int16), side.e_lines.contiguous().view(torch.uint8)
@@ -193,18 +194,27 @@ def a_peel(side: NoisySide, f_b: torch.Tensor, f_b_values: torch.Tensor | None =
     # by cp.async like the A′ codes, 4 stages: two k steps in flight); 8 warps on the one
     # program an SM holds (N split in two)
     f_values = rows >= _A_PEEL_WIDE_FROM
-    if f_values:
+    if A_PEEL_FP8:
+        f_form = _F_TRANSPOSED_CODES
+        f_b = transposed_codes(f_b) if f_b_t is None else f_b_t
+    elif f_values:
+        f_form = _F_VALUES
         f_b = f_b.float() if f_b_values is None else f_b_values
     else:
+        f_form = _F_CODES
         f_b = f_b.contiguous().view(torch.uint8)
     codes = (side.codes if side.codes.stride(1) == 1 else side.codes.contiguous()).view(torch.uint8)
     positions = codes if side.positions is None else side.positions
     _a_peel_kernel[(row_blocks, splits)](
         codes, positions, beta, e_lines, f_b, out, partial, done, rows, k, codes.stride(0), per_split, splits,
-        BR=block_rows,
-        BK=block_k, F_VALUES=f_values, TOP_K=side.top_k, num_warps=8 if f_values else 4,
-        num_stages=4 if f_values else 3)
+        BR=block_rows, BK=block_k, F_FORM=f_form, TOP_K=side.top_k, num_warps=8 if f_form == _F_VALUES else 4,
+        num_stages=3 if f_form == _F_CODES else 4)  # the e4m3 dot: one warpgroup, ~80 registers (sm_90 cubin)
     return out.view(torch.bfloat16)
+
+
+def transposed_codes(f_b: torch.Tensor) -> torch.Tensor:
+    """F_Bᵀ's e4m3 codes (32, k) as bytes: the K-major operand of the A peel's e4m3 dot."""
+    return f_b.contiguous().view(torch.uint8).t().contiguous()
 
 
 def b_peel(side: NoisySide, noise: torch.Tensor, f_a: torch.Tensor) -> torch.Tensor:

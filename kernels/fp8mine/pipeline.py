@@ -32,7 +32,8 @@ from .hashing import constant_bytes
 from .lagged import LagSlot, MinedSlot, clean_peel, lagged_front
 from .lottery import LotteryLatch, threshold_words
 from .matmul import fold_in_gemm, folded_lanes, gather_in_gemm, grouped_matmul, peel_in_gemm
-from .peel import TAIL_BYTES, a_peel, b_peel, padded_rows, peel_and_unscale, peel_tiles, reads_tiles, write_tails
+from .peel import (TAIL_BYTES, a_peel, b_peel, padded_rows, peel_and_unscale, peel_tiles, reads_tiles,
+                   transposed_codes, write_tails)
 from .routing import RoutingTable, dense_table, routing_table, row_tiles
 
 
@@ -67,6 +68,7 @@ class BState:
     f_a: torch.Tensor  # (k, 32) e4m3
     f_b: torch.Tensor  # (k, 32) e4m3
     f_b_values: torch.Tensor  # (k, 32) fp32: F_B decoded once (the prefill A peel reads values)
+    f_b_t: torch.Tensor  # (32, k) uint8: F_Bᵀ's codes, K-major (the A peel's e4m3 dot, peel.A_PEEL_FP8)
     side: quant.NoisySide  # B′ codes (n, k), α/β (n,), E_B
     peel: torch.Tensor  # (n, 64) bf16
     inv_alpha: torch.Tensor  # (n,) fp32 1/α_B, the peel epilogue's column scale (once per job)
@@ -77,8 +79,8 @@ class BState:
         if self.ready is None:
             return
         stream.wait_event(self.ready)
-        for t in (self.seed_b, self.f_a, self.f_b, self.f_b_values, self.side.codes, self.side.alpha, self.side.beta,
-                  self.side.e_lines, self.peel, self.inv_alpha):
+        for t in (self.seed_b, self.f_a, self.f_b, self.f_b_values, self.f_b_t, self.side.codes, self.side.alpha,
+                  self.side.beta, self.side.e_lines, self.peel, self.inv_alpha):
             t.record_stream(stream)
 
 
@@ -160,7 +162,8 @@ class BSide:
         side, noise_b = quant.noisy_quantize(self.values, self.l2, self.linf, e_b, f_b, tail=TAIL_BYTES)
         peel = b_peel(side, noise_b, f_a)
         _, inv_alpha = write_tails(side, peel)
-        return BState(bytes(ancestor_header), seed_b, f_a, f_b, f_b.float(), side, peel, inv_alpha)
+        return BState(bytes(ancestor_header), seed_b, f_a, f_b, f_b.float(), transposed_codes(f_b), side, peel,
+                      inv_alpha)
 
 
 @dataclass
@@ -185,7 +188,7 @@ def prepare_a(rows: quant.Rows, seed_message: torch.Tensor, p_a_len: int, state:
               table: RoutingTable | None, in_expert_order: bool = False, tail: int = 0) -> ASide:
     """HA (+ HR, HO), seedA, the keys, E_A and A′ from the pre-quantized rows
     (`quant.prepare_rows(x)`), on their device. The A peel is the caller's
-    (`peel.a_peel(a.side, state.f_b, state.f_b_values)`): only a same-launch pass peels these
+    (`peel.a_peel(a.side, state.f_b, state.f_b_values, state.f_b_t)`): only a same-launch pass peels these
     rows.
 
     seed_message: the job's `transcript.seed_a_message` (keyA inside; its head is written here).
@@ -318,7 +321,7 @@ class MinedGemm:
                       in_expert_order=self.moe and not gather and A_IN_EXPERT_ORDER, tail=TAIL_BYTES if peeling else 0)
         # on the serving stream: a side-stream A peel found no SM free before the persistent GEMM
         # ended, and the peel then waited for it (H100 timeline, session 17)
-        peel_rows = a_peel(a.side, state.f_b, state.f_b_values)
+        peel_rows = a_peel(a.side, state.f_b, state.f_b_values, state.f_b_t)
         rows = a.side.codes if gather else self.expert_rows(a.side, table)
         sources = {"codes": a.codes, "scales": a.scales, "rflat": table.rflat, "offsets": table.offsets}
         if fold_in_gemm(n_rows, b_codes):

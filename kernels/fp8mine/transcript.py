@@ -12,12 +12,12 @@ HR, HO) into its head before hashing it.
 """
 from __future__ import annotations
 
-import functools
 
 import numpy as np
 import torch
 import triton.language as tl
 
+from kernels.stream_counters import stream_counters
 from kernels.triton_jit import jit
 from kernels.int7.blake3 import (chunk_chaining_value, compress, compress_block, keyed_trees, load_words8,
                                  store_words8)
@@ -208,17 +208,6 @@ def _forest_kernel(key_ptr, p0, p1, p2, p3, w0, w1, w2, w3, n0, n1, n2, n3, g1, 
         tl.store(counter_ptr, 0)  # ready for the next launch (graph replays reuse the counter)
 
 
-@functools.lru_cache(maxsize=64)
-def _counter(device: torch.device, stream: int) -> torch.Tensor:
-    """The forest's completion counter for launches on one stream (zero between launches: the
-    last program resets it), so launches on different streams never share one."""
-    return torch.zeros(1, dtype=torch.int32, device=device)
-
-
-def _stream_id(device: torch.device) -> int:
-    return torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-
-
 def _forest_roots(key: torch.Tensor, planes: list[torch.Tensor]) -> torch.Tensor:
     """(len(planes), 8) roots of up to four small planes' trees: one launch."""
     device = key.device
@@ -233,7 +222,7 @@ def _forest_roots(key: torch.Tensor, planes: list[torch.Tensor]) -> torch.Tensor
     nodes = torch.empty((programs, 8), dtype=torch.int32, device=device)
     roots = torch.empty((_FOREST_TREES, 8), dtype=torch.int32, device=device)
     _forest_kernel[(programs,)](
-        key, *words, *counts, *chunks, *starts[1:4], programs, nodes, roots, _counter(device, _stream_id(device)),
+        key, *words, *counts, *chunks, *starts[1:4], programs, nodes, roots, stream_counters(device, 1),
         LANES=_FOREST_LANES, LEVELS=_FOREST_LEVELS, num_warps=_FOREST_LANES // 32)
     return roots[:len(planes)]
 
