@@ -38,20 +38,23 @@ SCRIPT = textwrap.dedent("""
         constexprs={"BM": 128, "BN": 128}), target=target, options={"num_warps": 8})  # the prefill tile
     # the B side (N from memory); the A side (N formed in the launch), in token order and written
     # into expert order, reading opened values or (PLANES) opening them from codes and scales
-    for dot, rows, cols, top_k, planes in ((False, noisy_kernel._NOISY_ROWS, noisy_kernel._NOISY_COLS, 0, False),
-                                           (True, noisy_kernel._DOT_ROWS, noisy_kernel._DOT_COLS, 0, False),
-                                           (True, noisy_kernel._DOT_ROWS, noisy_kernel._DOT_COLS, 8, False),
-                                           (True, noisy_kernel._DOT_ROWS, noisy_kernel._DOT_COLS, 8, True),
-                                           (False, noisy_kernel._NOISY_ROWS, noisy_kernel._NOISY_COLS, 0, True)):
+    # (HW: the device's rounding instructions, HARDWARE_ROUNDING)
+    for dot, rows, cols, top_k, planes, hw in ((False, noisy_kernel._NOISY_ROWS, noisy_kernel._NOISY_COLS, 0, False, False),
+                                               (True, noisy_kernel._DOT_ROWS, noisy_kernel._DOT_COLS, 0, False, False),
+                                               (True, noisy_kernel._DOT_ROWS, noisy_kernel._DOT_COLS, 8, False, False),
+                                               (True, noisy_kernel._DOT_ROWS, noisy_kernel._DOT_COLS, 8, True, False),
+                                               (False, noisy_kernel._NOISY_ROWS, noisy_kernel._NOISY_COLS, 0, True, False),
+                                               (True, noisy_kernel._DOT_ROWS, noisy_kernel._DOT_COLS, 8, True, True),
+                                               (False, noisy_kernel._NOISY_ROWS, noisy_kernel._NOISY_COLS, 0, False, True)):
         noisy = triton.compile(ASTSource(fn=noisy_kernel._noisy_kernel, signature={
             "x_ptr": "*i8" if planes else "*i16", "scales_ptr": "*i16", "noise_ptr": "*fp32", "e_ptr": "*u8",
             "f_ptr": "*u8", "alpha_ptr": "*i16", "beta_ptr": "*i16", "out_ptr": "*u8", "positions_ptr": "*i32",
             "rows": "i32", "k": "i32", "stride": "i32", "BR": "constexpr", "BC": "constexpr", "DOT": "constexpr",
-            "TOP_K": "constexpr", "PLANES": "constexpr"},
-            constexprs={"BR": rows, "BC": cols, "DOT": dot, "TOP_K": top_k, "PLANES": planes},
+            "TOP_K": "constexpr", "PLANES": "constexpr", "HW": "constexpr"},
+            constexprs={"BR": rows, "BC": cols, "DOT": dot, "TOP_K": top_k, "PLANES": planes, "HW": hw},
             attrs=ALIGNED(12)), target=target, options={"enable_fp_fusion": False})
-        if top_k == 0 or planes:
-            tag = ("NOISYDOT" if dot else "NOISY") + ("PLANES" if planes else "")
+        if top_k == 0 or planes or hw:
+            tag = ("NOISYDOT" if dot else "NOISY") + ("PLANES" if planes else "") + ("HW" if hw else "")
             print(tag + "-BEGIN")
             print(noisy.asm["ptx"])
             print(tag + "-END")
@@ -287,6 +290,19 @@ def test_a_peel_fp8_sums_e4m3_windows_on_the_tensor_cores(compiled):
     assert len(wgmma) == 4 and all("k32.f32.e4m3.e4m3" in line for line in wgmma)
     assert wgmma[0].rsplit(",", 3)[-3].strip() == "0"
     assert "tf32" not in ptx
+
+
+def test_codes_launch_by_the_device_rounds_with_its_instructions(compiled):
+    """HARDWARE_ROUNDING: the element op is cvt.rn.bf16.f32 (N, β·N), one fma.rn.bf16 and
+    cvt.rn.satfinite.e4m3x2.f32 — no f64 path, no f32 TwoSum — for the A side's launch (noise dot
+    inside, planes opened, expert order) and the B side's (N from memory)."""
+    for tag in ("NOISYDOTPLANESHW", "NOISYHW"):
+        ptx = compiled.split(tag + "-BEGIN")[1].split(tag + "-END")[0]
+        assert "fma.rn.bf16" in ptx and "cvt.rn.satfinite.e4m3x2.f32" in ptx and "cvt.rn.bf16.f32" in ptx, tag
+        assert not re.search(r"\.f64\b", ptx), tag
+        assert not re.search(r"\bfma\.rn\.f32", ptx), tag
+    dot = compiled.split("NOISYDOTPLANESHW-BEGIN")[1].split("NOISYDOTPLANESHW-END")[0]
+    assert len([line for line in dot.splitlines() if "wgmma.mma_async" in line]) == 1
 
 
 def test_prefill_peel_prefetches_accumulator_tiles(compiled):

@@ -43,6 +43,7 @@ from proof.fp8.params import TILE_4X64
 from proof.fp8.verify import evaluate_plain_proof, verify_plain_proof
 
 from . import matmul as matmul_module
+from . import noisy_kernel as noisy_module
 from . import peel as peel_module
 from . import pipeline as pipeline_module
 from . import quant
@@ -283,6 +284,11 @@ def _checked_stages(gemm: MinedGemm, x: torch.Tensor, topk) -> dict:
         torch.equal(opened.a.side.codes.view(torch.uint8), result.a.side.codes.view(torch.uint8))
         and _bitwise_equal(opened.acc, result.acc)
         and torch.equal(opened.out.view(torch.int16), result.out.view(torch.int16)))
+    rounded = _forward_switched(gemm, x, topk, "HARDWARE_ROUNDING", not noisy_module.HARDWARE_ROUNDING)
+    out["codes rounded by the device's instructions or emulated: A′, accumulator and output bitwise equal"] = bool(
+        torch.equal(rounded.a.side.codes.view(torch.uint8), result.a.side.codes.view(torch.uint8))
+        and _bitwise_equal(rounded.acc, result.acc)
+        and torch.equal(rounded.out.view(torch.int16), result.out.view(torch.int16)))
     out["A peel as e4m3 windows or TF32 sums (A_PEEL_FP8 flipped): output"] = _output_diff(
         _forward_switched(gemm, x, topk, "A_PEEL_FP8", not peel_module.A_PEEL_FP8).out, result.out)
     if gemm.moe and _would("GATHER_IN_GEMM", gather_in_gemm, rows, gemm.b_codes()):
@@ -322,9 +328,11 @@ def _output_diff(got: torch.Tensor, want: torch.Tensor) -> dict:
 @contextlib.contextmanager
 def _switched(switch: str, value: bool):
     """A module switch (matmul's FOLD_IN_EPILOGUE, PEEL_IN_EPILOGUE, GATHER_IN_GEMM,
-    BF16_FOLDED_ACC; pipeline's A_IN_EXPERT_ORDER; quant's OPEN_IN_NOISY; peel's A_PEEL_FP8) set
-    to `value` for the block: the other variant, for comparisons and timing."""
-    module = next(m for m in (matmul_module, pipeline_module, quant, peel_module) if hasattr(m, switch))
+    BF16_FOLDED_ACC; pipeline's A_IN_EXPERT_ORDER; quant's OPEN_IN_NOISY; peel's A_PEEL_FP8;
+    noisy_kernel's HARDWARE_ROUNDING) set to `value` for the block: the other variant, for
+    comparisons and timing."""
+    module = next(m for m in (matmul_module, pipeline_module, quant, peel_module, noisy_module)
+                  if hasattr(m, switch))
     before = getattr(module, switch)
     setattr(module, switch, value)
     try:
@@ -628,14 +636,24 @@ def _a_side_stages(gemm: MinedGemm, x: torch.Tensor, table: RoutingTable) -> dic
             alpha, beta, values, e_a, state.f_a),
         "same, X opened from the planes": lambda: noisy_kernel.noisy_codes_of_lines(
             alpha, beta, committed, e_a, state.f_a),
+        f"same, HARDWARE_ROUNDING={not noisy_module.HARDWARE_ROUNDING}": lambda: _rounded_switched(
+            alpha, beta, values, e_a, state.f_a, None),
         **({"same, written into expert order": lambda: noisy_kernel.noisy_codes_of_lines(
             alpha, beta, values, e_a, state.f_a, table.positions),
             "same, into expert order, X opened from the planes": lambda: noisy_kernel.noisy_codes_of_lines(
-            alpha, beta, committed, e_a, state.f_a, table.positions)} if gemm.moe else {}),
+            alpha, beta, committed, e_a, state.f_a, table.positions),
+            f"same, into expert order, planes, HARDWARE_ROUNDING={not noisy_module.HARDWARE_ROUNDING}":
+            lambda: _rounded_switched(alpha, beta, committed, e_a, state.f_a, table.positions)} if gemm.moe else {}),
         "A peel": lambda: a_peel(side, state.f_b, state.f_b_values, state.f_b_t),
         f"A peel, A_PEEL_FP8={not peel_module.A_PEEL_FP8}": lambda: _a_peel_switched(side, state),
     }
     return _time_each(stages)
+
+
+def _rounded_switched(alpha, beta, x, e_a, f_a, positions) -> torch.Tensor:
+    """The A side's codes launch with `HARDWARE_ROUNDING` flipped (timed beside the default)."""
+    with _switched("HARDWARE_ROUNDING", not noisy_module.HARDWARE_ROUNDING):
+        return noisy_module.noisy_codes_of_lines(alpha, beta, x, e_a, f_a, positions)
 
 
 def _a_peel_switched(side: quant.NoisySide, state) -> torch.Tensor:
@@ -731,6 +749,9 @@ def check_timing() -> dict:
             if gemm.moe:
                 methods["mined, A′ gathered into expert order"] = [
                     functools.partial(_forward_switched, gemm, x, topk, "A_IN_EXPERT_ORDER", False)]
+            methods["mined, codes rounded the other way"] = [
+                functools.partial(_forward_switched, gemm, x, topk, "HARDWARE_ROUNDING",
+                                  not noisy_module.HARDWARE_ROUNDING)]
             methods["mined, A peel the other way"] = [
                 functools.partial(_forward_switched, gemm, x, topk, "A_PEEL_FP8", not peel_module.A_PEEL_FP8)]
             methods["mined, X opened the other way"] = [
@@ -763,6 +784,8 @@ def check_timing() -> dict:
                     timings["mined, A′ gathered by the GEMM"])
             if "mined, peel pass" in timings:
                 entry["mined with the peel pass median us"] = _median_us(timings["mined, peel pass"])
+            entry[f"mined with HARDWARE_ROUNDING={not noisy_module.HARDWARE_ROUNDING} median us"] = _median_us(
+                timings["mined, codes rounded the other way"])
             entry[f"mined with A_PEEL_FP8={not peel_module.A_PEEL_FP8} median us"] = _median_us(
                 timings["mined, A peel the other way"])
             entry[f"mined with OPEN_IN_NOISY={not quant.OPEN_IN_NOISY} median us"] = _median_us(

@@ -25,6 +25,13 @@ _NOISY_ROWS = 4  # noisy-codes tile: α, β once per row, 16-byte vector loads a
 _NOISY_COLS = 512
 _DOT_ROWS = 64  # the tile when the kernel forms N itself: one m64nNk32 e4m3 WGMMA per tile
 _DOT_COLS = 64
+# The element op's three roundings as the device's own instructions — cvt.rn.bf16.f32 for
+# bf16(N) and bf16(β·N), fma.rn.bf16 for the one-rounding FMA, cvt.rn.satfinite.e4m3x2.f32 for
+# the saturating e4m3 encode — instead of their integer and TwoSum emulation (~65 operations an
+# element, the launch's bound at prefill: 249 µs in token order for 150 MB). Same codes for every
+# input but NaN (whose code is 0x7F either way up to its sign; planes are finite). CUDA only: the
+# CPU interpreter keeps the emulation. Off until checked and timed on a GPU.
+HARDWARE_ROUNDING = False
 
 
 class Planes(NamedTuple):
@@ -160,11 +167,30 @@ def _noise_dot(e_ptr, f_ptr, r, cols, live_r, live_c):
 
 
 @jit
-def noisy_codes_tile(x, alpha, beta, dot):
+def _fma_rn_bf16(a, b, c):
+    """a·b + c of bf16 tensors rounded once to bf16 by the device (PTX fma.rn.bf16)."""
+    return tl.inline_asm_elementwise("fma.rn.bf16 $0, $1, $2, $3;", "=h,h,h,h", [a, b, c],
+                                     dtype=tl.bfloat16, is_pure=True, pack=1)
+
+
+@jit
+def _noisy_codes_by_device(x, alpha, beta, dot):
+    """`noisy_codes_tile` with the device's rounding instructions (HARDWARE_ROUNDING): bf16
+    conversions round to nearest even, the FMA rounds once, the e4m3 encode saturates at ±448."""
+    noise = dot.to(tl.bfloat16)
+    scaled = (beta * noise.to(tl.float32)).to(tl.bfloat16)
+    value = _fma_rn_bf16(alpha.to(tl.bfloat16), x.to(tl.bfloat16), scaled)
+    return value.to(tl.float32).to(tl.float8e4nv).to(tl.uint8, bitcast=True).to(tl.int32)
+
+
+@jit
+def noisy_codes_tile(x, alpha, beta, dot, HW: tl.constexpr):
     """The element op on one tile: e4m3 codes (int32 0..255, clamped to ±448) of
     fma(α, X, bf16(β · bf16(N))) rounded once to bf16 (α, β per row, N the fp32 noise dot), in f32
     (_fma_bf16_f32) unless a product α·X of the tile is not exact in f32, then the whole tile in
-    f64."""
+    f64; with HW, by the device's own rounding instructions (`_noisy_codes_by_device`)."""
+    if HW:
+        return _noisy_codes_by_device(x, alpha, beta, dot)
     noise = _rne_bf16(dot.to(tl.int32, bitcast=True))
     scaled = _rne_bf16((beta * noise.to(tl.float32, bitcast=True)).to(tl.int32, bitcast=True)).to(tl.float32, bitcast=True)
     leaves = tl.reduce(tl.reduce(_product_leaves_f32(alpha, x).to(tl.int32), 1, tl.standard._elementwise_max),
@@ -177,23 +203,25 @@ def noisy_codes_tile(x, alpha, beta, dot):
 
 
 @jit
-def tile_values(x_ptr, scales_ptr, r, cols, offs, live, k, PLANES: tl.constexpr):
+def tile_values(x_ptr, scales_ptr, r, cols, offs, live, k, PLANES: tl.constexpr, HW: tl.constexpr):
     """X of one tile as f32 values: bf16 bits at x_ptr, or (PLANES) opened from the int8 codes at
-    x_ptr and the bf16 scale of each 8-block, RNE_bf16(q · s) (the product is exact in f32) —
-    the bits the rows launch would have stored."""
+    x_ptr and the bf16 scale of each 8-block, RNE_bf16(q · s) (the product is exact in f32; HW:
+    rounded by cvt.rn.bf16.f32) — the bits the rows launch would have stored."""
     if PLANES:
         q = tl.load(x_ptr + offs, mask=live, other=0).to(tl.float32)
         s = _bf16_of_bits(scales_ptr, r.to(tl.int64)[:, None] * (k // 8) + cols[None, :] // 8, live)
+        if HW:
+            return (q * s).to(tl.bfloat16).to(tl.float32)
         return _rne_bf16((q * s).to(tl.int32, bitcast=True)).to(tl.float32, bitcast=True)
     return _bf16_of_bits(x_ptr, offs, live)
 
 
 @jit
 def tile_noise(x_ptr, scales_ptr, noise_ptr, e_ptr, f_ptr, r, cols, offs, live_r, live, k, DOT: tl.constexpr,
-               PLANES: tl.constexpr):
+               PLANES: tl.constexpr, HW: tl.constexpr):
     """(X, N) of one tile: X (`tile_values`) and the noise dot, read from noise_ptr or (DOT)
     formed from the E and F lines."""
-    x = tile_values(x_ptr, scales_ptr, r, cols, offs, live, k, PLANES)
+    x = tile_values(x_ptr, scales_ptr, r, cols, offs, live, k, PLANES, HW)
     if DOT:
         dot = _noise_dot(e_ptr, f_ptr, r, cols, live_r, cols < k)
     else:
@@ -217,20 +245,20 @@ def store_codes(out_ptr, positions_ptr, codes, r, cols, live_r, live, stride, TO
 @jit
 def _noisy_kernel(x_ptr, scales_ptr, noise_ptr, e_ptr, f_ptr, alpha_ptr, beta_ptr, out_ptr, positions_ptr, rows, k,
                   stride, BR: tl.constexpr, BC: tl.constexpr, DOT: tl.constexpr, TOP_K: tl.constexpr,
-                  PLANES: tl.constexpr):
+                  PLANES: tl.constexpr, HW: tl.constexpr):
     """BR rows × BC columns: α, β loaded once per row; X read as values or (PLANES) opened from
     the planes; N read from noise_ptr, or with DOT formed here from the E and F lines (no N in
-    memory, no GEMM launch before this one); the element op `noisy_codes_tile`; the codes stored
-    by `store_codes`."""
+    memory, no GEMM launch before this one); the element op `noisy_codes_tile` (HW: by the device's
+    rounding instructions); the codes stored by `store_codes`."""
     r = tl.program_id(0) * BR + tl.arange(0, BR)
     cols = tl.program_id(1) * BC + tl.arange(0, BC)
     live_r = r < rows
     live = live_r[:, None] & (cols < k)[None, :]
     offs = r.to(tl.int64)[:, None] * k + cols[None, :]
-    x, dot = tile_noise(x_ptr, scales_ptr, noise_ptr, e_ptr, f_ptr, r, cols, offs, live_r, live, k, DOT, PLANES)
+    x, dot = tile_noise(x_ptr, scales_ptr, noise_ptr, e_ptr, f_ptr, r, cols, offs, live_r, live, k, DOT, PLANES, HW)
     alpha = _bf16_of_bits(alpha_ptr, r, live_r)[:, None]
     beta = _bf16_of_bits(beta_ptr, r, live_r)[:, None]
-    codes = noisy_codes_tile(x, alpha, beta, dot).to(tl.uint8)
+    codes = noisy_codes_tile(x, alpha, beta, dot, HW).to(tl.uint8)
     store_codes(out_ptr, positions_ptr, codes, r, cols, live_r, live, stride, TOP_K)
 
 
@@ -245,6 +273,11 @@ def _x_arguments(x: torch.Tensor | Planes) -> tuple[torch.Tensor, torch.Tensor, 
         return codes.contiguous(), scales.contiguous().view(torch.int16), True
     x16 = x.contiguous().view(torch.int16)
     return x16, x16, False
+
+
+def _by_device(x: torch.Tensor) -> bool:
+    """Whether this launch rounds with the device's instructions (HARDWARE_ROUNDING, on CUDA)."""
+    return HARDWARE_ROUNDING and x.is_cuda
 
 
 def scattered_out(x: torch.Tensor, positions: torch.Tensor | None,
@@ -275,7 +308,8 @@ def noisy_codes(alpha: torch.Tensor, beta: torch.Tensor, x: torch.Tensor | Plane
     grid = (triton.cdiv(rows, _NOISY_ROWS), triton.cdiv(k, _NOISY_COLS))
     _noisy_kernel[grid](x_ptr, scales_ptr, noise.contiguous(), x_ptr, x_ptr, alpha.contiguous().view(torch.int16),
                         beta.contiguous().view(torch.int16), out, where, rows, k, k + tail, BR=_NOISY_ROWS,
-                        BC=_NOISY_COLS, DOT=False, TOP_K=top_k, PLANES=planes, enable_fp_fusion=False)
+                        BC=_NOISY_COLS, DOT=False, TOP_K=top_k, PLANES=planes, HW=_by_device(x_ptr),
+                        enable_fp_fusion=False)
     return out[:, :k].view(torch.float8_e4m3fn)
 
 
@@ -291,7 +325,8 @@ def noisy_codes_of_lines(alpha: torch.Tensor, beta: torch.Tensor, x: torch.Tenso
     _noisy_kernel[grid](x_ptr, scales_ptr, x_ptr, e_lines.contiguous().view(torch.uint8),
                         f_lines.contiguous().view(torch.uint8), alpha.contiguous().view(torch.int16),
                         beta.contiguous().view(torch.int16), out, where, rows, k, k + tail, BR=_DOT_ROWS,
-                        BC=_DOT_COLS, DOT=True, TOP_K=top_k, PLANES=planes, enable_fp_fusion=False, num_warps=4)
+                        BC=_DOT_COLS, DOT=True, TOP_K=top_k, PLANES=planes, HW=_by_device(x_ptr),
+                        enable_fp_fusion=False, num_warps=4)
     return out[:, :k].view(torch.float8_e4m3fn)
 
 
