@@ -154,7 +154,8 @@ def _mine_tiles(m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14,
     k7 = zero + tl.load(key_ptr + 7).to(tl.uint32, bitcast=True)
     h0, h1, h2, h3, h4, h5, h6, h7 = compress(
         k0, k1, k2, k3, k4, k5, k6, k7,
-        m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15, zero, zero + 27)
+        m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15, zero, zero + 27,
+        True)  # rounds unrolled: 480 → 1000 static SASS, 55 → 40 registers, ~23 % fewer issued a tile
     wins = _le256(h0, h1, h2, h3, h4, h5, h6, h7, thr_ptr) & live
     slot = tl.reduce(tl.where(wins, slot_ids, BT), 0, tl.standard._elementwise_min)
     if slot < BT:

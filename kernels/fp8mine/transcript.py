@@ -173,7 +173,7 @@ def _forest_kernel(key_ptr, p0, p1, p2, p3, w0, w1, w2, w3, n0, n1, n2, n3, g1, 
     words = _pick4(tree, w0, w1, w2, w3)
     last_flags = tl.where(chunks == 1, 8, 0)  # ROOT on a one-chunk tree's only chunk
     c0, c1, c2, c3, c4, c5, c6, c7 = chunk_chaining_value(
-        base, chunk, words, chunk < chunks, k0, k1, k2, k3, k4, k5, k6, k7, last_flags, LANES)
+        base, chunk, words, chunk < chunks, k0, k1, k2, k3, k4, k5, k6, k7, last_flags, LANES, True)
     whole = chunks <= LANES
     k0, k1, k2, k3, k4, k5, k6, k7 = load_words8(key_ptr, pid >= 0)
     live_chunks = tl.minimum(chunks - group * LANES, LANES)

@@ -88,7 +88,7 @@ def _commit_seed(q_ptr, key_ptr, sb_ptr, salt_ptr, nodes_ptr, sa_ptr, inst, word
         live = chunk < chunks
         c0, c1, c2, c3, c4, c5, c6, c7 = chunk_chaining_value(
             q_ptr + inst * words_per_instance, chunk, words_per_instance, live,
-            k0, k1, k2, k3, k4, k5, k6, k7, last_flags, LANES)
+            k0, k1, k2, k3, k4, k5, k6, k7, last_flags, LANES, False)  # decode: a dozen variants to compile
         store_words8(nodes + chunk * 8, c0, c1, c2, c3, c4, c5, c6, c7, live)
     tl.debug_barrier()
     upper_levels(nodes, nodes + chunks * 8, chunks, lane, k0, k1, k2, k3, k4, k5, k6, k7, LANES)

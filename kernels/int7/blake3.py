@@ -76,21 +76,25 @@ def _round(v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11, v12, v13, v14, v15,
 @jit
 def compress(k0, k1, k2, k3, k4, k5, k6, k7,
              m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15,
-             counter, flags):
-    """One BLAKE3 compression of a full 64-byte block: the 8-word chaining value."""
+             counter, flags, UNROLL: tl.constexpr = False):
+    """One BLAKE3 compression of a full 64-byte block: the 8-word chaining value (UNROLL: as
+    `compress_block`)."""
     return compress_block(k0, k1, k2, k3, k4, k5, k6, k7,
                           m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15,
-                          counter, 64, flags)
+                          counter, 64, flags, UNROLL)
 
 
 @jit
 def compress_block(k0, k1, k2, k3, k4, k5, k6, k7,
                    m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15,
-                   counter, block_len, flags):
+                   counter, block_len, flags, UNROLL: tl.constexpr = False):
     """One BLAKE3 compression of a block of `block_len` bytes (zero-padded words): the 8-word CV.
 
     All inputs are uint32 tensors of one shape (a lane per independent compression); the counter's
-    high word is zero (fewer than 2^32 chunks per instance).
+    high word is zero (fewer than 2^32 chunks per instance). The 7 rounds are a runtime loop, whose
+    message permutation costs ~30 register moves a round (129 instructions a round on sm_90), or,
+    UNROLL, unrolled: the permutation is renaming (~99 a round), for the hot call sites only —
+    each unrolled site costs compile time (the plane forest's fold sites: 8 s → 127 s).
     """
     v0, v1, v2, v3, v4, v5, v6, v7 = k0, k1, k2, k3, k4, k5, k6, k7
     v8 = tl.full(m0.shape, 0x6A09E667, tl.uint32)
@@ -101,14 +105,31 @@ def compress_block(k0, k1, k2, k3, k4, k5, k6, k7,
     v13 = tl.full(m0.shape, 0, tl.uint32)
     v14 = tl.full(m0.shape, 0, tl.uint32) + block_len
     v15 = tl.full(m0.shape, 0, tl.uint32) + flags
-    for _ in range(7):  # a runtime loop: the permutation is register renaming, the code stays small
-        v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11, v12, v13, v14, v15 = _round(
-            v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11, v12, v13, v14, v15,
-            m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15)
-        # BLAKE3's message permutation (2, 6, 3, 10, 7, 0, 4, 13, 1, 11, 12, 5, 9, 14, 15, 8)
-        m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15 = (
-            m2, m6, m3, m10, m7, m0, m4, m13, m1, m11, m12, m5, m9, m14, m15, m8)
+    if UNROLL:
+        for _ in tl.static_range(7):
+            v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11, v12, v13, v14, v15, \
+                m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15 = _round_and_permute(
+                    v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11, v12, v13, v14, v15,
+                    m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15)
+    else:
+        for _ in range(7):
+            v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11, v12, v13, v14, v15, \
+                m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15 = _round_and_permute(
+                    v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11, v12, v13, v14, v15,
+                    m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15)
     return v0 ^ v8, v1 ^ v9, v2 ^ v10, v3 ^ v11, v4 ^ v12, v5 ^ v13, v6 ^ v14, v7 ^ v15
+
+
+@jit
+def _round_and_permute(v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11, v12, v13, v14, v15,
+                       m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15):
+    """One round, then BLAKE3's message permutation (2, 6, 3, 10, 7, 0, 4, 13, 1, 11, 12, 5, 9,
+    14, 15, 8) for the next."""
+    v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11, v12, v13, v14, v15 = _round(
+        v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11, v12, v13, v14, v15,
+        m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15)
+    return (v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11, v12, v13, v14, v15,
+            m2, m6, m3, m10, m7, m0, m4, m13, m1, m11, m12, m5, m9, m14, m15, m8)
 
 
 @jit
@@ -178,7 +199,8 @@ def tile_words(tile, LANES: tl.constexpr):
 
 @jit
 def chunk_chaining_value(base, chunk, words_per_instance, live,
-                         k0, k1, k2, k3, k4, k5, k6, k7, last_flags, LANES: tl.constexpr):
+                         k0, k1, k2, k3, k4, k5, k6, k7, last_flags, LANES: tl.constexpr,
+                         UNROLL: tl.constexpr):
     """Keyed chaining value of chunk `chunk` (a lane tensor of LANES) of the words at base (one
     pointer, or one per lane); words at or past `words_per_instance` read as zero. Shared by the
     chunk kernel and the fused decode A side.
@@ -186,7 +208,9 @@ def chunk_chaining_value(base, chunk, words_per_instance, live,
     Each 64-byte block of all lanes' chunks is one coalesced (LANES, 16) tile load, issued one
     block ahead so its latency overlaps the current compression: lane-strided scalar loads (16 a
     block, each warp request touching 32 cache lines 1 KB apart) took 512 L1 wavefronts per warp
-    per block, 16× the tile's (kernels/fp8mine's transcript forest measured the same pattern)."""
+    per block, 16× the tile's (kernels/fp8mine's transcript forest measured the same pattern).
+    UNROLL: the compression's rounds unrolled (`compress_block`), for the launches that hash whole
+    prefill planes."""
     c0, c1, c2, c3, c4, c5, c6, c7 = k0, k1, k2, k3, k4, k5, k6, k7
     counter = chunk.to(tl.uint32)
     w = chunk.to(tl.int64) * 256
@@ -202,7 +226,7 @@ def chunk_chaining_value(base, chunk, words_per_instance, live,
         flags = tl.full(counter.shape, 16, tl.uint32) | (start | end)
         c0, c1, c2, c3, c4, c5, c6, c7 = compress(
             c0, c1, c2, c3, c4, c5, c6, c7,
-            m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15, counter, flags)
+            m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15, counter, flags, UNROLL)
     return c0, c1, c2, c3, c4, c5, c6, c7
 
 
@@ -216,7 +240,7 @@ def _chunk_kernel(data_ptr, key_ptr, key_stride, out_ptr, words_per_instance, ch
     k0, k1, k2, k3, k4, k5, k6, k7 = load_words8(key_ptr + inst * key_stride, live)
     c0, c1, c2, c3, c4, c5, c6, c7 = chunk_chaining_value(
         data_ptr + inst * words_per_instance, lane % chunks_per_instance, words_per_instance, live,
-        k0, k1, k2, k3, k4, k5, k6, k7, last_flags, LANES)
+        k0, k1, k2, k3, k4, k5, k6, k7, last_flags, LANES, True)
     store_words8(out_ptr + lane.to(tl.int64) * 8, c0, c1, c2, c3, c4, c5, c6, c7, live)
 
 

@@ -56,7 +56,7 @@ def _codes_and_leaves_kernel(x_ptr, q_ptr, q_words_ptr, scale_ptr, key_ptr, key_
     k0, k1, k2, k3, k4, k5, k6, k7 = load_words8(key_ptr + inst * key_stride, live)
     c0, c1, c2, c3, c4, c5, c6, c7 = chunk_chaining_value(
         q_words_ptr + inst * words_per_instance, chunk, words_per_instance, live,
-        k0, k1, k2, k3, k4, k5, k6, k7, 0, LANES)
+        k0, k1, k2, k3, k4, k5, k6, k7, 0, LANES, True)
     at = row.to(tl.int64) * CHUNKS_PER_ROW + lane % CHUNKS_PER_ROW  # = inst · chunks + chunk
     store_words8(cv_ptr + at * 8, c0, c1, c2, c3, c4, c5, c6, c7, live)
 

@@ -220,7 +220,8 @@ def _mined_gemm_kernel(an_ptr, ac_ptr, bt_ptr, apb_ptr, ub_ptr, key_ptr, bound_p
         linear = tr * tiles_n + pid_n
         c0, c1, c2, c3, c4, c5, c6, c7 = draw_and_claim(
             t0, t1, t2, t3, t4, t5, t6, t7, t8, t9, t10, t11, t12, t13, t14, t15,
-            key_ptr + ready_words + e * 8, bound_ptr, eligible, linear, tiles_n, e, record_ptr, H, BN)
+            key_ptr + ready_words + e * 8, bound_ptr, eligible, linear, tiles_n, e, record_ptr, H, BN,
+            False)  # rounds rolled: unrolled, the decode GEMM spilled 16 bytes (sm_90 cubin)
         if DUMP:
             store_dump(dump_ptr + ((e * (M // H) * tiles_n + linear.to(tl.int64)) * 24),
                        t0, t1, t2, t3, t4, t5, t6, t7, t8, t9, t10, t11, t12, t13, t14, t15,

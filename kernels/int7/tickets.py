@@ -38,11 +38,12 @@ def pick(values, selected):
 @jit
 def draw_and_claim(t0, t1, t2, t3, t4, t5, t6, t7, t8, t9, t10, t11, t12, t13, t14, t15,
                    key_ptr, bound_ptr, eligible, linear, tiles_n, instance, record_ptr,
-                   H: tl.constexpr, BN: tl.constexpr):
+                   H: tl.constexpr, BN: tl.constexpr, UNROLL: tl.constexpr):
     """Tickets of a vector of tiles (16 uint32 transcript words each) under the 8 key words at
     key_ptr; tiles that are `eligible` and at or below the bound (8 LE words at bound_ptr, compared
     from the most significant word down) win; the lowest winning `linear` index (tile row ·
-    tiles_n + tile column) claims the record if no program has. Returns the tickets' 8 words."""
+    tiles_n + tile column) claims the record if no program has. Returns the tickets' 8 words.
+    UNROLL: the compression's rounds unrolled (`blake3.compress_block`)."""
     zero = t0 ^ t0
     c0, c1, c2, c3, c4, c5, c6, c7 = compress(
         zero + tl.load(key_ptr).to(tl.uint32, bitcast=True),
@@ -54,7 +55,7 @@ def draw_and_claim(t0, t1, t2, t3, t4, t5, t6, t7, t8, t9, t10, t11, t12, t13, t
         zero + tl.load(key_ptr + 6).to(tl.uint32, bitcast=True),
         zero + tl.load(key_ptr + 7).to(tl.uint32, bitcast=True),
         t0, t1, t2, t3, t4, t5, t6, t7, t8, t9, t10, t11, t12, t13, t14, t15,
-        zero, zero + _TICKET_FLAGS)
+        zero, zero + _TICKET_FLAGS, UNROLL)
     ticket = (c0, c1, c2, c3, c4, c5, c6, c7)
     below = zero != zero
     equal = zero == zero

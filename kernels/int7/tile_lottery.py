@@ -39,7 +39,7 @@ def _tile_lottery_kernel(words_ptr, key_ptr, bound_ptr, mvalid_ptr, record_ptr, 
     eligible = live & ((tr + 1) * H <= tl.load(mvalid_ptr + e))
     c0, c1, c2, c3, c4, c5, c6, c7 = draw_and_claim(
         m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15,
-        key_ptr + e * 8, bound_ptr, eligible, tr * tiles_n + pid_n, tiles_n, e, record_ptr, H, BN)
+        key_ptr + e * 8, bound_ptr, eligible, tr * tiles_n + pid_n, tiles_n, e, record_ptr, H, BN, True)
     if DUMP:
         store_dump(dump_ptr + slot * 24, m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15,
                    c0, c1, c2, c3, c4, c5, c6, c7, live)
