@@ -331,14 +331,23 @@ def _switched(switch: str, value: bool):
     BF16_FOLDED_ACC; pipeline's A_IN_EXPERT_ORDER; quant's OPEN_IN_NOISY; peel's A_PEEL_FP8;
     noisy_kernel's HARDWARE_ROUNDING) set to `value` for the block: the other variant, for
     comparisons and timing."""
-    module = next(m for m in (matmul_module, pipeline_module, quant, peel_module, noisy_module)
-                  if hasattr(m, switch))
+    module = _switch_module(switch)
     before = getattr(module, switch)
     setattr(module, switch, value)
     try:
         yield
     finally:
         setattr(module, switch, before)
+
+
+def _switch_module(switch: str):
+    return next(m for m in (matmul_module, pipeline_module, quant, peel_module, noisy_module) if hasattr(m, switch))
+
+
+def _with_flipped(switch: str, fn, *args):
+    """fn(*args) with a module switch flipped: the other variant of one stage, timed beside it."""
+    with _switched(switch, not getattr(_switch_module(switch), switch)):
+        return fn(*args)
 
 
 def _forward_switched(gemm: MinedGemm, x: torch.Tensor, topk, switch: str, value: bool):
@@ -523,7 +532,8 @@ def _parts(gemm: MinedGemm, x: torch.Tensor, topk, result) -> dict:
         "A side": lambda: prepare_a(quant.prepare_rows(x), gemm.seed_message, gemm.p_a_len, state,
                                     table if gemm.moe else None, in_expert_order=a.side.positions is not None),
         "A peel": lambda: a_peel(a.side, state.f_b, state.f_b_values, state.f_b_t),
-        f"A peel, A_PEEL_FP8={not peel_module.A_PEEL_FP8}": lambda: _a_peel_switched(a.side, state),
+        f"A peel, A_PEEL_FP8={not peel_module.A_PEEL_FP8}": lambda: _with_flipped(
+            "A_PEEL_FP8", peel_module.a_peel, a.side, state.f_b, state.f_b_values, state.f_b_t),
         "A' token rows gathered into expert order": lambda: token_codes.index_select(0, table.rflat),
         **{f"GEMM ({impl})": functools.partial(grouped_matmul, codes, b_codes, table, impl) for impl in IMPLS},
         "lottery tile map + lottery": lambda: gemm.latch.run(acc32, row_tiles(table), a.pow_key,
@@ -636,30 +646,20 @@ def _a_side_stages(gemm: MinedGemm, x: torch.Tensor, table: RoutingTable) -> dic
             alpha, beta, values, e_a, state.f_a),
         "same, X opened from the planes": lambda: noisy_kernel.noisy_codes_of_lines(
             alpha, beta, committed, e_a, state.f_a),
-        f"same, HARDWARE_ROUNDING={not noisy_module.HARDWARE_ROUNDING}": lambda: _rounded_switched(
-            alpha, beta, values, e_a, state.f_a, None),
+        f"same, HARDWARE_ROUNDING={not noisy_module.HARDWARE_ROUNDING}": lambda: _with_flipped(
+            "HARDWARE_ROUNDING", noisy_kernel.noisy_codes_of_lines, alpha, beta, values, e_a, state.f_a),
         **({"same, written into expert order": lambda: noisy_kernel.noisy_codes_of_lines(
             alpha, beta, values, e_a, state.f_a, table.positions),
             "same, into expert order, X opened from the planes": lambda: noisy_kernel.noisy_codes_of_lines(
             alpha, beta, committed, e_a, state.f_a, table.positions),
             f"same, into expert order, planes, HARDWARE_ROUNDING={not noisy_module.HARDWARE_ROUNDING}":
-            lambda: _rounded_switched(alpha, beta, committed, e_a, state.f_a, table.positions)} if gemm.moe else {}),
+            lambda: _with_flipped("HARDWARE_ROUNDING", noisy_kernel.noisy_codes_of_lines, alpha, beta, committed,
+                                  e_a, state.f_a, table.positions)} if gemm.moe else {}),
         "A peel": lambda: a_peel(side, state.f_b, state.f_b_values, state.f_b_t),
-        f"A peel, A_PEEL_FP8={not peel_module.A_PEEL_FP8}": lambda: _a_peel_switched(side, state),
+        f"A peel, A_PEEL_FP8={not peel_module.A_PEEL_FP8}": lambda: _with_flipped(
+            "A_PEEL_FP8", peel_module.a_peel, side, state.f_b, state.f_b_values, state.f_b_t),
     }
     return _time_each(stages)
-
-
-def _rounded_switched(alpha, beta, x, e_a, f_a, positions) -> torch.Tensor:
-    """The A side's codes launch with `HARDWARE_ROUNDING` flipped (timed beside the default)."""
-    with _switched("HARDWARE_ROUNDING", not noisy_module.HARDWARE_ROUNDING):
-        return noisy_module.noisy_codes_of_lines(alpha, beta, x, e_a, f_a, positions)
-
-
-def _a_peel_switched(side: quant.NoisySide, state) -> torch.Tensor:
-    """The A peel with `A_PEEL_FP8` flipped (timed beside the default)."""
-    with _switched("A_PEEL_FP8", not peel_module.A_PEEL_FP8):
-        return peel_module.a_peel(side, state.f_b, state.f_b_values, state.f_b_t)
 
 
 def _median_us(timing) -> float:
@@ -680,7 +680,7 @@ def _lagged_parts(gemm: MinedGemm, x: torch.Tensor, topk, result) -> dict:
     state, table, ready, mined = gemm.state, result.table, gemm.ready, gemm.mined
     routing = topk if gemm.moe else None
     operand = lagged_front(x, routing, gemm.b.experts, gemm.pending)
-    a_peel_clean = clean_peel(operand, state.f_b)
+    a_peel_clean = clean_peel(operand, state.f_b, state.f_b_t)
     b_peel = state.peel.view(gemm.b.experts, gemm.b.n_e, -1)
     alpha_b = state.side.alpha.view(gemm.b.experts, gemm.b.n_e)
 
@@ -696,7 +696,9 @@ def _lagged_parts(gemm: MinedGemm, x: torch.Tensor, topk, result) -> dict:
         "peel + unscale (clean rows)": lambda: peel_and_unscale(result.acc, a_peel_clean, operand.clean_alpha,
                                                                 b_peel, alpha_b, table, row_shift=ready.bounds[1:],
                                                                 a_left_zero=True),
-        "side: clean A peel": lambda: clean_peel(operand, state.f_b),
+        "side: clean A peel": lambda: clean_peel(operand, state.f_b, state.f_b_t),
+        f"side: clean A peel, A_PEEL_FP8={not peel_module.A_PEEL_FP8}": lambda: _with_flipped(
+            "A_PEEL_FP8", clean_peel, operand, state.f_b, state.f_b_t),
         "side: A side + PENDING fill": side_a,
         "side: lottery (MINED rows) + payload + publish": lambda: (
             gemm.latch.run(mined.acc, row_tiles(mined.slot.table()), mined.slot.pow_key, gemm.threshold,

@@ -390,7 +390,7 @@ class MinedGemm:
         self._fork(main)
         with self._on_side():
             clean_tiles = peel_tiles(table) if reads_tiles(table) else None
-            a_peel_clean = clean_peel(operand, state.f_b)
+            a_peel_clean = clean_peel(operand, state.f_b, state.f_b_t)
             peel_ready = self._event()
             if not LAGGED_LOTTERY_FIRST:
                 self._mine_previous()
