@@ -1,6 +1,7 @@
 """`pearl-moe run` as users start it: the embedded devnet, a prompts file, clean exit and errors."""
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -26,7 +27,10 @@ def test_run_with_the_embedded_devnet_mines_a_block_and_exits(tmp_path) -> None:
     assert proc.returncode == 0, out + proc.stderr
     assert "embedded devnet (regtest)" in out and "mixtral model" in out and "metrics on http://127.0.0.1:" in out
     assert "mode: int7-moe" in out and "accepted: block for job" in out
-    assert "done after" in out and "accepted=1" in out
+    # at least the one block asked for; a winner of the next job sent before the first block was
+    # seen may be accepted too, and the final line counts what the chain took (docs/miner.md)
+    accepted = int(re.search(r"accepted=(\d+)", out[out.index("done after"):]).group(1))
+    assert accepted >= 1 and out.count("accepted: block for job") == accepted
     assert not (tmp_path / "pearl-moe-data").exists()  # the embedded run keeps its data in a temp dir
 
 
