@@ -105,14 +105,10 @@ def compress_block(k0, k1, k2, k3, k4, k5, k6, k7,
     v13 = tl.full(m0.shape, 0, tl.uint32)
     v14 = tl.full(m0.shape, 0, tl.uint32) + block_len
     v15 = tl.full(m0.shape, 0, tl.uint32) + flags
-    if UNROLL:
-        for _ in tl.static_range(7):
-            v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11, v12, v13, v14, v15, \
-                m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15 = _round_and_permute(
-                    v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11, v12, v13, v14, v15,
-                    m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15)
-    else:
-        for _ in range(7):
+    # Unrolled: seven static copies of a one-step loop (which folds away); rolled: one copy of a
+    # seven-step runtime loop.
+    for _ in tl.static_range(7 if UNROLL else 1):
+        for _ in range(1 if UNROLL else 7):
             v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11, v12, v13, v14, v15, \
                 m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15 = _round_and_permute(
                     v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11, v12, v13, v14, v15,
