@@ -38,14 +38,16 @@ SCRIPT = textwrap.dedent("""
         constexprs={"BM": 128, "BN": 128}), target=target, options={"num_warps": 8})  # the prefill tile
     # the B side (N from memory); the A side (N formed in the launch), in token order and written
     # into expert order, reading opened values or (PLANES) opening them from codes and scales
-    # (HW: the device's rounding instructions, HARDWARE_ROUNDING)
+    # (HW: the device's rounding instructions, every CUDA launch's; the emulation is the CPU
+    # interpreter's), and the prefill's wide tile
     for dot, rows, cols, top_k, planes, hw in ((False, noisy_kernel._NOISY_ROWS, noisy_kernel._NOISY_COLS, 0, False, False),
                                                (True, noisy_kernel._DOT_ROWS, noisy_kernel._DOT_COLS, 0, False, False),
                                                (True, noisy_kernel._DOT_ROWS, noisy_kernel._DOT_COLS, 8, False, False),
                                                (True, noisy_kernel._DOT_ROWS, noisy_kernel._DOT_COLS, 8, True, False),
                                                (False, noisy_kernel._NOISY_ROWS, noisy_kernel._NOISY_COLS, 0, True, False),
                                                (True, noisy_kernel._DOT_ROWS, noisy_kernel._DOT_COLS, 8, True, True),
-                                               (False, noisy_kernel._NOISY_ROWS, noisy_kernel._NOISY_COLS, 0, False, True)):
+                                               (False, noisy_kernel._NOISY_ROWS, noisy_kernel._NOISY_COLS, 0, False, True),
+                                               (True, noisy_kernel._DOT_ROWS, noisy_kernel._DOT_WIDE_COLS, 8, True, True)):
         noisy = triton.compile(ASTSource(fn=noisy_kernel._noisy_kernel, signature={
             "x_ptr": "*i8" if planes else "*i16", "scales_ptr": "*i16", "noise_ptr": "*fp32", "e_ptr": "*u8",
             "f_ptr": "*u8", "alpha_ptr": "*i16", "beta_ptr": "*i16", "out_ptr": "*u8", "positions_ptr": "*i32",
@@ -54,7 +56,8 @@ SCRIPT = textwrap.dedent("""
             constexprs={"BR": rows, "BC": cols, "DOT": dot, "TOP_K": top_k, "PLANES": planes, "HW": hw},
             attrs=ALIGNED(12)), target=target, options={"enable_fp_fusion": False})
         if top_k == 0 or planes or hw:
-            tag = ("NOISYDOT" if dot else "NOISY") + ("PLANES" if planes else "") + ("HW" if hw else "")
+            tag = ("NOISYDOT" if dot else "NOISY") + ("PLANES" if planes else "") + ("HW" if hw else "") \
+                + ("WIDE" if dot and cols == noisy_kernel._DOT_WIDE_COLS else "")
             print(tag + "-BEGIN")
             print(noisy.asm["ptx"])
             print(tag + "-END")
@@ -102,17 +105,17 @@ SCRIPT = textwrap.dedent("""
             print("EXPERTPEEL-BEGIN")
             print(by_expert.asm["ptx"])
             print("EXPERTPEEL-END")
-    # F_B's codes (decode), its fp32 values (prefill), F_Bᵀ's codes for the e4m3 dot (A_PEEL_FP8)
-    for rows, f_form, top_k in ((64, 0, 0), (16, 0, 0), (64, 1, 0), (64, 1, 8), (64, 2, 8), (64, 2, 0)):
+    # 64-row blocks (decode, prefill) and 16-row ones (between), codes in token or expert order
+    for rows, top_k in ((64, 0), (16, 0), (64, 8)):
         a_peel_kernel = triton.compile(ASTSource(fn=peel._a_peel_kernel, signature={
             "codes_ptr": "*u8", "positions_ptr": "*i32", "beta_ptr": "*i16", "e_ptr": "*u8",
-            "f_b_ptr": "*fp32" if f_form == 1 else "*u8", "out_ptr": "*i16", "partial_ptr": "*fp32",
+            "f_t_ptr": "*u8", "out_ptr": "*i16", "partial_ptr": "*fp32",
             "counter_ptr": "*i32", "rows": "i32", "k": "i32", "stride": "i32", "k_per_split": "i32",
-            "splits": "i32", "BR": "constexpr", "BK": "constexpr", "F_FORM": "constexpr", "TOP_K": "constexpr"},
-            constexprs={"BR": rows, "BK": 128, "F_FORM": f_form, "TOP_K": top_k},
+            "splits": "i32", "BR": "constexpr", "BK": "constexpr", "TOP_K": "constexpr"},
+            constexprs={"BR": rows, "BK": 128, "TOP_K": top_k},
             attrs={**ALIGNED(8), **{(i,): [["tt.divisibility", 16]] for i in (9, 10, 11)}}), target=target,
-            options={"num_warps": 8 if f_form == 1 else 4, "num_stages": 3 if f_form == 0 else 4})
-        if f_form == 2 and top_k:
+            options={"num_warps": 4, "num_stages": 4})
+        if top_k:
             print("APEELFP8-BEGIN")
             print(a_peel_kernel.asm["ptx"])
             print("APEELFP8-END")
@@ -189,18 +192,12 @@ SCRIPT = textwrap.dedent("""
             "k": "i32", "wl2": "i32", "BR": "constexpr", "BB": "constexpr", "ONE_STEP": "constexpr"},
             constexprs={"BR": rows, "BB": blocks, "ONE_STEP": blocks >= 768}),
             target=target, options={"enable_fp_fusion": False, "num_warps": norms_kernel._warps(rows * blocks)})
-    for values in (True, False):
-        rows_kernel = triton.compile(ASTSource(fn=prequant_kernel._rows_kernel, signature={
-            "x_ptr": "*i16", "codes_ptr": "*i8", "scales_ptr": "*i16", "values_ptr": "*i16", "l2_ptr": "*i16",
-            "linf_ptr": "*i16", "alpha_ptr": "*i16", "beta_ptr": "*i16", "num_rows": "i32", "k": "i32",
-            "wl2": "i32", "recip_127": "fp32", "magic": "fp32", "delta_r": "fp32", "delta_over_std": "fp32",
-            "BB": "constexpr", "VALUES": "constexpr"},
-            constexprs={"BB": prequant_kernel.MAX_ROW_BLOCKS, "VALUES": values}, attrs=ALIGNED(8)), target=target,
-            options={"enable_fp_fusion": False, "num_warps": prequant_kernel._ROW_WARPS})
-        tag = "ROWS" if values else "ROWSNOVALUES"
-        print(tag + "-BEGIN")
-        print(rows_kernel.asm["ptx"])
-        print(tag + "-END")
+    triton.compile(ASTSource(fn=prequant_kernel._rows_kernel, signature={
+        "x_ptr": "*i16", "codes_ptr": "*i8", "scales_ptr": "*i16", "l2_ptr": "*i16", "linf_ptr": "*i16",
+        "alpha_ptr": "*i16", "beta_ptr": "*i16", "num_rows": "i32", "k": "i32", "wl2": "i32", "recip_127": "fp32",
+        "magic": "fp32", "delta_r": "fp32", "delta_over_std": "fp32", "BB": "constexpr"},
+        constexprs={"BB": prequant_kernel.MAX_ROW_BLOCKS}, attrs=ALIGNED(7)), target=target,
+        options={"enable_fp_fusion": False, "num_warps": prequant_kernel._ROW_WARPS})
     triton.compile(ASTSource(fn=hashing._short_kernel, signature={
         "key_ptr": "*i32", "key_stride": "i32", "msg_ptr": "*i32", "out_ptr": "*i32", "total": "i32",
         "nbytes": "i32", "blocks": "i32", "keyed": "i32", "LANES": "constexpr"}, constexprs={"LANES": 16}),
@@ -261,11 +258,10 @@ def test_noisy_kernel_forms_the_noise_dot_as_one_fresh_k32_wgmma(compiled):
     assert not re.search(r"\bfma\.rn\.f(32|64)", ptx)
 
 
-def test_codes_launch_opening_the_planes_stays_uncontracted_and_the_rows_launch_skips_values(compiled):
-    """OPEN_IN_NOISY: the codes launch that opens X from the planes keeps the same fresh noise
-    WGMMA, contracts no multiply-add (q · s must round once, as the rows launch's product) and
-    reads the codes as bytes, not bf16 values; the rows launch without values stores 2 bytes an
-    element fewer (fewer 16-bit stores than with them)."""
+def test_codes_launch_opening_the_planes_stays_uncontracted(compiled):
+    """The codes launch that opens X from the planes keeps the same fresh noise WGMMA, contracts
+    no multiply-add (q · s must round once, as the rows launch's product) and reads the codes as
+    bytes, not bf16 values."""
     ptx = compiled.split("NOISYDOTPLANES-BEGIN")[1].split("NOISYDOTPLANES-END")[0]
     wgmma = [line for line in ptx.splitlines() if "wgmma.mma_async" in line]
     assert len(wgmma) == 1 and "m64n64k32.f32.e4m3.e4m3" in wgmma[0]
@@ -273,14 +269,10 @@ def test_codes_launch_opening_the_planes_stays_uncontracted_and_the_rows_launch_
     assert re.search(r"ld\.global[\w.]*\.(?:v\d\.)?b(8|32)", ptx)
     plain = compiled.split("NOISYPLANES-BEGIN")[1].split("NOISYPLANES-END")[0]
     assert not re.search(r"\bfma\.rn\.f(32|64)", plain)
-    with_values = compiled.split("ROWS-BEGIN")[1].split("ROWS-END")[0]
-    without = compiled.split("ROWSNOVALUES-BEGIN")[1].split("ROWSNOVALUES-END")[0]
-    stores = lambda text: len(re.findall(r"st\.global[\w.]*", text))
-    assert stores(without) < stores(with_values)
 
 
 def test_a_peel_fp8_sums_e4m3_windows_on_the_tensor_cores(compiled):
-    """A_PEEL_FP8: each 128-k step is four K = 32 e4m3 WGMMAs from zero, then one fp32 add per
+    """The A peel: each 128-k step is four K = 32 e4m3 WGMMAs from zero, then one fp32 add per
     accumulator register (the promotion kept apart from the dot); no TF32 MMA is left, and the
     codes stream into shared memory by cp.async (k, the stride and the split specialised as
     multiples of 16, as a launch at GLM-5's k = 6144 is)."""
@@ -293,10 +285,11 @@ def test_a_peel_fp8_sums_e4m3_windows_on_the_tensor_cores(compiled):
 
 
 def test_codes_launch_by_the_device_rounds_with_its_instructions(compiled):
-    """HARDWARE_ROUNDING: the element op is cvt.rn.bf16.f32 (N, β·N), one fma.rn.bf16 and
+    """On CUDA the element op is cvt.rn.bf16.f32 (N, β·N), one fma.rn.bf16 and
     cvt.rn.satfinite.e4m3x2.f32 — no f64 path, no f32 TwoSum — for the A side's launch (noise dot
-    inside, planes opened, expert order) and the B side's (N from memory)."""
-    for tag in ("NOISYDOTPLANESHW", "NOISYHW"):
+    inside, planes opened, expert order; at the prefill's wide tile too) and the B side's (N from
+    memory)."""
+    for tag in ("NOISYDOTPLANESHW", "NOISYDOTPLANESHWWIDE", "NOISYHW"):
         ptx = compiled.split(tag + "-BEGIN")[1].split(tag + "-END")[0]
         assert "fma.rn.bf16" in ptx and "cvt.rn.satfinite.e4m3x2.f32" in ptx and "cvt.rn.bf16.f32" in ptx, tag
         assert not re.search(r"\.f64\b", ptx), tag

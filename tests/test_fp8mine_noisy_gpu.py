@@ -1,5 +1,5 @@
 """GPU check of the codes launch rounding with the device's own instructions
-(`noisy_kernel.HARDWARE_ROUNDING`: cvt.rn.bf16.f32, fma.rn.bf16, cvt.rn.satfinite.e4m3x2.f32;
+(`noisy_kernel._by_device`: cvt.rn.bf16.f32, fma.rn.bf16, cvt.rn.satfinite.e4m3x2.f32;
 skipped without a GPU): on every bf16 X, with α, β and noise at the edges, its codes are the
 reference's and the emulation's (NaN codes up to their sign); the A side's launch form (noise
 dot inside, planes opened, expert order, peel tails) writes the emulation's codes bit for bit."""
@@ -20,7 +20,7 @@ def _both(monkeypatch, launch):
     from kernels.fp8mine import noisy_kernel
     out = []
     for hardware in (False, True):
-        monkeypatch.setattr(noisy_kernel, "HARDWARE_ROUNDING", hardware)
+        monkeypatch.setattr(noisy_kernel, "_by_device", lambda x, on=hardware: on and x.is_cuda)
         out.append(launch().view(torch.uint8).cpu().numpy())
     return out
 

@@ -2,7 +2,8 @@
 GPU): on an uneven routing with an empty expert, operands whose rows carry their peel rows as
 128-byte tails (strided views, as the pipeline passes them), the epilogue's bf16 output is the
 peel pass's (peel.peel_and_unscale on the plain raw accumulator) within two bf16 steps, and its
-folded lanes are bitwise the fold epilogue's.
+folded lanes are bitwise the fold epilogue's; reading token rows through an index (the gather)
+gives bitwise what the rows copied into expert order give.
 """
 import numpy as np
 import pytest
@@ -68,3 +69,40 @@ def test_epilogue_peel_matches_the_peel_pass(key: str) -> None:
     assert torch.equal(lanes, want_lanes)
     diff = (out.float() - want.float()).abs()
     assert float((diff - 2 ** -7 * want.float().abs()).max()) <= 1e-3 * float(want.float().abs().max())
+
+
+@pytest.mark.parametrize("key", ["128x128x128_c2x1_coop", "64x128x128_c1x1_pp"])
+def test_gathered_rows_peel_as_the_rows_copied_into_expert_order(key: str) -> None:
+    """`GATHER_IN_GEMM` with the peel: output row r reads token row a_idx[r] of the padded
+    token-order operand, tails included (tokens repeated across experts, as top-k routes them);
+    the output and lanes are bitwise those of the same rows copied into expert order first."""
+    from kernels.fp8mine.peel import TAIL_BYTES
+    from kernels.fp8mine.peel_epilogue import peeled_grouped_gemm
+
+    config = GroupedGemmConfig.from_key(key)
+    gen = np.random.default_rng(9)
+    rows, experts, tokens = sum(SIZES), len(SIZES), 150
+    codes = gen.integers(0, 256, size=(tokens, K), dtype=np.uint8)
+    codes[(codes & 0x7F) == 0x7F] = 0x3C
+    weights = gen.integers(0, 256, size=(experts, N, K), dtype=np.uint8)
+    weights[(weights & 0x7F) == 0x7F] = 0x38
+    a_peel = (torch.randn(tokens, 64, device="cuda") * 300).to(torch.bfloat16)
+    b_peel = (torch.randn(experts, N, 64, device="cuda") * 300).to(torch.bfloat16)
+    alpha_a = (torch.rand(tokens, device="cuda") * 30 + 1).to(torch.bfloat16)
+    alpha_b = (torch.rand(experts, N, device="cuda") * 30 + 1).to(torch.bfloat16)
+    padded_tokens, inv_tokens = _with_tails(codes, a_peel, alpha_a)
+    padded_b, inv_b = _with_tails(weights, b_peel, alpha_b)
+    a_idx = torch.from_numpy(gen.integers(0, tokens, size=rows).astype(np.int32)).cuda()
+    bounds = torch.from_numpy(np.concatenate([[0], np.cumsum(SIZES)]).astype(np.int32)).cuda()
+    inv_rows = inv_tokens.index_select(0, a_idx)
+    b = padded_b.view(experts, N, K + TAIL_BYTES)
+
+    want_lanes = torch.full((rows // 4, N // 64, 16), -1, dtype=torch.int32, device="cuda")
+    want = torch.empty((rows, N), dtype=torch.bfloat16, device="cuda")
+    copied = padded_tokens.view(torch.uint8).index_select(0, a_idx.long()).view(torch.float8_e4m3fn)
+    peeled_grouped_gemm(copied, b, bounds, want, want_lanes, inv_rows, inv_b.view(experts, N), config)
+    lanes = torch.full_like(want_lanes, -1)
+    out = torch.empty_like(want)
+    peeled_grouped_gemm(padded_tokens, b, bounds, out, lanes, inv_rows, inv_b.view(experts, N), config, a_idx=a_idx)
+    assert torch.equal(lanes, want_lanes)
+    assert torch.equal(out.view(torch.int16), want.view(torch.int16))

@@ -90,9 +90,10 @@ def test_prequantize_and_norms_match_reference():
 
 @pytest.mark.parametrize("rows, k", [(40, 256), (3, 6144), (2, 16), (130, 64)])
 def test_prepare_rows_matches_reference(rows, k):
-    """The fused row kernel (planes, values, norms, α/β in one launch; 32 programs walk up to 2
-    rows at decode, beyond 64 rows a program per 4 rows with a partial last one; k = 6144 leaves
-    a quarter of the 1024-block row dead) against the reference."""
+    """The fused row kernel (planes, norms, α/β in one launch, no opened values: the codes launch
+    opens X from the planes; 32 programs walk up to 2 rows at decode, beyond 64 rows a program per
+    4 rows with a partial last one; k = 6144 leaves a quarter of the 1024-block row dead) against
+    the reference."""
     rng = np.random.default_rng(k + rows)
     x = (rng.standard_normal((rows, k)) * np.exp2(rng.integers(-30, 30, (rows, 1)))).astype(np.float32)
     x[0] = 0  # an all-zero row: l2 = 0
@@ -102,23 +103,11 @@ def test_prepare_rows_matches_reference(rows, k):
     codes, scales = ref_prequant.prequantize(source.float().numpy())
     l2, linf = ref_prequant.row_norms(codes, scales)
     assert np.array_equal(got.codes.numpy(), codes) and np.array_equal(u16(got.scales), scales)
-    assert np.array_equal(u16(got.values), ref_prequant.open_values(codes, scales))
+    assert got.values is None
     assert np.array_equal(u16(got.l2), l2) and np.array_equal(u16(got.linf), linf)
     want = [ref_quant.row_scales("hopper", int(a), int(b)) for a, b in zip(l2, linf)]
     assert same_bf16(u16(got.alpha), np.array([w[0] for w in want], dtype=np.uint16))
     assert same_bf16(u16(got.beta), np.array([w[1] for w in want], dtype=np.uint16))
-
-
-def test_prepare_rows_without_values_leaves_the_rest_unchanged():
-    """`OPEN_IN_NOISY`: the one rows launch writes no opened values; planes, norms, α and β are
-    the ones it writes with them."""
-    rng = np.random.default_rng(33)
-    x = torch.from_numpy((rng.standard_normal((70, 6144)) * 4).astype(np.float32)).to(torch.bfloat16)
-    full, bare = dev_quant.prepare_rows(x, open_values=True), dev_quant.prepare_rows(x, open_values=False)
-    assert full.values is not None and bare.values is None
-    for name in ("codes", "scales", "l2", "linf", "alpha", "beta"):
-        assert torch.equal(getattr(full, name).view(torch.int8 if name == "codes" else torch.int16),
-                           getattr(bare, name).view(torch.int8 if name == "codes" else torch.int16)), name
 
 
 def test_row_programs_grow_with_the_rows():
@@ -392,7 +381,7 @@ def test_noisy_codes_opened_from_the_planes_equal_those_from_the_values():
     """`Planes` in place of X: every launch form (N from memory, N formed in the launch; token
     order, expert order, peel tails) opens RNE_bf16(q · s) itself and writes the codes it writes
     from the opened values; rows with scales at the extremes (2^-100's block floor, the largest
-    bf16 scales) and zero blocks included. noisy_side on rows without values (OPEN_IN_NOISY)
+    bf16 scales) and zero blocks included. noisy_side on rows without values (as `prepare_rows` gives them)
     gives the side it gives with them; malformed planes are refused."""
     from kernels.fp8mine import noisy_kernel
     from kernels.fp8mine.peel import TAIL_BYTES
@@ -722,19 +711,16 @@ def test_peel_recovers_the_denoised_product():
     assert float((out.float() - want).norm() / want.norm()) < 2e-2
 
 
-@pytest.mark.parametrize("split_k, rows, wide, fp8", [(True, 64, False, False), (True, 16, False, False),
-                                                       (False, 64, False, False), (False, 64, True, False),
-                                                       (True, 64, False, True), (False, 64, True, True)])
-def test_a_peel_and_routed_peel_match_the_formula(split_k, rows, wide, fp8, monkeypatch):
-    """The A peel kernel (split over k, the last program of each row block adding the partials
-    — run twice, so the counters are back at zero — or one pass; 16- or 64-row blocks, F_B codes
-    or values, or (A_PEEL_FP8) e4m3 windows against F_Bᵀ's codes) and the peel pass with rows in
-    expert order (tiles never straddle an expert; A peel rows and α_A gathered through Rflat)
-    against the formula in torch."""
+@pytest.mark.parametrize("split_k, rows, wide", [(True, 64, False), (True, 16, False), (False, 64, False),
+                                                 (False, 64, True)])
+def test_a_peel_and_routed_peel_match_the_formula(split_k, rows, wide, monkeypatch):
+    """The A peel kernel (e4m3 windows against F_Bᵀ's codes; split over k, the last program of
+    each row block adding the partials — run twice, so the counters are back at zero — or one
+    pass; 16- or 64-row blocks) and the peel pass with rows in expert order (tiles never
+    straddle an expert; A peel rows and α_A gathered through Rflat) against the formula in torch."""
     from kernels.fp8mine import peel
     from kernels.fp8mine.peel import a_peel, peel_and_unscale
     from kernels.fp8mine.quant import NoisySide
-    monkeypatch.setattr(peel, "A_PEEL_FP8", fp8)
     if not split_k:
         monkeypatch.setattr(peel, "_A_PEEL_DECODE_PROGRAMS", 1)
     if rows == 16:  # the middle sizes' row blocks

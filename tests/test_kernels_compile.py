@@ -235,6 +235,22 @@ def test_fp8_fold_epilogue_compiles_with_gathered_rows(config: GroupedGemmConfig
     assert not re.search(r"\b(LDL|STL)\b", sass), "registers spilled to local memory"
 
 
+@pytest.mark.parametrize("config", GATHER_CONFIGS, ids=[c.key for c in GATHER_CONFIGS])
+def test_fp8_peel_epilogue_compiles_with_gathered_rows(config: GroupedGemmConfig) -> None:
+    """The peeling GEMM reading its A rows, tails included, through Rflat (`GATHER_IN_GEMM` at
+    prefill: A′ written once in token order, not once per expert copy): cp.async row copies for
+    A beside B's TMA, the same bf16 peel chain as the TMA form, without spills."""
+    from kernels.fp8mine.peel_epilogue import compile_peel_gemm, peel_fits
+
+    if not peel_fits(config, 4096, 6144):
+        return
+    sass = compile_peel_gemm(config, True).__sass__
+    atoms_m = 1 if config.pingpong else max(1, config.tile_m // 128)
+    assert re.search(r"\bLDGSTS\b", sass) and "UTMALDG" in sass
+    assert len(re.findall(r"\bHGMMA\.64x\d+x16\.F32\.BF16\b", sass)) == 4 * atoms_m
+    assert not re.search(r"\b(LDL|STL)\b", sass), "registers spilled to local memory"
+
+
 @pytest.mark.parametrize("config", INT8_CONFIGS, ids=[c.key for c in INT8_CONFIGS])
 def test_int7_peel_gemm_compiles(config: GroupedGemmConfig) -> None:
     """The INT7 split peel on the CuTe GEMM (kernels.int7.peel_gemm): Horner's ×256 between

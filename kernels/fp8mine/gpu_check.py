@@ -43,8 +43,6 @@ from proof.fp8.params import TILE_4X64
 from proof.fp8.verify import evaluate_plain_proof, verify_plain_proof
 
 from . import matmul as matmul_module
-from . import noisy_kernel as noisy_module
-from . import peel as peel_module
 from . import pipeline as pipeline_module
 from . import quant
 from .lottery import LotteryLatch
@@ -279,22 +277,10 @@ def _checked_stages(gemm: MinedGemm, x: torch.Tensor, topk) -> dict:
             result.a.side.positions is not None and gathered.a.side.positions is None
             and torch.equal(gathered.acc.view(torch.int32), result.acc.view(torch.int32))
             and torch.equal(gathered.out.view(torch.int16), result.out.view(torch.int16)))
-    opened = _forward_switched(gemm, x, topk, "OPEN_IN_NOISY", not quant.OPEN_IN_NOISY)
-    out["X opened in the codes launch or read as values: A′, accumulator and output bitwise equal"] = bool(
-        torch.equal(opened.a.side.codes.view(torch.uint8), result.a.side.codes.view(torch.uint8))
-        and _bitwise_equal(opened.acc, result.acc)
-        and torch.equal(opened.out.view(torch.int16), result.out.view(torch.int16)))
-    rounded = _forward_switched(gemm, x, topk, "HARDWARE_ROUNDING", not noisy_module.HARDWARE_ROUNDING)
-    out["codes rounded by the device's instructions or emulated: A′, accumulator and output bitwise equal"] = bool(
-        torch.equal(rounded.a.side.codes.view(torch.uint8), result.a.side.codes.view(torch.uint8))
-        and _bitwise_equal(rounded.acc, result.acc)
-        and torch.equal(rounded.out.view(torch.int16), result.out.view(torch.int16)))
-    out["A peel as e4m3 windows or TF32 sums (A_PEEL_FP8 flipped): output"] = _output_diff(
-        _forward_switched(gemm, x, topk, "A_PEEL_FP8", not peel_module.A_PEEL_FP8).out, result.out)
     if gemm.moe and _would("GATHER_IN_GEMM", gather_in_gemm, rows, gemm.b_codes()):
         gathered = _forward_switched(gemm, x, topk, "GATHER_IN_GEMM", True)
-        out["A′ rows gathered by the GEMM: accumulator and output bitwise equal"] = bool(
-            torch.equal(gathered.acc.view(torch.int32), result.acc.view(torch.int32))
+        out["A′ rows gathered by the GEMM: accumulator (if kept) and output bitwise equal"] = bool(
+            _bitwise_equal(gathered.acc, result.acc)
             and torch.equal(gathered.out.view(torch.int16), result.out.view(torch.int16)))
     return out
 
@@ -328,9 +314,8 @@ def _output_diff(got: torch.Tensor, want: torch.Tensor) -> dict:
 @contextlib.contextmanager
 def _switched(switch: str, value: bool):
     """A module switch (matmul's FOLD_IN_EPILOGUE, PEEL_IN_EPILOGUE, GATHER_IN_GEMM,
-    BF16_FOLDED_ACC; pipeline's A_IN_EXPERT_ORDER; quant's OPEN_IN_NOISY; peel's A_PEEL_FP8;
-    noisy_kernel's HARDWARE_ROUNDING) set to `value` for the block: the other variant, for
-    comparisons and timing."""
+    BF16_FOLDED_ACC; pipeline's A_IN_EXPERT_ORDER) set to `value` for the block: the other
+    variant, for comparisons and timing."""
     module = _switch_module(switch)
     before = getattr(module, switch)
     setattr(module, switch, value)
@@ -341,13 +326,7 @@ def _switched(switch: str, value: bool):
 
 
 def _switch_module(switch: str):
-    return next(m for m in (matmul_module, pipeline_module, quant, peel_module, noisy_module) if hasattr(m, switch))
-
-
-def _with_flipped(switch: str, fn, *args):
-    """fn(*args) with a module switch flipped: the other variant of one stage, timed beside it."""
-    with _switched(switch, not getattr(_switch_module(switch), switch)):
-        return fn(*args)
+    return next(m for m in (matmul_module, pipeline_module) if hasattr(m, switch))
 
 
 def _forward_switched(gemm: MinedGemm, x: torch.Tensor, topk, switch: str, value: bool):
@@ -531,9 +510,7 @@ def _parts(gemm: MinedGemm, x: torch.Tensor, topk, result) -> dict:
         **({"routing table": lambda: routing_table(topk, gemm.b.experts)} if gemm.moe else {}),
         "A side": lambda: prepare_a(quant.prepare_rows(x), gemm.seed_message, gemm.p_a_len, state,
                                     table if gemm.moe else None, in_expert_order=a.side.positions is not None),
-        "A peel": lambda: a_peel(a.side, state.f_b, state.f_b_values, state.f_b_t),
-        f"A peel, A_PEEL_FP8={not peel_module.A_PEEL_FP8}": lambda: _with_flipped(
-            "A_PEEL_FP8", peel_module.a_peel, a.side, state.f_b, state.f_b_values, state.f_b_t),
+        "A peel": lambda: a_peel(a.side, state.f_b, state.f_b_t),
         "A' token rows gathered into expert order": lambda: token_codes.index_select(0, table.rflat),
         **{f"GEMM ({impl})": functools.partial(grouped_matmul, codes, b_codes, table, impl) for impl in IMPLS},
         "lottery tile map + lottery": lambda: gemm.latch.run(acc32, row_tiles(table), a.pow_key,
@@ -588,7 +565,7 @@ def _peel_epilogue_parts(gemm: MinedGemm, codes, b_codes, table: RoutingTable, a
     token = table.rflat.long()
     side = quant.NoisySide(padded_a[:, :k].view(torch.float8_e4m3fn), a.side.alpha[token], a.side.beta[token],
                            a.side.e_lines[token])
-    padded_a, inv_alpha_rows = write_tails(side, a_peel(a.side, state.f_b, state.f_b_values, state.f_b_t)[token])
+    padded_a, inv_alpha_rows = write_tails(side, a_peel(a.side, state.f_b, state.f_b_t)[token])
     padded_a = padded_a.view(torch.float8_e4m3fn)
     padded_b = padded_rows(state.side.codes).view(experts, n_e, k + TAIL_BYTES).view(torch.float8_e4m3fn)
     parts = {}
@@ -628,8 +605,7 @@ def _a_side_stages(gemm: MinedGemm, x: torch.Tensor, table: RoutingTable) -> dic
     side = quant.NoisySide(noisy_kernel.noisy_codes(alpha, beta, x, noise_dot), alpha, beta, e_a)
     committed = noisy_kernel.Planes(codes, scales)
     stages = {
-        "rows, one launch (planes, values, norms, α, β)": lambda: quant.prepare_rows(x, open_values=True),
-        "rows, one launch without values (OPEN_IN_NOISY)": lambda: quant.prepare_rows(x, open_values=False),
+        "rows, one launch (planes, norms, α, β)": lambda: quant.prepare_rows(x),
         "prequant + open": lambda: prequant.prequantize_and_open(x),
         "row norms": lambda: prequant.row_norms(codes, scales),
         "plane trees (all, plane_roots)": lambda: transcript.plane_roots(key_a, planes),
@@ -646,18 +622,11 @@ def _a_side_stages(gemm: MinedGemm, x: torch.Tensor, table: RoutingTable) -> dic
             alpha, beta, values, e_a, state.f_a),
         "same, X opened from the planes": lambda: noisy_kernel.noisy_codes_of_lines(
             alpha, beta, committed, e_a, state.f_a),
-        f"same, HARDWARE_ROUNDING={not noisy_module.HARDWARE_ROUNDING}": lambda: _with_flipped(
-            "HARDWARE_ROUNDING", noisy_kernel.noisy_codes_of_lines, alpha, beta, values, e_a, state.f_a),
         **({"same, written into expert order": lambda: noisy_kernel.noisy_codes_of_lines(
             alpha, beta, values, e_a, state.f_a, table.positions),
             "same, into expert order, X opened from the planes": lambda: noisy_kernel.noisy_codes_of_lines(
-            alpha, beta, committed, e_a, state.f_a, table.positions),
-            f"same, into expert order, planes, HARDWARE_ROUNDING={not noisy_module.HARDWARE_ROUNDING}":
-            lambda: _with_flipped("HARDWARE_ROUNDING", noisy_kernel.noisy_codes_of_lines, alpha, beta, committed,
-                                  e_a, state.f_a, table.positions)} if gemm.moe else {}),
-        "A peel": lambda: a_peel(side, state.f_b, state.f_b_values, state.f_b_t),
-        f"A peel, A_PEEL_FP8={not peel_module.A_PEEL_FP8}": lambda: _with_flipped(
-            "A_PEEL_FP8", peel_module.a_peel, side, state.f_b, state.f_b_values, state.f_b_t),
+            alpha, beta, committed, e_a, state.f_a, table.positions)} if gemm.moe else {}),
+        "A peel": lambda: a_peel(side, state.f_b, state.f_b_t),
     }
     return _time_each(stages)
 
@@ -697,8 +666,6 @@ def _lagged_parts(gemm: MinedGemm, x: torch.Tensor, topk, result) -> dict:
                                                                 b_peel, alpha_b, table, row_shift=ready.bounds[1:],
                                                                 a_left_zero=True),
         "side: clean A peel": lambda: clean_peel(operand, state.f_b, state.f_b_t),
-        f"side: clean A peel, A_PEEL_FP8={not peel_module.A_PEEL_FP8}": lambda: _with_flipped(
-            "A_PEEL_FP8", clean_peel, operand, state.f_b, state.f_b_t),
         "side: A side + PENDING fill": side_a,
         "side: lottery (MINED rows) + payload + publish": lambda: (
             gemm.latch.run(mined.acc, row_tiles(mined.slot.table()), mined.slot.pow_key, gemm.threshold,
@@ -751,13 +718,6 @@ def check_timing() -> dict:
             if gemm.moe:
                 methods["mined, A′ gathered into expert order"] = [
                     functools.partial(_forward_switched, gemm, x, topk, "A_IN_EXPERT_ORDER", False)]
-            methods["mined, codes rounded the other way"] = [
-                functools.partial(_forward_switched, gemm, x, topk, "HARDWARE_ROUNDING",
-                                  not noisy_module.HARDWARE_ROUNDING)]
-            methods["mined, A peel the other way"] = [
-                functools.partial(_forward_switched, gemm, x, topk, "A_PEEL_FP8", not peel_module.A_PEEL_FP8)]
-            methods["mined, X opened the other way"] = [
-                functools.partial(_forward_switched, gemm, x, topk, "OPEN_IN_NOISY", not quant.OPEN_IN_NOISY)]
             if gemm.moe and _would("GATHER_IN_GEMM", gather_in_gemm, xq.shape[0], gemm.b_codes()):
                 methods["mined, A′ gathered by the GEMM"] = [
                     functools.partial(_forward_switched, gemm, x, topk, "GATHER_IN_GEMM", True)]
@@ -786,12 +746,6 @@ def check_timing() -> dict:
                     timings["mined, A′ gathered by the GEMM"])
             if "mined, peel pass" in timings:
                 entry["mined with the peel pass median us"] = _median_us(timings["mined, peel pass"])
-            entry[f"mined with HARDWARE_ROUNDING={not noisy_module.HARDWARE_ROUNDING} median us"] = _median_us(
-                timings["mined, codes rounded the other way"])
-            entry[f"mined with A_PEEL_FP8={not peel_module.A_PEEL_FP8} median us"] = _median_us(
-                timings["mined, A peel the other way"])
-            entry[f"mined with OPEN_IN_NOISY={not quant.OPEN_IN_NOISY} median us"] = _median_us(
-                timings["mined, X opened the other way"])
             best = ("mined", mined_us)
             if lag is not None:
                 lagged_us = _median_us(timings["mined lagged"])

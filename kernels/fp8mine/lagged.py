@@ -451,6 +451,6 @@ def _zero_noise(m: int, device: torch.device) -> tuple[torch.Tensor, torch.Tenso
 
 def clean_peel(operand: Operand, f_b: torch.Tensor, f_b_t: torch.Tensor | None = None) -> torch.Tensor:
     """(m, 64) bf16 [0 | A_c′ · F_Bᵀ]: the A peel of the clean rows (peel.a_peel with E_A = 0;
-    f_b_t: F_Bᵀ's codes formed once per job, for peel.A_PEEL_FP8)."""
+    f_b_t: F_Bᵀ's codes formed once per job)."""
     beta, e_lines = _zero_noise(operand.clean_codes.shape[0], operand.clean_codes.device)
     return a_peel(NoisySide(operand.clean_codes, operand.clean_alpha, beta, e_lines), f_b, f_b_t=f_b_t)

@@ -24,14 +24,9 @@ _BLOCK = 1024  # rows per row-scales program
 _NOISY_ROWS = 4  # noisy-codes tile: α, β once per row, 16-byte vector loads along k
 _NOISY_COLS = 512
 _DOT_ROWS = 64  # the tile when the kernel forms N itself: one m64nNk32 e4m3 WGMMA per tile
-_DOT_COLS = 64
-# The element op's three roundings as the device's own instructions — cvt.rn.bf16.f32 for
-# bf16(N) and bf16(β·N), fma.rn.bf16 for the one-rounding FMA, cvt.rn.satfinite.e4m3x2.f32 for
-# the saturating e4m3 encode — instead of their integer and TwoSum emulation (~65 operations an
-# element, the launch's bound at prefill: 249 µs in token order for 150 MB). Same codes for every
-# input but NaN (whose code is 0x7F either way up to its sign; planes are finite). CUDA only: the
-# CPU interpreter keeps the emulation. Off until checked and timed on a GPU.
-HARDWARE_ROUNDING = False
+_DOT_COLS = 64  # up to _DOT_WIDE_FROM rows (ridge: 384 programs, not 192; 27.2 vs 29.2 µs)
+_DOT_WIDE_COLS = 128  # from there (GLM-5 prefill: 206.5 vs 229.6 µs; H100, session 20)
+_DOT_WIDE_FROM = 1024
 
 
 class Planes(NamedTuple):
@@ -175,7 +170,7 @@ def _fma_rn_bf16(a, b, c):
 
 @jit
 def _noisy_codes_by_device(x, alpha, beta, dot):
-    """`noisy_codes_tile` with the device's rounding instructions (HARDWARE_ROUNDING): bf16
+    """`noisy_codes_tile` with the device's rounding instructions (CUDA: `_by_device`): bf16
     conversions round to nearest even, the FMA rounds once, the e4m3 encode saturates at ±448."""
     noise = dot.to(tl.bfloat16)
     scaled = (beta * noise.to(tl.float32)).to(tl.bfloat16)
@@ -276,8 +271,13 @@ def _x_arguments(x: torch.Tensor | Planes) -> tuple[torch.Tensor, torch.Tensor, 
 
 
 def _by_device(x: torch.Tensor) -> bool:
-    """Whether this launch rounds with the device's instructions (HARDWARE_ROUNDING, on CUDA)."""
-    return HARDWARE_ROUNDING and x.is_cuda
+    """Whether this launch rounds with the device's own instructions: cvt.rn.bf16.f32 for bf16(N)
+    and bf16(β·N), fma.rn.bf16 for the one-rounding FMA, cvt.rn.satfinite.e4m3x2.f32 for the
+    saturating encode — on CUDA, where the emulation (~65 integer and TwoSum operations an
+    element) bound the launch (GLM-5 prefill codes into expert order 217.6 vs 302.4 µs; H100,
+    session 20). The same codes for every input but NaN (0x7F either way up to its sign; planes
+    are finite). The CPU interpreter cannot run inline PTX and keeps the emulation."""
+    return x.is_cuda
 
 
 def scattered_out(x: torch.Tensor, positions: torch.Tensor | None,
@@ -321,11 +321,12 @@ def noisy_codes_of_lines(alpha: torch.Tensor, beta: torch.Tensor, x: torch.Tenso
     x_ptr, scales_ptr, planes = _x_arguments(x)
     rows, k = x_ptr.shape
     out, where, top_k = scattered_out(x_ptr, positions, tail)
-    grid = (triton.cdiv(rows, _DOT_ROWS), triton.cdiv(k, _DOT_COLS))
+    cols = _DOT_WIDE_COLS if rows >= _DOT_WIDE_FROM else _DOT_COLS
+    grid = (triton.cdiv(rows, _DOT_ROWS), triton.cdiv(k, cols))
     _noisy_kernel[grid](x_ptr, scales_ptr, x_ptr, e_lines.contiguous().view(torch.uint8),
                         f_lines.contiguous().view(torch.uint8), alpha.contiguous().view(torch.int16),
                         beta.contiguous().view(torch.int16), out, where, rows, k, k + tail, BR=_DOT_ROWS,
-                        BC=_DOT_COLS, DOT=True, TOP_K=top_k, PLANES=planes, HW=_by_device(x_ptr),
+                        BC=cols, DOT=True, TOP_K=top_k, PLANES=planes, HW=_by_device(x_ptr),
                         enable_fp_fusion=False, num_warps=4)
     return out[:, :k].view(torch.float8_e4m3fn)
 

@@ -41,12 +41,6 @@ _A_PEEL_WIDE_FROM = 64 * 128  # rows from which the wide block is used
 _A_PEEL_PROGRAMS = 264  # split k until row blocks × splits reaches this (2 × 132 SMs: GLM-5 prefill 80 vs 90 µs at 128, H100, session 18)
 _A_PEEL_DECODE_ROWS = 256  # rows up to which the A peel is a decode one (64-row blocks, few programs)
 _A_PEEL_DECODE_PROGRAMS = 16  # decode: few programs, k split 16 ways (side work beside the lagged GEMM)
-# The A peel's Σ A′·F_B as e4m3 · e4m3 tensor-core windows (F_Bᵀ's codes, K-major, promoted to
-# fp32 every k step as the Hopper model does) instead of decoding A′ to fp32 for a TF32 dot:
-# the codes then go to the tensor cores as loaded (1 byte, not 4, through the operand layout).
-# The peel is approximate (§10): its sums round to bf16 either way. Off until timed on a GPU.
-A_PEEL_FP8 = False
-_F_CODES, _F_VALUES, _F_TRANSPOSED_CODES = 0, 1, 2  # what the A peel kernel reads of F_B
 _PEEL_ROWS = 64  # row-tile height of the prefill pass (experts averaging ≥ 64 rows)
 _PEEL_WIDE_COLS = 64  # prefill: 64-column steps, 3-stage cp.async prefetch (82 KB smem, 112 regs: 2 an SM)
 _PEEL_SPAN = 1024  # most columns one prefill program walks
@@ -85,15 +79,16 @@ def _store_a_peel(out_ptr, beta_ptr, e_ptr, r, right_sum, rows, BR: tl.constexpr
 
 
 @jit
-def _a_peel_kernel(codes_ptr, positions_ptr, beta_ptr, e_ptr, f_b_ptr, out_ptr, partial_ptr, counter_ptr, rows, k,
-                   stride, k_per_split, splits, BR: tl.constexpr, BK: tl.constexpr, F_FORM: tl.constexpr,
-                   TOP_K: tl.constexpr):
+def _a_peel_kernel(codes_ptr, positions_ptr, beta_ptr, e_ptr, f_t_ptr, out_ptr, partial_ptr, counter_ptr, rows, k,
+                   stride, k_per_split, splits, BR: tl.constexpr, BK: tl.constexpr, TOP_K: tl.constexpr):
     """Σ_k A′[r, k] · F_B[k, :] over split program_id(1)'s k range for BR rows, stored by
-    `finish_a_peel` (several splits: no combine launch). F_FORM: F_B as e4m3 codes (k, 32) decoded
-    each step, as its f32 values (k, 32) decoded once per job (prefill), or as F_Bᵀ's codes
-    (32, k) for e4m3 tensor-core windows promoted each step (A_PEEL_FP8). TOP_K > 0: the codes
-    are in expert order and row r is read from codes row positions[r·TOP_K] (its first copy).
-    stride: the codes' row stride (k, or k plus a peel tail)."""
+    `finish_a_peel` (several splits: no combine launch). Each BK step is an e4m3 · e4m3
+    tensor-core window against F_Bᵀ's codes (32, k), promoted to fp32 apart from the dot as the
+    Hopper model does: the codes go to the tensor cores as loaded (1 byte, not the 4 of the fp32
+    values a TF32 dot read: H100, session 20, GLM-5 prefill 24 vs 81 µs). The peel is approximate
+    (§10): its sums round to bf16. TOP_K > 0: the codes are in expert order and row r is read
+    from codes row positions[r·TOP_K] (its first copy). stride: the codes' row stride (k, or k
+    plus a peel tail)."""
     r = tl.program_id(0) * BR + tl.arange(0, BR)
     live = (r < rows)[:, None]
     r64 = r.to(tl.int64)[:, None]
@@ -101,24 +96,15 @@ def _a_peel_kernel(codes_ptr, positions_ptr, beta_ptr, e_ptr, f_b_ptr, out_ptr, 
         source = r64
     else:
         source = tl.load(positions_ptr + r64 * TOP_K, mask=live, other=0).to(tl.int64)
-    j = tl.arange(0, 32)[None, :]
     kk = tl.arange(0, BK)
     total = tl.full((BR, 32), 0.0, tl.float32)
     k_start = tl.program_id(1) * k_per_split
     k_end = tl.minimum(k_start + k_per_split, k)
     for k0 in range(k_start, k_end, BK):
         codes = tl.load(codes_ptr + source * stride + k0 + kk[None, :], mask=live, other=0)
-        if F_FORM == 2:
-            f_t = tl.load(f_b_ptr + tl.arange(0, 32).to(tl.int64)[:, None] * k + k0 + kk[None, :])
-            window = tl.dot(codes.to(tl.float8e4nv, bitcast=True), tl.trans(f_t.to(tl.float8e4nv, bitcast=True)))
-            total = tl.fma(window, 1.0, total)  # promoted apart from the dot, as the windowed GEMM
-        else:
-            f_cells = f_b_ptr + (k0 + kk).to(tl.int64)[:, None] * 32 + j
-            if F_FORM == 1:
-                f = tl.load(f_cells)
-            else:
-                f = e4m3_value(tl.load(f_cells).to(tl.int32))
-            total = tl.dot(e4m3_value(codes.to(tl.int32)), f, total)  # e4m3 values are exact in tf32
+        f_t = tl.load(f_t_ptr + tl.arange(0, 32).to(tl.int64)[:, None] * k + k0 + kk[None, :])
+        window = tl.dot(codes.to(tl.float8e4nv, bitcast=True), tl.trans(f_t.to(tl.float8e4nv, bitcast=True)))
+        total = tl.fma(window, 1.0, total)  # promoted apart from the dot, as the windowed GEMM
     finish_a_peel(out_ptr, beta_ptr, e_ptr, partial_ptr, counter_ptr, r, total, rows, splits, BR)
 
 
@@ -147,8 +133,8 @@ def finish_a_peel(out_ptr, beta_ptr, e_ptr, partial_ptr, counter_ptr, r, total, 
 def a_peel_rows(rows: int) -> int:
     """Row block of the A peel: 64 at decode (≤ _A_PEEL_DECODE_ROWS rows: a few blocks, k split
     across the side stream's SMs, so each program walks only a few k steps with one F_B block
-    per step for all its rows) and at prefill (64-row blocks alone give 128+ programs; F_B's
-    values decoded once per launch); 16 between (more row blocks)."""
+    per step for all its rows) and at prefill (64-row blocks alone give 128+ programs); 16
+    between (more row blocks)."""
     return _A_PEEL_ROWS if _A_PEEL_DECODE_ROWS < rows < _A_PEEL_WIDE_FROM else _A_PEEL_WIDE_ROWS
 
 
@@ -169,14 +155,12 @@ def split_k(k: int, block_k: int, wanted: int) -> tuple[int, int]:
     return triton.cdiv(k, per_split), per_split
 
 
-def a_peel(side: NoisySide, f_b: torch.Tensor, f_b_values: torch.Tensor | None = None,
-           f_b_t: torch.Tensor | None = None) -> torch.Tensor:
+def a_peel(side: NoisySide, f_b: torch.Tensor, f_b_t: torch.Tensor | None = None) -> torch.Tensor:
     """(rows, 64) bf16: [β_A ⊙ E_A | A′ · F_Bᵀ] (k a multiple of 32). One Triton launch: split
     over k when the rows alone give too few programs (decode), the last program of each row
-    block adding the partial sums; at prefill F_B's values come from one torch decode (k × 32,
-    exact; or `f_b_values`, F_B as fp32 decoded once per job); with A_PEEL_FP8 the sums are
-    e4m3 tensor-core windows against F_Bᵀ's codes (`f_b_t`, (32, k), formed once per job, or
-    here). Codes in expert order (`side.positions`) are read at each token's first copy."""
+    block adding the partial sums; the sums are e4m3 tensor-core windows against F_Bᵀ's codes
+    (`f_b_t`, (32, k), formed once per job; or here from F_B (k, 32)). Codes in expert order
+    (`side.positions`) are read at each token's first copy."""
     rows, k = side.alpha.shape[0], side.codes.shape[1]
     device = side.codes.device
     block_k = 128 if k % 128 == 0 else 32
@@ -190,25 +174,13 @@ def a_peel(side: NoisySide, f_b: torch.Tensor, f_b_values: torch.Tensor | None =
     else:
         partial = done = out
     beta, e_lines = side.beta.contiguous().view(torch.int16), side.e_lines.contiguous().view(torch.uint8)
-    # prefill: F_B decoded once, not in each program's every step (its f32 blocks then stream in
-    # by cp.async like the A′ codes, 4 stages: two k steps in flight); 8 warps on the one
-    # program an SM holds (N split in two)
-    f_values = rows >= _A_PEEL_WIDE_FROM
-    if A_PEEL_FP8:
-        f_form = _F_TRANSPOSED_CODES
-        f_b = transposed_codes(f_b) if f_b_t is None else f_b_t
-    elif f_values:
-        f_form = _F_VALUES
-        f_b = f_b.float() if f_b_values is None else f_b_values
-    else:
-        f_form = _F_CODES
-        f_b = f_b.contiguous().view(torch.uint8)
+    f_t = transposed_codes(f_b) if f_b_t is None else f_b_t
     codes = (side.codes if side.codes.stride(1) == 1 else side.codes.contiguous()).view(torch.uint8)
     positions = codes if side.positions is None else side.positions
     _a_peel_kernel[(row_blocks, splits)](
-        codes, positions, beta, e_lines, f_b, out, partial, done, rows, k, codes.stride(0), per_split, splits,
-        BR=block_rows, BK=block_k, F_FORM=f_form, TOP_K=side.top_k, num_warps=8 if f_form == _F_VALUES else 4,
-        num_stages=3 if f_form == _F_CODES else 4)  # the e4m3 dot: one warpgroup, ~80 registers (sm_90 cubin)
+        codes, positions, beta, e_lines, f_t, out, partial, done, rows, k, codes.stride(0), per_split, splits,
+        BR=block_rows, BK=block_k, TOP_K=side.top_k, num_warps=4,
+        num_stages=4)  # one warpgroup, ~80 registers, cp.async two k steps ahead (sm_90 cubin)
     return out.view(torch.bfloat16)
 
 

@@ -114,25 +114,29 @@ def peel_fits(config: GroupedGemmConfig, n: int, k: int) -> bool:
 
 
 @functools.lru_cache(maxsize=None)
-def compile_peel_gemm(config: GroupedGemmConfig) -> Callable:
+def compile_peel_gemm(config: GroupedGemmConfig, gather: bool = False) -> Callable:
     """The fp8 grouped GEMM with the peel tile and the fold, peel and unscale epilogue → bf16,
-    for sm_90a (fake tensors)."""
-    return compile_variant(Bf16PeelSm90, Precision.FP8, Output.BF16, config, fake_unscale_arguments)
+    for sm_90a (fake tensors); gather: A's rows (their tails included) read through an index
+    (`compile_variant`)."""
+    return compile_variant(Bf16PeelSm90, Precision.FP8, Output.BF16, config, fake_unscale_arguments,
+                           gather=gather)
 
 
 def peeled_grouped_gemm(a: torch.Tensor, b: torch.Tensor, bounds: torch.Tensor, out: torch.Tensor,
                         lanes: torch.Tensor, inv_alpha_rows: torch.Tensor, inv_alpha_b: torch.Tensor,
-                        config: GroupedGemmConfig | None = None) -> torch.Tensor:
+                        config: GroupedGemmConfig | None = None, a_idx: torch.Tensor | None = None) -> torch.Tensor:
     """out (rows, n) bf16 = the peeled, unscaled layer output; `lanes` as
     `fold_epilogue.folded_grouped_gemm` (folded from the pre-peel accumulator).
 
     a (rows, k + TAIL_BYTES) e4m3: A′'s rows in expert order, each followed by its A peel row's
     128 bytes; b (e, n, k + TAIL_BYTES) e4m3: B′'s rows each followed by its B peel row
     (`peel.write_tails` builds both; strided views are read in place). bounds (e+1,) int32 row
-    offsets; inv_alpha_rows (rows,) fp32 1/α_A of each row; inv_alpha_b (e, n) fp32 1/α_B.
-    config: one that `peel_fits` (default: the fold GEMM's for k)."""
+    offsets; inv_alpha_rows (rows,) fp32 1/α_A of each output row; inv_alpha_b (e, n) fp32 1/α_B.
+    config: one that `peel_fits` (default: the fold GEMM's for k). a_idx: (rows,) int32; then a
+    holds the (tokens, k + TAIL_BYTES) token rows and output row r reads a[a_idx[r]] (the GEMM
+    gathers the rows with their tails: A′ is written once, not once per expert copy)."""
     experts, n, padded_k = b.shape
-    rows, k = a.shape[0], padded_k - TAIL_BYTES
+    rows, k = a.shape[0] if a_idx is None else a_idx.shape[0], padded_k - TAIL_BYTES
     if a.shape[1] != padded_k or k <= 0 or k % 128:
         raise ValueError(f"a {tuple(a.shape)} and b {tuple(b.shape)} must share k + {TAIL_BYTES}, k a multiple of 128")
     if out.dtype != torch.bfloat16 or out.shape != (rows, n):
@@ -140,8 +144,9 @@ def peeled_grouped_gemm(a: torch.Tensor, b: torch.Tensor, bounds: torch.Tensor, 
     if inv_alpha_rows.shape != (rows,) or inv_alpha_b.shape != (experts, n):
         raise ValueError(f"need inv_alpha_rows ({rows},) and inv_alpha_b ({experts}, {n}), got "
                          f"{tuple(inv_alpha_rows.shape)} and {tuple(inv_alpha_b.shape)}")
-    config = checked_config(config, rows, (experts, n, k), False, fit=lambda c, n_: peel_fits(c, n_, k))
+    config = checked_config(config, rows, (experts, n, k), a_idx is not None, fit=lambda c, n_: peel_fits(c, n_, k))
     epi = mining_arguments(bounds, lanes, mRowVecBroadcast=inv_alpha_b.float().contiguous(),
                            mColVecBroadcast=inv_alpha_rows.float().contiguous())
-    launch_variant(compile_peel_gemm(config), tma_operand(a), tma_operand(b), bounds, out, config, epi)
+    launch_variant(compile_peel_gemm(config, a_idx is not None), tma_operand(a), tma_operand(b), bounds, out, config,
+                   epi, a_idx=a_idx)
     return out

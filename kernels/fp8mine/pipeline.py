@@ -67,8 +67,7 @@ class BState:
     seed_b: torch.Tensor  # (1, 8) int32
     f_a: torch.Tensor  # (k, 32) e4m3
     f_b: torch.Tensor  # (k, 32) e4m3
-    f_b_values: torch.Tensor  # (k, 32) fp32: F_B decoded once (the prefill A peel reads values)
-    f_b_t: torch.Tensor  # (32, k) uint8: F_Bᵀ's codes, K-major (the A peel's e4m3 dot, peel.A_PEEL_FP8)
+    f_b_t: torch.Tensor  # (32, k) uint8: F_Bᵀ's codes, K-major (the A peel's e4m3 dot)
     side: quant.NoisySide  # B′ codes (n, k), α/β (n,), E_B
     peel: torch.Tensor  # (n, 64) bf16
     inv_alpha: torch.Tensor  # (n,) fp32 1/α_B, the peel epilogue's column scale (once per job)
@@ -79,7 +78,7 @@ class BState:
         if self.ready is None:
             return
         stream.wait_event(self.ready)
-        for t in (self.seed_b, self.f_a, self.f_b, self.f_b_values, self.f_b_t, self.side.codes, self.side.alpha,
+        for t in (self.seed_b, self.f_a, self.f_b, self.f_b_t, self.side.codes, self.side.alpha,
                   self.side.beta, self.side.e_lines, self.peel, self.inv_alpha):
             t.record_stream(stream)
 
@@ -162,7 +161,7 @@ class BSide:
         side, noise_b = quant.noisy_quantize(self.values, self.l2, self.linf, e_b, f_b, tail=TAIL_BYTES)
         peel = b_peel(side, noise_b, f_a)
         _, inv_alpha = write_tails(side, peel)
-        return BState(bytes(ancestor_header), seed_b, f_a, f_b, f_b.float(), transposed_codes(f_b), side, peel,
+        return BState(bytes(ancestor_header), seed_b, f_a, f_b, transposed_codes(f_b), side, peel,
                       inv_alpha)
 
 
@@ -188,7 +187,7 @@ def prepare_a(rows: quant.Rows, seed_message: torch.Tensor, p_a_len: int, state:
               table: RoutingTable | None, in_expert_order: bool = False, tail: int = 0) -> ASide:
     """HA (+ HR, HO), seedA, the keys, E_A and A′ from the pre-quantized rows
     (`quant.prepare_rows(x)`), on their device. The A peel is the caller's
-    (`peel.a_peel(a.side, state.f_b, state.f_b_values, state.f_b_t)`): only a same-launch pass peels these
+    (`peel.a_peel(a.side, state.f_b, state.f_b_t)`): only a same-launch pass peels these
     rows.
 
     seed_message: the job's `transcript.seed_a_message` (keyA inside; its head is written here).
@@ -313,21 +312,21 @@ class MinedGemm:
         pre = quant.prepare_rows(x)
         self._wait(main, table_ready)
         b_codes, n_rows = self.b_codes(), table.rflat.shape[0]
-        # the GEMM peels in its epilogue where it can read A′ in expert order (or dense) by TMA
-        # (B′ rows always carry their tails: BSide._build)
-        peeling = peel_in_gemm(n_rows, b_codes) and (not self.moe or A_IN_EXPERT_ORDER)
-        gather = self.moe and not peeling and gather_in_gemm(n_rows, b_codes)  # the GEMM reads A′ through Rflat
+        gather = self.moe and gather_in_gemm(n_rows, b_codes)  # the GEMM reads A′'s token rows through Rflat
+        # the GEMM peels in its epilogue where it reads A′'s rows with their tails: gathered, in
+        # expert order or dense by TMA (B′ rows always carry their tails: BSide._build)
+        peeling = peel_in_gemm(n_rows, b_codes) and (not self.moe or gather or A_IN_EXPERT_ORDER)
         a = prepare_a(pre, self.seed_message, self.p_a_len, state, table if self.moe else None,
                       in_expert_order=self.moe and not gather and A_IN_EXPERT_ORDER, tail=TAIL_BYTES if peeling else 0)
         # on the serving stream: a side-stream A peel found no SM free before the persistent GEMM
         # ended, and the peel then waited for it (H100 timeline, session 17)
-        peel_rows = a_peel(a.side, state.f_b, state.f_b_values, state.f_b_t)
+        peel_rows = a_peel(a.side, state.f_b, state.f_b_t)
         rows = a.side.codes if gather else self.expert_rows(a.side, table)
         sources = {"codes": a.codes, "scales": a.scales, "rflat": table.rflat, "offsets": table.offsets}
         if fold_in_gemm(n_rows, b_codes):
             lanes = folded_lanes(n_rows, b_codes.shape[1], rows.device)
             if peeling:  # no raw accumulator: the output comes peeled
-                out = self._peeled(*write_tails(a.side, peel_rows), table, lanes)
+                out = self._peeled(*write_tails(a.side, peel_rows), table, lanes, gather)
                 self.latch.run_folded(lanes, row_tiles(table), a.pow_key, self.threshold, state.seed_b, sources)
                 self.latch.publish()
                 self._join(main)
@@ -347,17 +346,20 @@ class MinedGemm:
         return LaunchResult(out, acc, table, a)
 
     def _peeled(self, padded_a: torch.Tensor, inv_alpha_rows: torch.Tensor, table: RoutingTable,
-                lanes: torch.Tensor) -> torch.Tensor:
+                lanes: torch.Tensor, gather: bool = False) -> torch.Tensor:
         """The GEMM with the fold, peel and unscale in its epilogue: the bf16 output. padded_a:
-        A′'s expert-order rows, each followed by its A peel row, and their 1/α_A
-        (`peel.write_tails`)."""
+        A′'s expert-order rows (gather: its token rows, read through Rflat), each followed by its
+        A peel row, and their 1/α_A (`peel.write_tails`)."""
         from .peel_epilogue import peeled_grouped_gemm
         assert self.state is not None
         experts, n_e, k = self.b.experts, self.b.n_e, self.b.k
         padded_b = padded_rows(self.state.side.codes).view(experts, n_e, k + TAIL_BYTES)
         out = torch.empty((table.rflat.shape[0], n_e), dtype=torch.bfloat16, device=padded_a.device)
+        if gather:
+            inv_alpha_rows = inv_alpha_rows.index_select(0, table.rflat)
         return peeled_grouped_gemm(padded_a.view(torch.float8_e4m3fn), padded_b.view(torch.float8_e4m3fn),
-                                   table.bounds, out, lanes, inv_alpha_rows, self.state.inv_alpha.view(experts, n_e))
+                                   table.bounds, out, lanes, inv_alpha_rows, self.state.inv_alpha.view(experts, n_e),
+                                   a_idx=table.rflat if gather else None)
 
     def _table(self, topk_ids: torch.Tensor | None, device: torch.device) -> RoutingTable:
         return routing_table(topk_ids, self.b.experts) if self.moe else dense_table(self.m, device)

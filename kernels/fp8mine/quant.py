@@ -22,10 +22,6 @@ from .matmul import matmul
 from .noisy_kernel import Planes, noisy_codes, noisy_codes_of_lines
 
 DELTA_R, DELTA_OVER_STD = scale_constants("hopper")
-# The A side's codes launch opens X from the planes (codes + scales, 1.25 bytes an element)
-# instead of reading opened values the rows launch wrote (2 bytes, written then read once):
-# bit-identical codes, ~140 MB less traffic at GLM-5 prefill. Off until timed on a GPU.
-OPEN_IN_NOISY = False
 
 
 class QuantError(ValueError):
@@ -58,28 +54,27 @@ class NoisySide:
 
 @dataclass
 class Rows:
-    """One launch's activations after pre-quantization: planes, opened values, norms and (α, β)."""
+    """One launch's activations after pre-quantization: planes, norms, (α, β) and maybe opened values."""
 
     codes: torch.Tensor  # (rows, k) int8
     scales: torch.Tensor  # (rows, k/8) bf16
-    values: torch.Tensor | None  # (rows, k) bf16; None where the codes launch opens them (OPEN_IN_NOISY)
+    values: torch.Tensor | None  # (rows, k) bf16 opened values; None from the one rows launch (the codes launch opens them)
     l2: torch.Tensor  # (rows,) bf16
     linf: torch.Tensor
     alpha: torch.Tensor
     beta: torch.Tensor
 
 
-def prepare_rows(x: torch.Tensor, open_values: bool | None = None) -> Rows:
+def prepare_rows(x: torch.Tensor) -> Rows:
     """prequant.prequantize_and_open + prequant.row_norms + row_scales of bf16 x (rows, k): one
     launch when k ≤ 8192 (`prequant_kernel.row_programs`; decode: three launches of 96, 64 and 1
-    programs took 2 waves each on the lagged side stream's ~16 SMs), the three launches otherwise.
-    open_values (default: not OPEN_IN_NOISY): whether the one launch writes the opened values;
-    without them `noisy_side` opens X from the planes."""
+    programs took 2 waves each on the lagged side stream's ~16 SMs), writing no opened values
+    (`noisy_side` opens X from the planes), the three launches otherwise."""
     if x.dtype == torch.bfloat16 and x.dim() == 2 and x.shape[1] % BLOCK_SIZE == 0 \
             and 0 < x.shape[1] <= 8 * prequant_kernel.MAX_ROW_BLOCKS:
-        return Rows(*prequant_kernel.prequantize_rows(x, l2_frame_width(x.shape[1]), noisy_kernel.bf16_value(DELTA_R),
-                                                      noisy_kernel.bf16_value(DELTA_OVER_STD),
-                                                      not OPEN_IN_NOISY if open_values is None else open_values))
+        codes, scales, *norms_and_scales = prequant_kernel.prequantize_rows(
+            x, l2_frame_width(x.shape[1]), noisy_kernel.bf16_value(DELTA_R), noisy_kernel.bf16_value(DELTA_OVER_STD))
+        return Rows(codes, scales, None, *norms_and_scales)
     codes, scales, values = prequant.prequantize_and_open(x)
     l2, linf = prequant.row_norms(codes, scales)
     return Rows(codes, scales, values, l2, linf, *row_scales(l2, linf))
