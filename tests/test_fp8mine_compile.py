@@ -121,8 +121,9 @@ SCRIPT = textwrap.dedent("""
             print("APEELFP8-END")
     triton.compile(ASTSource(fn=transcript._forest_kernel, signature={
         "key_ptr": "*i32", **{f"p{i}": "*i32" for i in range(4)}, **{f"w{i}": "i32" for i in range(4)},
-        **{f"n{i}": "i32" for i in range(4)}, "g1": "i32", "g2": "i32", "g3": "i32", "programs": "i32",
-        "nodes_ptr": "*i32", "roots_ptr": "*i32", "counter_ptr": "*i32", "LANES": "constexpr", "LEVELS": "constexpr"},
+        **{f"n{i}": "i32" for i in range(4)}, "g1": "i32", "g2": "i32", "g3": "i32", "b1": "i32", "b2": "i32",
+        "b3": "i32", "nodes_ptr": "*i32", "blocks_ptr": "*i32", "roots_ptr": "*i32", "counter_ptr": "*i32",
+        "block_counter_ptr": "*i32", "LANES": "constexpr", "LEVELS": "constexpr"},
         constexprs={"LANES": transcript._FOREST_LANES, "LEVELS": transcript._FOREST_LEVELS}),
         target=target, options={"num_warps": transcript._FOREST_LANES // 32})
     for routed in (False, True):

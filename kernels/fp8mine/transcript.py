@@ -153,14 +153,18 @@ def _load_words8_l2(ptr, mask):
 
 
 @jit
-def _forest_kernel(key_ptr, p0, p1, p2, p3, w0, w1, w2, w3, n0, n1, n2, n3, g1, g2, g3, programs,
-                   nodes_ptr, roots_ptr, counter_ptr, LANES: tl.constexpr, LEVELS: tl.constexpr):
-    """Roots of up to four planes' trees in one launch. Program p hashes an aligned group of
-    LANES chunks of one tree (tree t's groups are programs g_t.., g_0 = 0; w_t words, n_t chunks)
-    and folds them to the group's subtree node in registers; a one-group tree's node is its root.
-    The last program to finish (an acq_rel counter, reset by it) folds each larger tree's group
-    nodes to its root: LANES at a time into block nodes (subtrees of LANES² chunks, written over
-    the first group slots) when there are more than LANES, then the ≤ LANES block nodes."""
+def _forest_kernel(key_ptr, p0, p1, p2, p3, w0, w1, w2, w3, n0, n1, n2, n3, g1, g2, g3, b1, b2, b3,
+                   nodes_ptr, blocks_ptr, roots_ptr, counter_ptr, block_counter_ptr, LANES: tl.constexpr,
+                   LEVELS: tl.constexpr):
+    """Roots of up to four planes' trees in one launch, as three levels of aligned subtrees.
+    Program p hashes an aligned group of LANES chunks of one tree (tree t's groups are programs
+    g_t.., g_0 = 0; w_t words, n_t chunks) and folds them to the group's node in registers; a
+    one-group tree's node is its root. The last program of each block of LANES groups to finish
+    (an acq_rel counter per block, block_counter_ptr[block], reset by it) folds the block's
+    group nodes: the root where the tree is one block, else the block's node (tree t's blocks at
+    b_t.., b_0 = 0). The last block of a tree to finish (counter_ptr[t]) folds its ≤ LANES block
+    nodes to the root. Blocks and trees fold side by side: one program folding every block of
+    every tree in turn made the tail of the GLM-5 prefill forest most of its ~108 µs."""
     pid = tl.program_id(0)
     tree = (pid >= g1).to(tl.int32) + (pid >= g2).to(tl.int32) + (pid >= g3).to(tl.int32)
     group = pid - _pick4(tree, 0, g1, g2, g3)
@@ -181,31 +185,32 @@ def _forest_kernel(key_ptr, p0, p1, p2, p3, w0, w1, w2, w3, n0, n1, n2, n3, g1, 
                                                  k0, k1, k2, k3, k4, k5, k6, k7, LEVELS)
     out = tl.where(whole, roots_ptr + tree * 8, nodes_ptr + pid.to(tl.int64) * 8) + lane * 0
     store_words8(out, c0, c1, c2, c3, c4, c5, c6, c7, lane == 0)
-    tl.debug_barrier()  # every thread's stores come before the release below
-    if tl.atomic_add(counter_ptr, 1, sem="acq_rel") == programs - 1:
-        for t in tl.static_range(4):
-            first = _pick4(t, 0, g1, g2, g3)
-            groups = (_pick4(t, n0, n1, n2, n3) + LANES - 1) // LANES
-            if groups > 1:
-                count = groups
-                if groups > LANES:  # block b's node goes to slot first + b, read before (b ≥ 1: b < LANES·b)
-                    count = (groups + LANES - 1) // LANES
-                    for b in range(0, count):
-                        size = tl.minimum(groups - b * LANES, LANES)
-                        d0, d1, d2, d3, d4, d5, d6, d7 = _load_words8_l2(
-                            nodes_ptr + (first + b * LANES + lane).to(tl.int64) * 8, lane < size)
-                        partial = size < 0  # False: a block is never the whole tree (no ROOT flag)
-                        d0, d1, d2, d3, d4, d5, d6, d7 = _fold_lanes(d0, d1, d2, d3, d4, d5, d6, d7, size, partial,
-                                                                     k0, k1, k2, k3, k4, k5, k6, k7, LEVELS)
-                        store_words8(nodes_ptr + (first + b).to(tl.int64) * 8 + lane * 0,
-                                     d0, d1, d2, d3, d4, d5, d6, d7, lane == 0)
-                        tl.debug_barrier()  # the block node is stored before the next loads
-                d0, d1, d2, d3, d4, d5, d6, d7 = _load_words8_l2(nodes_ptr + (first + lane).to(tl.int64) * 8,
-                                                                 lane < count)
-                d0, d1, d2, d3, d4, d5, d6, d7 = _fold_lanes(d0, d1, d2, d3, d4, d5, d6, d7, count, count > 0,
-                                                             k0, k1, k2, k3, k4, k5, k6, k7, LEVELS)
-                store_words8(roots_ptr + t * 8 + lane * 0, d0, d1, d2, d3, d4, d5, d6, d7, lane == 0)
-        tl.store(counter_ptr, 0)  # ready for the next launch (graph replays reuse the counter)
+    if not whole:
+        tl.debug_barrier()  # every thread's stores come before the release below
+        groups = (chunks + LANES - 1) // LANES
+        blocks = (groups + LANES - 1) // LANES
+        block = group // LANES
+        first_block = _pick4(tree, 0, b1, b2, b3)
+        size = tl.minimum(groups - block * LANES, LANES)
+        block_counter = block_counter_ptr + first_block + block
+        if tl.atomic_add(block_counter, 1, sem="acq_rel") == size - 1:
+            first = pid - group + block * LANES  # the block's first group's program
+            d0, d1, d2, d3, d4, d5, d6, d7 = _load_words8_l2(nodes_ptr + (first + lane).to(tl.int64) * 8, lane < size)
+            one_block = blocks == 1
+            d0, d1, d2, d3, d4, d5, d6, d7 = _fold_lanes(d0, d1, d2, d3, d4, d5, d6, d7, size, one_block,
+                                                         k0, k1, k2, k3, k4, k5, k6, k7, LEVELS)
+            node = tl.where(one_block, roots_ptr + tree * 8, blocks_ptr + (first_block + block).to(tl.int64) * 8)
+            store_words8(node + lane * 0, d0, d1, d2, d3, d4, d5, d6, d7, lane == 0)
+            tl.store(block_counter, 0)  # ready for the next launch (graph replays reuse the counters)
+            if not one_block:
+                tl.debug_barrier()  # the block node is stored before the release below
+                if tl.atomic_add(counter_ptr + tree, 1, sem="acq_rel") == blocks - 1:
+                    e0, e1, e2, e3, e4, e5, e6, e7 = _load_words8_l2(
+                        blocks_ptr + (first_block + lane).to(tl.int64) * 8, lane < blocks)
+                    e0, e1, e2, e3, e4, e5, e6, e7 = _fold_lanes(e0, e1, e2, e3, e4, e5, e6, e7, blocks, blocks > 0,
+                                                                 k0, k1, k2, k3, k4, k5, k6, k7, LEVELS)
+                    store_words8(roots_ptr + tree * 8 + lane * 0, e0, e1, e2, e3, e4, e5, e6, e7, lane == 0)
+                    tl.store(counter_ptr + tree, 0)
 
 
 def _forest_roots(key: torch.Tensor, planes: list[torch.Tensor]) -> torch.Tensor:
@@ -217,13 +222,18 @@ def _forest_roots(key: torch.Tensor, planes: list[torch.Tensor]) -> torch.Tensor
     counts = [w.numel() for w in words] + [0] * pad
     chunks += [0] * pad  # empty trees at the end: no programs
     words += [words[0]] * pad
-    starts = np.cumsum([0] + [-(-c // _FOREST_LANES) for c in chunks]).tolist()
-    programs = starts[_FOREST_TREES]
+    groups = [-(-c // _FOREST_LANES) for c in chunks]
+    starts = np.cumsum([0] + groups).tolist()
+    block_starts = np.cumsum([0] + [-(-g // _FOREST_LANES) if g > 1 else 0 for g in groups]).tolist()
+    programs, blocks = starts[_FOREST_TREES], block_starts[_FOREST_TREES]
     nodes = torch.empty((programs, 8), dtype=torch.int32, device=device)
+    block_nodes = torch.empty((max(blocks, 1), 8), dtype=torch.int32, device=device)
     roots = torch.empty((_FOREST_TREES, 8), dtype=torch.int32, device=device)
+    counters = stream_counters(device, _FOREST_TREES + blocks)  # a tree's, then a block's
     _forest_kernel[(programs,)](
-        key, *words, *counts, *chunks, *starts[1:4], programs, nodes, roots, stream_counters(device, 1),
-        LANES=_FOREST_LANES, LEVELS=_FOREST_LEVELS, num_warps=_FOREST_LANES // 32)
+        key, *words, *counts, *chunks, *starts[1:4], *block_starts[1:4], nodes, block_nodes, roots,
+        counters, counters[_FOREST_TREES:], LANES=_FOREST_LANES, LEVELS=_FOREST_LEVELS,
+        num_warps=_FOREST_LANES // 32)
     return roots[:len(planes)]
 
 
