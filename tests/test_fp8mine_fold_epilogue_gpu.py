@@ -95,25 +95,3 @@ def test_bf16_accumulator_is_the_fp32_one_rounded(key: str) -> None:
     assert bf16.dtype == torch.bfloat16
     assert torch.equal(bf16.view(torch.int16), fp32.to(torch.bfloat16).view(torch.int16))
     assert torch.equal(bf16_lanes, fp32_lanes)
-
-
-@pytest.mark.parametrize("key", ["128x128x128_c2x1_coop", "64x128x128_c1x1_pp"])
-def test_gathered_rows_give_the_copied_rows_results(key: str) -> None:
-    """The GEMM reading A through an index (quack's gather_A) gives bitwise the accumulator and
-    lanes of the same GEMM on the rows copied into expert order."""
-    from kernels.fp8mine.fold_epilogue import folded_grouped_gemm
-
-    config = GroupedGemmConfig.from_key(key)
-    tokens, b = _operands(2)
-    tokens = tokens[:101]
-    bounds = _table().bounds
-    rows = sum(SIZES)
-    rflat = torch.from_numpy(np.random.default_rng(4).integers(0, 101, rows).astype(np.int32)).cuda()
-    copied = tokens.view(torch.uint8).index_select(0, rflat.long()).view(torch.float8_e4m3fn)
-    results = []
-    for a, a_idx in ((copied, None), (tokens, rflat)):
-        out = torch.empty((rows, N), dtype=torch.float32, device="cuda")
-        lanes = torch.full((rows // 4, N // 64, 16), -1, dtype=torch.int32, device="cuda")
-        folded_grouped_gemm(a, b, bounds, out, lanes, config, a_idx=a_idx)
-        results.append((out.view(torch.int32), lanes))
-    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])

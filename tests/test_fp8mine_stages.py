@@ -534,17 +534,6 @@ def test_grouped_matmul_is_the_model_per_expert():
     with pytest.raises(MatmulError, match="multiple of 32"):
         grouped_matmul(torch.zeros(2, 48, dtype=torch.float8_e4m3fn),
                        torch.zeros(1, 2, 48, dtype=torch.float8_e4m3fn), table)
-    # gathering: the rows come from token rows through Rflat (row r reads token rflat[r])
-    tokens = torch.from_numpy(a[:5]).view(torch.float8_e4m3fn)
-    gathered = dev_routing.RoutingTable(torch.tensor([0, 2, 4, 1, 3, 0, 1, 2, 3, 4], dtype=torch.int32),
-                                        table.bounds)
-    lanes = torch.zeros(2, 1, 16, dtype=torch.int32)
-    got = grouped_matmul(tokens, torch.from_numpy(b).view(torch.float8_e4m3fn), gathered, fold_into=lanes,
-                         gather=True).numpy()
-    rows = a[gathered.rflat.long().numpy()]
-    assert np.array_equal(got[4:].view(np.uint32), fp8_matmul("hopper", rows[4:], b[1]).view(np.uint32))
-    with pytest.raises(MatmulError, match="only with the fold epilogue"):
-        grouped_matmul(tokens, torch.from_numpy(b).view(torch.float8_e4m3fn), gathered, gather=True)
 
 
 def test_gemm_implementation_is_chosen_once_and_can_be_forced(monkeypatch, caplog):

@@ -110,15 +110,13 @@ def fold_config(rows: int, experts: int, n: int, k: int) -> GroupedGemmConfig | 
 
 
 @functools.lru_cache(maxsize=None)
-def compile_fold_gemm(config: GroupedGemmConfig, gather: bool = False, output: Output = Output.FP32) -> Callable:
+def compile_fold_gemm(config: GroupedGemmConfig, output: Output = Output.FP32) -> Callable:
     """The fp8 grouped GEMM with the fold epilogue, for sm_90a (fake tensors), storing the raw
     accumulator as fp32 (`output` FP32) or rounded to bf16 (BF16: the lanes are folded from the
-    fp32 values first, so only what the peel reads is rounded); gather: A's rows read through an
-    index (`compile_variant`)."""
+    fp32 values first, so only what the peel reads is rounded)."""
     if output not in _ACC_OUTPUTS.values():
         raise ValueError(f"the fold GEMM stores fp32 or bf16, not {output.value}")
-    return compile_variant(Fp32FoldSm90, Precision.FP8, output, config, fake_tile_words_arguments,
-                           gather=gather)
+    return compile_variant(Fp32FoldSm90, Precision.FP8, output, config, fake_tile_words_arguments)
 
 
 def checked_config(config: GroupedGemmConfig | None, rows: int, b_shape: tuple, gather: bool,
@@ -135,8 +133,7 @@ def checked_config(config: GroupedGemmConfig | None, rows: int, b_shape: tuple, 
 
 
 def folded_grouped_gemm(a: torch.Tensor, b: torch.Tensor, bounds: torch.Tensor, out: torch.Tensor,
-                        lanes: torch.Tensor, config: GroupedGemmConfig | None = None,
-                        a_idx: torch.Tensor | None = None) -> torch.Tensor:
+                        lanes: torch.Tensor, config: GroupedGemmConfig | None = None) -> torch.Tensor:
     """out = the raw window-promoted accumulator (as `grouped_gemm` without scales): fp32, or
     rounded to nearest-even bf16 when out is bf16 (half the bytes, for a caller that only peels
     it); and every whole 4×64 tile's 16 lanes, folded from the fp32 values either way, into
@@ -144,17 +141,16 @@ def folded_grouped_gemm(a: torch.Tensor, b: torch.Tensor, bounds: torch.Tensor, 
     (whole tiles never share a row, so never an entry).
 
     a (rows, k) e4m3 in expert order, b (e, n, k) e4m3, bounds (e+1,) int32 row offsets.
-    a_idx: (rows,) int32; then a is (tokens, k) and output row r reads a[a_idx[r]] (the GEMM
-    gathers the rows: no copy into expert order). config: one that `fits` (default: `fold_config`'s).
+    config: one that `fits` (default: `fold_config`'s).
     """
     n = b.shape[1]
-    rows = a.shape[0] if a_idx is None else a_idx.shape[0]
-    config = checked_config(config, rows, tuple(b.shape), a_idx is not None)
+    rows = a.shape[0]
+    config = checked_config(config, rows, tuple(b.shape), False)
     if out.dtype not in _ACC_OUTPUTS or out.shape != (rows, n):
         raise ValueError(f"out must be float32 or bfloat16 ({rows}, {n}), got {out.dtype} {tuple(out.shape)}")
     if lanes.dtype != torch.int32 or lanes.shape != (rows // 4, n // _BLOCK_COLS, 16):
         raise ValueError(f"lanes must be int32 ({rows // 4}, {n // _BLOCK_COLS}, 16), "
                          f"got {lanes.dtype} {tuple(lanes.shape)}")
-    launch_variant(compile_fold_gemm(config, a_idx is not None, _ACC_OUTPUTS[out.dtype]), a, b, bounds, out, config,
-                   mining_arguments(bounds, lanes), a_idx=a_idx)
+    launch_variant(compile_fold_gemm(config, _ACC_OUTPUTS[out.dtype]), a, b, bounds, out, config,
+                   mining_arguments(bounds, lanes))
     return out

@@ -278,10 +278,10 @@ def _checked_stages(gemm: MinedGemm, x: torch.Tensor, topk) -> dict:
             and torch.equal(gathered.acc.view(torch.int32), result.acc.view(torch.int32))
             and torch.equal(gathered.out.view(torch.int16), result.out.view(torch.int16)))
     if gemm.moe and _would("GATHER_IN_GEMM", gather_in_gemm, rows, gemm.b_codes()):
-        gathered = _forward_switched(gemm, x, topk, "GATHER_IN_GEMM", True)
-        out["A′ rows gathered by the GEMM: accumulator (if kept) and output bitwise equal"] = bool(
-            _bitwise_equal(gathered.acc, result.acc)
-            and torch.equal(gathered.out.view(torch.int16), result.out.view(torch.int16)))
+        flipped = _forward_switched(gemm, x, topk, "GATHER_IN_GEMM", not matmul_module.GATHER_IN_GEMM)
+        out["A′ token rows gathered by the GEMM or expert-order rows by TMA: output bitwise equal"] = bool(
+            _bitwise_equal(flipped.acc, result.acc)
+            and torch.equal(flipped.out.view(torch.int16), result.out.view(torch.int16)))
     return out
 
 
@@ -719,8 +719,9 @@ def check_timing() -> dict:
                 methods["mined, A′ gathered into expert order"] = [
                     functools.partial(_forward_switched, gemm, x, topk, "A_IN_EXPERT_ORDER", False)]
             if gemm.moe and _would("GATHER_IN_GEMM", gather_in_gemm, xq.shape[0], gemm.b_codes()):
-                methods["mined, A′ gathered by the GEMM"] = [
-                    functools.partial(_forward_switched, gemm, x, topk, "GATHER_IN_GEMM", True)]
+                methods["mined, A′ read the other way by the GEMM"] = [
+                    functools.partial(_forward_switched, gemm, x, topk, "GATHER_IN_GEMM",
+                                      not matmul_module.GATHER_IN_GEMM)]
             lag = None
             if "decode" in name:  # lagged mining is the decode design (64-row tiles, ~16 rows an expert)
                 lag = MinedGemm(weights, m=tokens, top_k=top_k, layer_id=1, lagged=True)
@@ -741,9 +742,9 @@ def check_timing() -> dict:
             if "mined, A′ gathered into expert order" in timings:
                 entry["mined with A′ gathered into expert order median us"] = _median_us(
                     timings["mined, A′ gathered into expert order"])
-            if "mined, A′ gathered by the GEMM" in timings:
-                entry["mined with the A′ gather in the GEMM median us"] = _median_us(
-                    timings["mined, A′ gathered by the GEMM"])
+            if "mined, A′ read the other way by the GEMM" in timings:
+                entry[f"mined with GATHER_IN_GEMM={not matmul_module.GATHER_IN_GEMM} median us"] = _median_us(
+                    timings["mined, A′ read the other way by the GEMM"])
             if "mined, peel pass" in timings:
                 entry["mined with the peel pass median us"] = _median_us(timings["mined, peel pass"])
             best = ("mined", mined_us)

@@ -56,10 +56,13 @@ BF16_FOLDED_ACC = True
 # pass: the same-launch GLM-5 decode pass was 396 vs 380 µs with it (and the decode default, the
 # lagged pass, peels its clean rows apart anyway).
 PEEL_IN_EPILOGUE = True
-# An MoE launch's GEMM reads its A′ rows through Rflat (quack's gather_A: cp.async row gathers)
-# instead of a copy of them into expert order before it (158 µs at GLM-5 prefill). Off: bitwise
-# equal on the H200 but slower (prefill pass 4653 vs 4240 µs, session 11); gpu_check times it.
-GATHER_IN_GEMM = False
+# An MoE launch's peeling GEMM reads A′'s token rows, peel tails included, through Rflat (quack's
+# gather_A: cp.async row copies) instead of rows the codes launch wrote into expert order, top_k
+# copies each (400 MB at GLM-5 prefill). Bitwise the same output; H100, session 20, same runs:
+# prefill pass 3643.7 / 3625.6 vs 3672.9 / 3642.0 µs, ridge 549.4 / 549.7 vs 562.4 / 561.7. Not
+# at decode size, where the GEMM does not peel and a gathering fold GEMM was slower (GLM-5 decode
+# 372.0 vs 360.0 µs, the same session; the prefill pass of session 11, 4653 vs 4240).
+GATHER_IN_GEMM = True
 _log = logging.getLogger(__name__)
 
 
@@ -147,9 +150,9 @@ def peel_in_gemm(rows: int, b: torch.Tensor, impl: str | None = None) -> bool:
 
 
 def gather_in_gemm(rows: int, b: torch.Tensor, impl: str | None = None) -> bool:
-    """Whether that GEMM also gathers its A rows (GATHER_IN_GEMM on, and a config without a
-    cluster along N: quack multicasts no gathered A)."""
-    if not (GATHER_IN_GEMM and fold_in_gemm(rows, b, impl)):
+    """Whether the peeling GEMM (`peel_in_gemm`) also gathers its A rows: GATHER_IN_GEMM on, and
+    a config without a cluster along N (quack multicasts no gathered A)."""
+    if not (GATHER_IN_GEMM and peel_in_gemm(rows, b, impl)):
         return False
     from .fold_epilogue import fold_config
     return fold_config(rows, *b.shape).cluster_n == 1
@@ -162,12 +165,10 @@ def folded_lanes(rows: int, n: int, device: torch.device) -> torch.Tensor:
 
 def grouped_matmul(a: torch.Tensor, b: torch.Tensor, table: RoutingTable,
                    impl: str | None = None, max_sms: int | None = None, side_smem: int = 0,
-                   fold_into: torch.Tensor | None = None, gather: bool = False) -> torch.Tensor:
+                   fold_into: torch.Tensor | None = None) -> torch.Tensor:
     """out[rows of w] = a[rows of w] · b[w]ᵀ accumulated as the Hopper model; (rows, n) fp32.
 
     a: (rows, k) e4m3 in expert order (rows = table.rflat length); b: (e, n, k) e4m3.
-    gather (with fold_into, where `gather_in_gemm`): a is the (tokens, k) token rows instead and
-    the GEMM reads row r from a[table.rflat[r]].
     impl: "cute" or "triton" on CUDA (default: `gemm_impl()`); ignored on the CPU (the model).
     max_sms: the CuTe GEMM's persistent grid on at most this many SMs (the rest stay free for
     side-stream work); the Triton grid is not persistent and ignores it. side_smem: the CuTe
@@ -178,13 +179,11 @@ def grouped_matmul(a: torch.Tensor, b: torch.Tensor, table: RoutingTable,
     """
     _check(a, b)
     experts, n, k = b.shape
-    if table.experts != experts or (not gather and table.rflat.shape[0] != a.shape[0]):
+    if table.experts != experts or table.rflat.shape[0] != a.shape[0]:
         raise MatmulError(f"routing has {table.experts} experts / {table.rflat.shape[0]} rows, "
                           f"operands {experts} / {a.shape[0]}")
-    if gather and fold_into is None:
-        raise MatmulError("the GEMM gathers its rows only with the fold epilogue (fold_into)")
     if a.device.type != "cuda":
-        return _model_grouped(a.index_select(0, table.rflat.long()) if gather else a, b, table)
+        return _model_grouped(a, b, table)
     impl = impl or gemm_impl()
     if impl not in IMPLS:
         raise MatmulError(f"impl must be one of {IMPLS}, got {impl!r}")
@@ -197,8 +196,7 @@ def grouped_matmul(a: torch.Tensor, b: torch.Tensor, table: RoutingTable,
                               f"(impl {impl}, max_sms {max_sms}, side_smem {side_smem})")
         from .fold_epilogue import folded_grouped_gemm
         from kernels.grouped_gemm import tma_operand
-        return folded_grouped_gemm(tma_operand(a), tma_operand(b), table.bounds, out, fold_into,
-                                   a_idx=table.rflat if gather else None)
+        return folded_grouped_gemm(tma_operand(a), tma_operand(b), table.bounds, out, fold_into)
     if impl == "cute":
         return _cute_grouped(a, b, table, out, max_sms, side_smem)
     block_m, block_n, warps = tile_config(a.shape[0], experts)

@@ -312,9 +312,10 @@ class MinedGemm:
         pre = quant.prepare_rows(x)
         self._wait(main, table_ready)
         b_codes, n_rows = self.b_codes(), table.rflat.shape[0]
-        gather = self.moe and gather_in_gemm(n_rows, b_codes)  # the GEMM reads A′'s token rows through Rflat
-        # the GEMM peels in its epilogue where it reads A′'s rows with their tails: gathered, in
-        # expert order or dense by TMA (B′ rows always carry their tails: BSide._build)
+        # the GEMM peels in its epilogue where it reads A′'s rows with their tails: MoE token rows
+        # gathered through Rflat (`gather_in_gemm`), else in expert order or dense by TMA (B′
+        # rows always carry their tails: BSide._build)
+        gather = self.moe and gather_in_gemm(n_rows, b_codes)
         peeling = peel_in_gemm(n_rows, b_codes) and (not self.moe or gather or A_IN_EXPERT_ORDER)
         a = prepare_a(pre, self.seed_message, self.p_a_len, state, table if self.moe else None,
                       in_expert_order=self.moe and not gather and A_IN_EXPERT_ORDER, tail=TAIL_BYTES if peeling else 0)
@@ -331,7 +332,7 @@ class MinedGemm:
                 self.latch.publish()
                 self._join(main)
                 return LaunchResult(out, None, table, a)
-            acc = grouped_matmul(rows, b_codes, table, fold_into=lanes, gather=gather)
+            acc = grouped_matmul(rows, b_codes, table, fold_into=lanes)
             draw = functools.partial(self.latch.run_folded, lanes)
         else:
             acc = grouped_matmul(rows, b_codes, table)
