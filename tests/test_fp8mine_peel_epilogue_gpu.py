@@ -32,6 +32,22 @@ def _with_tails(codes: np.ndarray, peel: torch.Tensor, alpha: torch.Tensor) -> t
     return padded.view(torch.float8_e4m3fn), inv
 
 
+def _operands(seed: int, a_rows: int):
+    """Random e4m3 codes (no NaN) for a_rows A rows and the experts' B rows, each padded with its
+    random peel row (`_with_tails`): (padded A, 1/α_A, A peel, α_A), (padded B, 1/α_B, B peel, α_B)."""
+    gen = np.random.default_rng(seed)
+    codes = gen.integers(0, 256, size=(a_rows, K), dtype=np.uint8)
+    codes[(codes & 0x7F) == 0x7F] = 0x3C
+    weights = gen.integers(0, 256, size=(len(SIZES), N, K), dtype=np.uint8)
+    weights[(weights & 0x7F) == 0x7F] = 0x38
+    sides = []
+    for rows_codes, shape in ((codes, (a_rows,)), (weights, (len(SIZES), N))):
+        peel = (torch.randn(*shape, 64, device="cuda") * 300).to(torch.bfloat16)
+        alpha = (torch.rand(*shape, device="cuda") * 30 + 1).to(torch.bfloat16)
+        sides.append((*_with_tails(rows_codes, peel, alpha), peel, alpha))
+    return sides
+
+
 @pytest.mark.parametrize("key", ["128x128x128_c2x1_coop", "64x128x128_c1x1_pp", "128x128x128_c1x1_coop"])
 def test_epilogue_peel_matches_the_peel_pass(key: str) -> None:
     from kernels.fp8mine.fold_epilogue import folded_grouped_gemm
@@ -40,18 +56,8 @@ def test_epilogue_peel_matches_the_peel_pass(key: str) -> None:
     from kernels.fp8mine.routing import RoutingTable
 
     config = GroupedGemmConfig.from_key(key)
-    gen = np.random.default_rng(5)
     rows, experts = sum(SIZES), len(SIZES)
-    codes = gen.integers(0, 256, size=(rows, K), dtype=np.uint8)
-    codes[(codes & 0x7F) == 0x7F] = 0x3C
-    weights = gen.integers(0, 256, size=(experts, N, K), dtype=np.uint8)
-    weights[(weights & 0x7F) == 0x7F] = 0x38
-    a_peel = (torch.randn(rows, 64, device="cuda") * 300).to(torch.bfloat16)
-    b_peel = (torch.randn(experts, N, 64, device="cuda") * 300).to(torch.bfloat16)
-    alpha_a = (torch.rand(rows, device="cuda") * 30 + 1).to(torch.bfloat16)
-    alpha_b = (torch.rand(experts, N, device="cuda") * 30 + 1).to(torch.bfloat16)
-    padded_a, inv_a = _with_tails(codes, a_peel, alpha_a)
-    padded_b, inv_b = _with_tails(weights, b_peel, alpha_b)
+    (padded_a, inv_a, a_peel, alpha_a), (padded_b, inv_b, b_peel, alpha_b) = _operands(5, rows)
     assert torch.equal(inv_a, 1.0 / alpha_a.float()) and torch.equal(inv_b, 1.0 / alpha_b.float().reshape(-1))
     a, b = padded_a[:, :K], padded_b[:, :K].view(experts, N, K)
     bounds = torch.from_numpy(np.concatenate([[0], np.cumsum(SIZES)]).astype(np.int32)).cuda()
@@ -80,19 +86,9 @@ def test_gathered_rows_peel_as_the_rows_copied_into_expert_order(key: str) -> No
     from kernels.fp8mine.peel_epilogue import peeled_grouped_gemm
 
     config = GroupedGemmConfig.from_key(key)
-    gen = np.random.default_rng(9)
     rows, experts, tokens = sum(SIZES), len(SIZES), 150
-    codes = gen.integers(0, 256, size=(tokens, K), dtype=np.uint8)
-    codes[(codes & 0x7F) == 0x7F] = 0x3C
-    weights = gen.integers(0, 256, size=(experts, N, K), dtype=np.uint8)
-    weights[(weights & 0x7F) == 0x7F] = 0x38
-    a_peel = (torch.randn(tokens, 64, device="cuda") * 300).to(torch.bfloat16)
-    b_peel = (torch.randn(experts, N, 64, device="cuda") * 300).to(torch.bfloat16)
-    alpha_a = (torch.rand(tokens, device="cuda") * 30 + 1).to(torch.bfloat16)
-    alpha_b = (torch.rand(experts, N, device="cuda") * 30 + 1).to(torch.bfloat16)
-    padded_tokens, inv_tokens = _with_tails(codes, a_peel, alpha_a)
-    padded_b, inv_b = _with_tails(weights, b_peel, alpha_b)
-    a_idx = torch.from_numpy(gen.integers(0, tokens, size=rows).astype(np.int32)).cuda()
+    (padded_tokens, inv_tokens, _, _), (padded_b, inv_b, _, _) = _operands(9, tokens)
+    a_idx = torch.from_numpy(np.random.default_rng(10).integers(0, tokens, size=rows).astype(np.int32)).cuda()
     bounds = torch.from_numpy(np.concatenate([[0], np.cumsum(SIZES)]).astype(np.int32)).cuda()
     inv_rows = inv_tokens.index_select(0, a_idx)
     b = padded_b.view(experts, N, K + TAIL_BYTES)
