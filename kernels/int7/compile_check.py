@@ -209,7 +209,7 @@ def _split_peel_variants() -> list[tuple[str, object, dict, dict, int, int]]:
          {"R": 128, "BM": 16, "BN": clean_peel._COLS, "WRITE_I32": 0}, clean_peel._WARPS, 1),
         ("tile_lottery", tile_lottery._tile_lottery_kernel,  # tickets of the CuTe transcript GEMM's words
          {"words_ptr": "*i32", "key_ptr": "*i32", "bound_ptr": "*i32", "mvalid_ptr": "*i32", "record_ptr": "*i32",
-          "dump_ptr": "*i32", "tile_rows": "i32", **{name: "constexpr" for name in ("H", "BN", "BT", "DUMP")}},
+          "dump_ptr": "*i32", "tile_rows": "i32", "tiles_n": "i32", **{name: "constexpr" for name in ("H", "BN", "BT", "DUMP")}},
          {"H": mined_gemm.TILE_H, "BN": 128, "BT": tile_lottery.TILES_PER_PROGRAM, "DUMP": 0},
          tile_lottery.TILES_PER_PROGRAM // tile_lottery.LANES_PER_WARP, 1),
     ]

@@ -2,9 +2,13 @@
 claim of tiles whose 16 transcript words a GEMM wrote (`transcript_gemm`, the CuTe mined GEMM
 that folds the transcript in its main loop and leaves the BLAKE3 work to this pass).
 
-A program takes BT tile rows of one column tile of one instance, one tile a thread; its tiles' 16
-words arrive as 16 loads of one word a tile (as the FP8 lottery measured faster than one (BT, 16)
-tile split into lane vectors: 91 against 198 µs at GLM-5 prefill); the
+A program takes BT consecutive tiles of one instance in the words' own order (tile row, then
+column: neighbouring threads read neighbouring 64-byte word groups), one tile a thread; its tiles'
+16 words arrive as 16 loads of one word a tile (as the FP8 lottery measured faster than one
+(BT, 16) tile split into lane vectors: 91 against 198 µs at GLM-5 prefill). With BT tile rows of
+one column tile a program instead, neighbours read tiles_n · 64 bytes apart; the FP8 lottery,
+which read its tiles so, took 76.6 µs where the column-fastest order took 55.4 (H100, session 20;
+this kernel's own timing is the next device run's); the
 tickets, compare and claim are the Triton mined GEMM's own (`tickets.draw_and_claim`), so the
 record is the same: [1] instance, [2] tile row, [3] tile column, [4:12] the ticket.
 """
@@ -26,20 +30,19 @@ LANES_PER_WARP = 32  # one tile a thread: a program of BT tiles runs BT / 32 war
 
 
 @jit
-def _tile_lottery_kernel(words_ptr, key_ptr, bound_ptr, mvalid_ptr, record_ptr, dump_ptr, tile_rows,
+def _tile_lottery_kernel(words_ptr, key_ptr, bound_ptr, mvalid_ptr, record_ptr, dump_ptr, tile_rows, tiles_n,
                          H: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr, DUMP: tl.constexpr):
-    pid_n = tl.program_id(0)
-    tiles_n = tl.num_programs(0)
-    e = tl.program_id(2).to(tl.int64)
-    tr = tl.program_id(1) * BT + tl.arange(0, BT)
+    e = tl.program_id(1).to(tl.int64)
+    tile = tl.program_id(0) * BT + tl.arange(0, BT)  # tile row · tiles_n + tile column
+    tr = tile // tiles_n
     live = tr < tile_rows
-    slot = (e * tile_rows + tr) * tiles_n + pid_n
+    slot = e * tile_rows * tiles_n + tile
     m0, m1, m2, m3, m4, m5, m6, m7 = load_words8(words_ptr + slot * 16, live)
     m8, m9, m10, m11, m12, m13, m14, m15 = load_words8(words_ptr + slot * 16 + 8, live)
     eligible = live & ((tr + 1) * H <= tl.load(mvalid_ptr + e))
     c0, c1, c2, c3, c4, c5, c6, c7 = draw_and_claim(
         m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15,
-        key_ptr + e * 8, bound_ptr, eligible, tr * tiles_n + pid_n, tiles_n, e, record_ptr, H, BN, True)
+        key_ptr + e * 8, bound_ptr, eligible, tile, tiles_n, e, record_ptr, H, BN, True)
     if DUMP:
         store_dump(dump_ptr + slot * 24, m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15,
                    c0, c1, c2, c3, c4, c5, c6, c7, live)
@@ -67,8 +70,9 @@ def tile_lottery(words: torch.Tensor, s_a: torch.Tensor, bound_words: torch.Tens
     check_operand("record", record, (RECORD_WORDS,), torch.int32)
     if dump is not None:
         check_operand("dump", dump, (experts, tile_rows, tiles_n, DUMP_WORDS), torch.int32)
-    bt = min(TILES_PER_PROGRAM, triton.next_power_of_2(tile_rows))
-    grid = (tiles_n, triton.cdiv(tile_rows, bt), experts)
+    tiles = tile_rows * tiles_n
+    bt = min(TILES_PER_PROGRAM, triton.next_power_of_2(max(tiles, 1)))
+    grid = (max(1, triton.cdiv(tiles, bt)), experts)
     _tile_lottery_kernel[grid](words, s_a, bound_words, rows_valid, record, words if dump is None else dump,
-                               tile_rows, H=tile_h, BN=tile_w, BT=bt, DUMP=int(dump is not None),
+                               tile_rows, tiles_n, H=tile_h, BN=tile_w, BT=bt, DUMP=int(dump is not None),
                                num_warps=max(1, bt // LANES_PER_WARP))
