@@ -193,12 +193,13 @@ SCRIPT = textwrap.dedent("""
             "k": "i32", "wl2": "i32", "BR": "constexpr", "BB": "constexpr", "ONE_STEP": "constexpr"},
             constexprs={"BR": rows, "BB": blocks, "ONE_STEP": blocks >= 768}),
             target=target, options={"enable_fp_fusion": False, "num_warps": norms_kernel._warps(rows * blocks)})
-    triton.compile(ASTSource(fn=prequant_kernel._rows_kernel, signature={
-        "x_ptr": "*i16", "codes_ptr": "*i8", "scales_ptr": "*i16", "l2_ptr": "*i16", "linf_ptr": "*i16",
-        "alpha_ptr": "*i16", "beta_ptr": "*i16", "num_rows": "i32", "k": "i32", "wl2": "i32", "recip_127": "fp32",
-        "magic": "fp32", "delta_r": "fp32", "delta_over_std": "fp32", "BB": "constexpr"},
-        constexprs={"BB": prequant_kernel.MAX_ROW_BLOCKS}, attrs=ALIGNED(7)), target=target,
-        options={"enable_fp_fusion": False, "num_warps": prequant_kernel._ROW_WARPS})
+    for rows in (64, 8192):  # decode's warps and prefill's
+        triton.compile(ASTSource(fn=prequant_kernel._rows_kernel, signature={
+            "x_ptr": "*i16", "codes_ptr": "*i8", "scales_ptr": "*i16", "l2_ptr": "*i16", "linf_ptr": "*i16",
+            "alpha_ptr": "*i16", "beta_ptr": "*i16", "num_rows": "i32", "k": "i32", "wl2": "i32", "recip_127": "fp32",
+            "magic": "fp32", "delta_r": "fp32", "delta_over_std": "fp32", "BB": "constexpr"},
+            constexprs={"BB": prequant_kernel.MAX_ROW_BLOCKS}, attrs=ALIGNED(7)), target=target,
+            options={"enable_fp_fusion": False, "num_warps": prequant_kernel.row_warps(rows)})
     triton.compile(ASTSource(fn=hashing._short_kernel, signature={
         "key_ptr": "*i32", "key_stride": "i32", "msg_ptr": "*i32", "out_ptr": "*i32", "total": "i32",
         "nbytes": "i32", "blocks": "i32", "keyed": "i32", "LANES": "constexpr"}, constexprs={"LANES": 16}),

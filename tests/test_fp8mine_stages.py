@@ -111,11 +111,13 @@ def test_prepare_rows_matches_reference(rows, k):
 
 
 def test_row_programs_grow_with_the_rows():
-    """≤ 32 programs at decode; beyond 64 rows one per 4 rows (prefill's 8192 rows: 2048, not the
-    32 programs of 256 rows each that made the prefill A side 2.6× its stages)."""
-    from kernels.fp8mine.prequant_kernel import row_programs
+    """≤ 32 programs of decode's 8 warps at decode; beyond 64 rows one per 8 rows on 4 warps
+    (prefill's 8192 rows: 1024, not the 32 programs of 256 rows each that made the prefill A side
+    2.6× its stages)."""
+    from kernels.fp8mine.prequant_kernel import row_programs, row_warps
     assert [row_programs(r) for r in (1, 16, 32, 64)] == [1, 16, 32, 32]
-    assert row_programs(65) == 17 and row_programs(8192) == 2048
+    assert row_programs(65) == 9 and row_programs(8192) == 1024
+    assert [row_warps(r) for r in (1, 64, 65, 8192)] == [8, 8, 4, 4]
 
 
 @pytest.mark.parametrize("k, shape", [(16, None), (1024, None), (64, (16, 4)), (1024, (4, 32))])

@@ -27,6 +27,7 @@ _DOT_ROWS = 64  # the tile when the kernel forms N itself: one m64nNk32 e4m3 WGM
 _DOT_COLS = 64  # up to _DOT_WIDE_FROM rows (ridge: 384 programs, not 192; 27.2 vs 29.2 µs)
 _DOT_WIDE_COLS = 128  # from there (GLM-5 prefill: 206.5 vs 229.6 µs; H100, session 20)
 _DOT_WIDE_FROM = 1024
+_DOT_WARPS = 4  # one warpgroup: the 64-row tile is one m64 WGMMA
 
 
 class Planes(NamedTuple):
@@ -327,7 +328,7 @@ def noisy_codes_of_lines(alpha: torch.Tensor, beta: torch.Tensor, x: torch.Tenso
                         f_lines.contiguous().view(torch.uint8), alpha.contiguous().view(torch.int16),
                         beta.contiguous().view(torch.int16), out, where, rows, k, k + tail, BR=_DOT_ROWS,
                         BC=cols, DOT=True, TOP_K=top_k, PLANES=planes, HW=_by_device(x_ptr),
-                        enable_fp_fusion=False, num_warps=4)
+                        enable_fp_fusion=False, num_warps=_DOT_WARPS)
     return out[:, :k].view(torch.float8_e4m3fn)
 
 

@@ -120,11 +120,15 @@ _ROW_PROGRAMS = 32  # decode (≤ 64 rows): one wave beside the lagged GEMM
 # Beyond decode a program walks this many rows. 32 programs for any row count (the first form)
 # walked 256 rows each at prefill (8192 rows): the A side took 1500 µs on the H200 where its
 # stages took 585, so the program count now grows with the rows.
-ROWS_PER_PROGRAM = 4
-# 8 warps (~100 registers): a program fits in the 32K registers the shared-SM lagged GEMM leaves
-# an SM (16 warps x 88 did not, and waited for the GEMM's end: 285.6 vs 238.6 us a pass on the
-# H200); alone 8.1 vs 8.3 us at 16 warps (GLM-5 decode, 64 tokens)
+ROWS_PER_PROGRAM = 8
+# 8 warps at decode (~100 registers): a program fits in the 32K registers the shared-SM lagged GEMM
+# leaves an SM (16 warps x 88 did not, and waited for the GEMM's end: 285.6 vs 238.6 us a pass on
+# the H200); alone 8.1 vs 8.3 us at 16 warps (GLM-5 decode, 64 tokens)
 _ROW_WARPS = 8
+# Beyond decode nothing runs beside it: 8 rows a program on 4 warps took 109.3 / 109.6 µs at GLM-5
+# prefill against 114.8 / 114.9 for 4 rows on 8 warps (H100, session 21, same run; 16 warps
+# 140, 1 row a program 125; every output bitwise equal)
+_PREFILL_ROW_WARPS = 4
 
 
 def row_programs(rows: int) -> int:
@@ -133,6 +137,11 @@ def row_programs(rows: int) -> int:
     if rows <= 2 * _ROW_PROGRAMS:
         return max(1, min(rows, _ROW_PROGRAMS))
     return triton.cdiv(rows, ROWS_PER_PROGRAM)
+
+
+def row_warps(rows: int) -> int:
+    """Warps of a fused row program: decode's (`_ROW_WARPS`, beside the lagged GEMM) up to 64 rows."""
+    return _ROW_WARPS if rows <= 2 * _ROW_PROGRAMS else _PREFILL_ROW_WARPS
 
 
 def prequantize_rows(x: torch.Tensor, wl2: int, delta_r: float, delta_over_std: float) -> tuple[torch.Tensor, ...]:
@@ -147,7 +156,7 @@ def prequantize_rows(x: torch.Tensor, wl2: int, delta_r: float, delta_over_std: 
     per_row = torch.empty((4, rows), dtype=torch.int16, device=device)  # l2, linf, α, β
     _rows_kernel[(row_programs(rows),)](
         x.contiguous().view(torch.int16), codes, scales, per_row[0], per_row[1], per_row[2], per_row[3],
-        rows, k, wl2, _RECIP_127, _MAGIC, delta_r, delta_over_std, BB=blocks, num_warps=_ROW_WARPS,
+        rows, k, wl2, _RECIP_127, _MAGIC, delta_r, delta_over_std, BB=blocks, num_warps=row_warps(rows),
         enable_fp_fusion=False)
     l2, linf, alpha, beta = per_row.view(torch.bfloat16)
     return codes, scales.view(torch.bfloat16), l2, linf, alpha, beta

@@ -78,8 +78,10 @@ def tree_root(key: torch.Tensor, data: torch.Tensor) -> torch.Tensor:
 
 
 _FOREST_TREES = 4  # codes, scales, Rflat, offsets
-_FOREST_LANES = 128  # chunks per program (4 warps): a decode launch's forest is 6 programs
-_FOREST_LEVELS = 7  # log2(_FOREST_LANES)
+# chunks per program (2 warps): GLM-5 prefill's forest 86.3 / 85.8 µs against 91.0 at 128 chunks
+# and 108 at 32 (H100, session 21, same run, roots equal); a decode launch's forest is 12 programs
+_FOREST_LANES = 64
+_FOREST_LEVELS = 6  # log2(_FOREST_LANES)
 
 
 @jit
@@ -240,7 +242,7 @@ def _forest_roots(key: torch.Tensor, planes: list[torch.Tensor]) -> torch.Tensor
 def plane_roots(key: torch.Tensor, planes: list[torch.Tensor]) -> list[torch.Tensor]:
     """The keyed chunk-tree roots (each (1, 8)) of up to four planes, equal to `tree_root` of each.
 
-    Every plane of up to _FOREST_LANES³ chunks (2 GB; all of a launch's: codes, scales, Rflat,
+    Every plane of up to _FOREST_LANES³ chunks (256 MB; all of a launch's: codes, scales, Rflat,
     offsets, at decode and at prefill) shares one launch instead of int7's chunk kernel and a
     launch per parent level of each plane; larger ones go through int7's trees."""
     if not 1 <= len(planes) <= _FOREST_TREES:
