@@ -39,15 +39,14 @@ SCRIPT = textwrap.dedent("""
     # the B side (N from memory); the A side (N formed in the launch), in token order and written
     # into expert order, reading opened values or (PLANES) opening them from codes and scales
     # (HW: the device's rounding instructions, every CUDA launch's; the emulation is the CPU
-    # interpreter's), and the prefill's wide tile
+    # interpreter's)
     for dot, rows, cols, top_k, planes, hw in ((False, noisy_kernel._NOISY_ROWS, noisy_kernel._NOISY_COLS, 0, False, False),
                                                (True, noisy_kernel._DOT_ROWS, noisy_kernel._DOT_COLS, 0, False, False),
                                                (True, noisy_kernel._DOT_ROWS, noisy_kernel._DOT_COLS, 8, False, False),
                                                (True, noisy_kernel._DOT_ROWS, noisy_kernel._DOT_COLS, 8, True, False),
                                                (False, noisy_kernel._NOISY_ROWS, noisy_kernel._NOISY_COLS, 0, True, False),
                                                (True, noisy_kernel._DOT_ROWS, noisy_kernel._DOT_COLS, 8, True, True),
-                                               (False, noisy_kernel._NOISY_ROWS, noisy_kernel._NOISY_COLS, 0, False, True),
-                                               (True, noisy_kernel._DOT_ROWS, noisy_kernel._DOT_WIDE_COLS, 8, True, True)):
+                                               (False, noisy_kernel._NOISY_ROWS, noisy_kernel._NOISY_COLS, 0, False, True)):
         noisy = triton.compile(ASTSource(fn=noisy_kernel._noisy_kernel, signature={
             "x_ptr": "*i8" if planes else "*i16", "scales_ptr": "*i16", "noise_ptr": "*fp32", "e_ptr": "*u8",
             "f_ptr": "*u8", "alpha_ptr": "*i16", "beta_ptr": "*i16", "out_ptr": "*u8", "positions_ptr": "*i32",
@@ -56,8 +55,7 @@ SCRIPT = textwrap.dedent("""
             constexprs={"BR": rows, "BC": cols, "DOT": dot, "TOP_K": top_k, "PLANES": planes, "HW": hw},
             attrs=ALIGNED(12)), target=target, options={"enable_fp_fusion": False})
         if top_k == 0 or planes or hw:
-            tag = ("NOISYDOT" if dot else "NOISY") + ("PLANES" if planes else "") + ("HW" if hw else "") \
-                + ("WIDE" if dot and cols == noisy_kernel._DOT_WIDE_COLS else "")
+            tag = ("NOISYDOT" if dot else "NOISY") + ("PLANES" if planes else "") + ("HW" if hw else "")
             print(tag + "-BEGIN")
             print(noisy.asm["ptx"])
             print(tag + "-END")
@@ -289,15 +287,23 @@ def test_a_peel_fp8_sums_e4m3_windows_on_the_tensor_cores(compiled):
 def test_codes_launch_by_the_device_rounds_with_its_instructions(compiled):
     """On CUDA the element op is cvt.rn.bf16.f32 (N, β·N), one fma.rn.bf16 and
     cvt.rn.satfinite.e4m3x2.f32 — no f64 path, no f32 TwoSum — for the A side's launch (noise dot
-    inside, planes opened, expert order; at the prefill's wide tile too) and the B side's (N from
-    memory)."""
-    for tag in ("NOISYDOTPLANESHW", "NOISYDOTPLANESHWWIDE", "NOISYHW"):
+    inside, planes opened, expert order) and the B side's (N from memory)."""
+    for tag in ("NOISYDOTPLANESHW", "NOISYHW"):
         ptx = compiled.split(tag + "-BEGIN")[1].split(tag + "-END")[0]
         assert "fma.rn.bf16" in ptx and "cvt.rn.satfinite.e4m3x2.f32" in ptx and "cvt.rn.bf16.f32" in ptx, tag
         assert not re.search(r"\.f64\b", ptx), tag
         assert not re.search(r"\bfma\.rn\.f32", ptx), tag
     dot = compiled.split("NOISYDOTPLANESHW-BEGIN")[1].split("NOISYDOTPLANESHW-END")[0]
     assert len([line for line in dot.splitlines() if "wgmma.mma_async" in line]) == 1
+
+
+def test_codes_launch_reads_one_scale_a_block(compiled):
+    """Opening X from the planes loads each 8-block's bf16 scale once (a 64 × 64 tile on 128
+    threads: 32 values, 4 blocks a thread), not once per value (32 16-bit loads a thread kept the
+    L1 at 78 % busy), and the codes as vectors."""
+    ptx = compiled.split("NOISYDOTPLANESHW-BEGIN")[1].split("NOISYDOTPLANESHW-END")[0]
+    assert len(re.findall(r"ld\.global\.b16\b", ptx)) <= 8
+    assert re.search(r"ld\.global\.v[24]\.b32", ptx)
 
 
 def test_prefill_peel_prefetches_accumulator_tiles(compiled):

@@ -24,9 +24,10 @@ _BLOCK = 1024  # rows per row-scales program
 _NOISY_ROWS = 4  # noisy-codes tile: α, β once per row, 16-byte vector loads along k
 _NOISY_COLS = 512
 _DOT_ROWS = 64  # the tile when the kernel forms N itself: one m64nNk32 e4m3 WGMMA per tile
-_DOT_COLS = 64  # up to _DOT_WIDE_FROM rows (ridge: 384 programs, not 192; 27.2 vs 29.2 µs)
-_DOT_WIDE_COLS = 128  # from there (GLM-5 prefill: 206.5 vs 229.6 µs; H100, session 20)
-_DOT_WIDE_FROM = 1024
+# at every size: reading the planes by blocks (`tile_values`), GLM-5 prefill's codes launch took
+# 72.1 / 72.8 µs at 64 columns against 75.5 / 76.4 at 128 and 83.2 / 84.4 for 128 × 64 (H100,
+# session 21; 106–112 µs for all three with a scale load per element); ridge: 27.2 vs 29.2 µs
+_DOT_COLS = 64
 _DOT_WARPS = 4  # one warpgroup: the 64-row tile is one m64 WGMMA
 
 
@@ -199,25 +200,35 @@ def noisy_codes_tile(x, alpha, beta, dot, HW: tl.constexpr):
 
 
 @jit
-def tile_values(x_ptr, scales_ptr, r, cols, offs, live, k, PLANES: tl.constexpr, HW: tl.constexpr):
-    """X of one tile as f32 values: bf16 bits at x_ptr, or (PLANES) opened from the int8 codes at
-    x_ptr and the bf16 scale of each 8-block, RNE_bf16(q · s) (the product is exact in f32; HW:
-    rounded by cvt.rn.bf16.f32) — the bits the rows launch would have stored."""
+def tile_values(x_ptr, scales_ptr, r, c0, offs, live, live_r, k, BR: tl.constexpr, BC: tl.constexpr,
+                PLANES: tl.constexpr, HW: tl.constexpr):
+    """X of the (BR, BC) tile whose first column is c0 as f32 values: bf16 bits at x_ptr, or
+    (PLANES) opened from the int8 codes at x_ptr and the bf16 scale of each 8-block,
+    RNE_bf16(q · s) (the product is exact in f32; HW: rounded by cvt.rn.bf16.f32) — the bits the
+    rows launch would have stored. The planes are read as (rows, blocks, 8) so each 8-block's
+    scale is one load broadcast along its block: a scale load per element kept the L1 busy (78 %
+    at GLM-5 prefill, Nsight Compute, H100, session 21) while DRAM ran at 23 %."""
     if PLANES:
-        q = tl.load(x_ptr + offs, mask=live, other=0).to(tl.float32)
-        s = _bf16_of_bits(scales_ptr, r.to(tl.int64)[:, None] * (k // 8) + cols[None, :] // 8, live)
+        blocks = c0 // 8 + tl.arange(0, BC // 8)
+        live_b = live_r[:, None] & (blocks < k // 8)[None, :]
+        rows = r.to(tl.int64)
+        at = rows[:, None, None] * k + blocks[None, :, None] * 8 + tl.arange(0, 8)[None, None, :]
+        q = tl.load(x_ptr + at, mask=live_b[:, :, None], other=0).to(tl.float32)
+        s = _bf16_of_bits(scales_ptr, rows[:, None] * (k // 8) + blocks[None, :], live_b)
         if HW:
-            return (q * s).to(tl.bfloat16).to(tl.float32)
-        return _rne_bf16((q * s).to(tl.int32, bitcast=True)).to(tl.float32, bitcast=True)
+            value = (q * s[:, :, None]).to(tl.bfloat16).to(tl.float32)
+        else:
+            value = _rne_bf16((q * s[:, :, None]).to(tl.int32, bitcast=True)).to(tl.float32, bitcast=True)
+        return tl.reshape(value, (BR, BC))
     return _bf16_of_bits(x_ptr, offs, live)
 
 
 @jit
-def tile_noise(x_ptr, scales_ptr, noise_ptr, e_ptr, f_ptr, r, cols, offs, live_r, live, k, DOT: tl.constexpr,
-               PLANES: tl.constexpr, HW: tl.constexpr):
+def tile_noise(x_ptr, scales_ptr, noise_ptr, e_ptr, f_ptr, r, c0, cols, offs, live_r, live, k,
+               BR: tl.constexpr, BC: tl.constexpr, DOT: tl.constexpr, PLANES: tl.constexpr, HW: tl.constexpr):
     """(X, N) of one tile: X (`tile_values`) and the noise dot, read from noise_ptr or (DOT)
     formed from the E and F lines."""
-    x = tile_values(x_ptr, scales_ptr, r, cols, offs, live, k, PLANES, HW)
+    x = tile_values(x_ptr, scales_ptr, r, c0, offs, live, live_r, k, BR, BC, PLANES, HW)
     if DOT:
         dot = _noise_dot(e_ptr, f_ptr, r, cols, live_r, cols < k)
     else:
@@ -247,11 +258,13 @@ def _noisy_kernel(x_ptr, scales_ptr, noise_ptr, e_ptr, f_ptr, alpha_ptr, beta_pt
     memory, no GEMM launch before this one); the element op `noisy_codes_tile` (HW: by the device's
     rounding instructions); the codes stored by `store_codes`."""
     r = tl.program_id(0) * BR + tl.arange(0, BR)
-    cols = tl.program_id(1) * BC + tl.arange(0, BC)
+    c0 = tl.program_id(1) * BC
+    cols = c0 + tl.arange(0, BC)
     live_r = r < rows
     live = live_r[:, None] & (cols < k)[None, :]
     offs = r.to(tl.int64)[:, None] * k + cols[None, :]
-    x, dot = tile_noise(x_ptr, scales_ptr, noise_ptr, e_ptr, f_ptr, r, cols, offs, live_r, live, k, DOT, PLANES, HW)
+    x, dot = tile_noise(x_ptr, scales_ptr, noise_ptr, e_ptr, f_ptr, r, c0, cols, offs, live_r, live, k, BR, BC, DOT,
+                        PLANES, HW)
     alpha = _bf16_of_bits(alpha_ptr, r, live_r)[:, None]
     beta = _bf16_of_bits(beta_ptr, r, live_r)[:, None]
     codes = noisy_codes_tile(x, alpha, beta, dot, HW).to(tl.uint8)
@@ -322,12 +335,11 @@ def noisy_codes_of_lines(alpha: torch.Tensor, beta: torch.Tensor, x: torch.Tenso
     x_ptr, scales_ptr, planes = _x_arguments(x)
     rows, k = x_ptr.shape
     out, where, top_k = scattered_out(x_ptr, positions, tail)
-    cols = _DOT_WIDE_COLS if rows >= _DOT_WIDE_FROM else _DOT_COLS
-    grid = (triton.cdiv(rows, _DOT_ROWS), triton.cdiv(k, cols))
+    grid = (triton.cdiv(rows, _DOT_ROWS), triton.cdiv(k, _DOT_COLS))
     _noisy_kernel[grid](x_ptr, scales_ptr, x_ptr, e_lines.contiguous().view(torch.uint8),
                         f_lines.contiguous().view(torch.uint8), alpha.contiguous().view(torch.int16),
                         beta.contiguous().view(torch.int16), out, where, rows, k, k + tail, BR=_DOT_ROWS,
-                        BC=cols, DOT=True, TOP_K=top_k, PLANES=planes, HW=_by_device(x_ptr),
+                        BC=_DOT_COLS, DOT=True, TOP_K=top_k, PLANES=planes, HW=_by_device(x_ptr),
                         enable_fp_fusion=False, num_warps=_DOT_WARPS)
     return out[:, :k].view(torch.float8_e4m3fn)
 
