@@ -195,9 +195,10 @@ SCRIPT = textwrap.dedent("""
         triton.compile(ASTSource(fn=prequant_kernel._rows_kernel, signature={
             "x_ptr": "*i16", "codes_ptr": "*i8", "scales_ptr": "*i16", "l2_ptr": "*i16", "linf_ptr": "*i16",
             "alpha_ptr": "*i16", "beta_ptr": "*i16", "num_rows": "i32", "k": "i32", "wl2": "i32", "recip_127": "fp32",
-            "magic": "fp32", "delta_r": "fp32", "delta_over_std": "fp32", "BB": "constexpr"},
-            constexprs={"BB": prequant_kernel.MAX_ROW_BLOCKS}, attrs=ALIGNED(7)), target=target,
-            options={"enable_fp_fusion": False, "num_warps": prequant_kernel.row_warps(rows)})
+            "magic": "fp32", "delta_r": "fp32", "delta_over_std": "fp32", "BB": "constexpr", "STEPS": "constexpr",
+            "SP": "constexpr"},
+            constexprs={"BB": prequant_kernel.ROW_STEP_BLOCKS, "STEPS": 3, "SP": 4}, attrs=ALIGNED(7)),  # k = 6144
+            target=target, options={"enable_fp_fusion": False, "num_warps": prequant_kernel.row_warps(rows)})
     triton.compile(ASTSource(fn=hashing._short_kernel, signature={
         "key_ptr": "*i32", "key_stride": "i32", "msg_ptr": "*i32", "out_ptr": "*i32", "total": "i32",
         "nbytes": "i32", "blocks": "i32", "keyed": "i32", "LANES": "constexpr"}, constexprs={"LANES": 16}),

@@ -88,12 +88,13 @@ def test_prequantize_and_norms_match_reference():
         assert np.array_equal(u16(values), ref_prequant.open_values(want_codes, want_scales))
 
 
-@pytest.mark.parametrize("rows, k", [(40, 256), (3, 6144), (2, 16), (130, 64)])
+@pytest.mark.parametrize("rows, k", [(40, 256), (3, 6144), (2, 7168), (2, 16), (131, 64)])
 def test_prepare_rows_matches_reference(rows, k):
     """The fused row kernel (planes, norms, α/β in one launch, no opened values: the codes launch
     opens X from the planes; 32 programs walk up to 2 rows at decode, beyond 64 rows a program per
-    4 rows with a partial last one; k = 6144 leaves a quarter of the 1024-block row dead) against
-    the reference."""
+    2 rows with a partial last one; rows in steps of 256 blocks: k = 6144 is three whole steps and
+    a dead fourth in the terms tile, k = 7168 ends in a half step, k ≤ 2048 is one partial step)
+    against the reference."""
     rng = np.random.default_rng(k + rows)
     x = (rng.standard_normal((rows, k)) * np.exp2(rng.integers(-30, 30, (rows, 1)))).astype(np.float32)
     x[0] = 0  # an all-zero row: l2 = 0
@@ -111,12 +112,12 @@ def test_prepare_rows_matches_reference(rows, k):
 
 
 def test_row_programs_grow_with_the_rows():
-    """≤ 32 programs of decode's 8 warps at decode; beyond 64 rows one per 8 rows on 4 warps
-    (prefill's 8192 rows: 1024, not the 32 programs of 256 rows each that made the prefill A side
+    """≤ 32 programs of decode's 8 warps at decode; beyond 64 rows one per 2 rows on 4 warps
+    (prefill's 8192 rows: 4096, not the 32 programs of 256 rows each that made the prefill A side
     2.6× its stages)."""
     from kernels.fp8mine.prequant_kernel import row_programs, row_warps
     assert [row_programs(r) for r in (1, 16, 32, 64)] == [1, 16, 32, 32]
-    assert row_programs(65) == 9 and row_programs(8192) == 1024
+    assert row_programs(65) == 33 and row_programs(8192) == 4096
     assert [row_warps(r) for r in (1, 64, 65, 8192)] == [8, 8, 4, 4]
 
 

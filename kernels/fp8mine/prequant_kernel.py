@@ -62,36 +62,54 @@ def _quantize_blocks(x, recip_127, magic):
 
 
 @jit
-def _row_bits(x_ptr, at, num_rows, k, offs, live):
-    """Row `at` of bf16 x (a (1,) tensor) as f32 bit patterns (1, BB, 8); zero past num_rows."""
-    base = at.to(tl.int64)[:, None, None] * k
-    return tl.load(x_ptr + base + offs, mask=live[:, :, None] & (at < num_rows)[:, None, None], other=0).to(tl.int32) << 16
+def _step_bits(x_ptr, at, num_rows, k, b0, BB: tl.constexpr):
+    """Scale blocks b0 .. b0 + BB of bf16 row `at` (a (1,) tensor) as f32 bit patterns (1, BB, 8);
+    zero past the row's blocks and past num_rows."""
+    blocks = b0 + tl.arange(0, BB)
+    live = (blocks < k // 8)[None, :] & (at < num_rows)[:, None]
+    offs = at.to(tl.int64)[:, None, None] * k + blocks[None, :, None] * 8 + tl.arange(0, 8)[None, None, :]
+    return tl.load(x_ptr + offs, mask=live[:, :, None], other=0).to(tl.int32) << 16
 
 
 @jit
 def _rows_kernel(x_ptr, codes_ptr, scales_ptr, l2_ptr, linf_ptr, alpha_ptr, beta_ptr,
-                 num_rows, k, wl2, recip_127, magic, delta_r, delta_over_std, BB: tl.constexpr):
-    """Whole bf16 rows (k ≤ 8·BB) → planes, norms and (α, β), one row per
-    step of a program; the norms and scales read the planes from registers, not memory. The next
-    row's x is loaded before this row's work, so its latency overlaps it (one wait a program, not
-    one a row)."""
-    blocks = tl.arange(0, BB)
+                 num_rows, k, wl2, recip_127, magic, delta_r, delta_over_std,
+                 BB: tl.constexpr, STEPS: tl.constexpr, SP: tl.constexpr):
+    """Whole bf16 rows → planes, norms and (α, β), one row per step of a program, each row in STEPS
+    steps of BB scale blocks. A step's codes and scales are stored and its block terms kept in an
+    (SP, BB) tile (SP = STEPS rounded up to a power of two), so the norms read the planes from
+    registers, not memory, while a thread holds only two steps of x: the one it quantizes and the
+    next one (of this row or the program's next row), loaded before its work so their latency
+    overlaps it. Holding the whole padded row and the next one took 186 registers a thread, two
+    programs an SM (12 % occupancy; Nsight Compute, H100, session 21)."""
     nblocks = k // 8
-    live = (blocks < nblocks)[None, :]
-    offs = blocks[None, :, None] * 8 + tl.arange(0, 8)[None, None, :]
     first = tl.full((1,), 0, tl.int32)
     step = tl.num_programs(0)
-    ahead = _row_bits(x_ptr, first + tl.program_id(0), num_rows, k, offs, live)
+    steps = tl.arange(0, SP)[:, None]
+    ahead = _step_bits(x_ptr, first + tl.program_id(0), num_rows, k, 0, BB)
     for row in range(tl.program_id(0), num_rows, step):
         at = first + row
-        base = at.to(tl.int64)[:, None, None] * k
-        bits = ahead
-        ahead = _row_bits(x_ptr, at + step, num_rows, k, offs, live)
-        q, scale_bits, _ = _quantize_blocks(bits.to(tl.float32, bitcast=True), recip_127, magic)
-        tl.store(codes_ptr + base + offs, q.to(tl.int8), mask=live[:, :, None])
-        tl.store(scales_ptr + at.to(tl.int64)[:, None] * nblocks + blocks[None, :], scale_bits.to(tl.int16), mask=live)
-        energy, doubled, peak = block_terms_of(q.to(tl.int32), tl.where(live, scale_bits, 0))
-        l2, linf = norms_of_terms(energy, doubled, peak, k, wl2)
+        energy_all = tl.full((SP, BB), 0, tl.int64)
+        doubled_all = tl.full((SP, BB), 0, tl.int32)
+        peak_all = tl.full((SP, BB), 0.0, tl.float32)
+        for s in tl.static_range(STEPS):
+            bits = ahead
+            if s + 1 < STEPS:
+                ahead = _step_bits(x_ptr, at, num_rows, k, (s + 1) * BB, BB)
+            else:
+                ahead = _step_bits(x_ptr, at + step, num_rows, k, 0, BB)
+            blocks = s * BB + tl.arange(0, BB)
+            live = (blocks < nblocks)[None, :]
+            q, scale_bits, _ = _quantize_blocks(bits.to(tl.float32, bitcast=True), recip_127, magic)
+            offs = at.to(tl.int64)[:, None, None] * k + blocks[None, :, None] * 8 + tl.arange(0, 8)[None, None, :]
+            tl.store(codes_ptr + offs, q.to(tl.int8), mask=live[:, :, None])
+            tl.store(scales_ptr + at.to(tl.int64)[:, None] * nblocks + blocks[None, :], scale_bits.to(tl.int16), mask=live)
+            energy, doubled, peak = block_terms_of(q.to(tl.int32), tl.where(live, scale_bits, 0))
+            energy_all = tl.where(steps == s, energy, energy_all)
+            doubled_all = tl.where(steps == s, doubled, doubled_all)
+            peak_all = tl.where(steps == s, peak, peak_all)
+        l2, linf = norms_of_terms(tl.reshape(energy_all, (1, SP * BB)), tl.reshape(doubled_all, (1, SP * BB)),
+                                  tl.reshape(peak_all, (1, SP * BB)), k, wl2)
         alpha, beta = alpha_beta((l2 << 16).to(tl.float32, bitcast=True), (linf << 16).to(tl.float32, bitcast=True),
                                  delta_r, delta_over_std)
         tl.store(l2_ptr + at, l2.to(tl.int16))
@@ -115,19 +133,22 @@ def prequantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
     return codes, scales.view(torch.bfloat16), values.view(torch.bfloat16)
 
 
-MAX_ROW_BLOCKS = 1024  # the fused row kernel holds a whole row: k ≤ 8192
+MAX_ROW_BLOCKS = 1024  # the fused row kernel takes rows of k ≤ 8192 (longer ones: three launches)
+ROW_STEP_BLOCKS = 256  # scale blocks a step of the fused row kernel (2048 values)
 _ROW_PROGRAMS = 32  # decode (≤ 64 rows): one wave beside the lagged GEMM
 # Beyond decode a program walks this many rows. 32 programs for any row count (the first form)
 # walked 256 rows each at prefill (8192 rows): the A side took 1500 µs on the H200 where its
 # stages took 585, so the program count now grows with the rows.
-ROWS_PER_PROGRAM = 8
-# 8 warps at decode (~100 registers): a program fits in the 32K registers the shared-SM lagged GEMM
-# leaves an SM (16 warps x 88 did not, and waited for the GEMM's end: 285.6 vs 238.6 us a pass on
-# the H200); alone 8.1 vs 8.3 us at 16 warps (GLM-5 decode, 64 tokens)
+ROWS_PER_PROGRAM = 2
+# 8 warps at decode: a program fits in the 32K registers the shared-SM lagged GEMM leaves an SM
+# (the whole-row kernel before took ~100 at 8 warps; 16 warps x 88 did not fit, and waited for the
+# GEMM's end: 285.6 vs 238.6 us a pass on the H200). Stepped: 5.5 µs at GLM-5 decode (64 rows)
+# against 5.9 for the whole-row kernel (H100, session 21)
 _ROW_WARPS = 8
-# Beyond decode nothing runs beside it: 8 rows a program on 4 warps took 109.3 / 109.6 µs at GLM-5
-# prefill against 114.8 / 114.9 for 4 rows on 8 warps (H100, session 21, same run; 16 warps
-# 140, 1 row a program 125; every output bitwise equal)
+# Beyond decode nothing runs beside it: steps of 256 blocks on 4 warps, 2 rows a program, took
+# 82.2 / 82.3 µs at GLM-5 prefill against 109.7 / 110.2 for the whole-row kernel at its best
+# shape (8 rows, 4 warps); 128-block steps 90.6, 8 warps 84.1, 8 rows 83.1 (H100, session 21,
+# same run; every output bitwise equal)
 _PREFILL_ROW_WARPS = 4
 
 
@@ -149,14 +170,14 @@ def prequantize_rows(x: torch.Tensor, wl2: int, delta_r: float, delta_over_std: 
     each program walks its rows). wl2: the l2 frame width of k; delta_r, delta_over_std: the
     device's scale constants as floats."""
     rows, k = x.shape
-    blocks = triton.next_power_of_2(k // 8)
+    steps = triton.cdiv(k // 8, ROW_STEP_BLOCKS)
     device = x.device
     codes = torch.empty((rows, k), dtype=torch.int8, device=device)
     scales = torch.empty((rows, k // 8), dtype=torch.int16, device=device)
     per_row = torch.empty((4, rows), dtype=torch.int16, device=device)  # l2, linf, α, β
     _rows_kernel[(row_programs(rows),)](
         x.contiguous().view(torch.int16), codes, scales, per_row[0], per_row[1], per_row[2], per_row[3],
-        rows, k, wl2, _RECIP_127, _MAGIC, delta_r, delta_over_std, BB=blocks, num_warps=row_warps(rows),
-        enable_fp_fusion=False)
+        rows, k, wl2, _RECIP_127, _MAGIC, delta_r, delta_over_std, BB=ROW_STEP_BLOCKS, STEPS=steps,
+        SP=triton.next_power_of_2(steps), num_warps=row_warps(rows), enable_fp_fusion=False)
     l2, linf, alpha, beta = per_row.view(torch.bfloat16)
     return codes, scales.view(torch.bfloat16), l2, linf, alpha, beta
