@@ -6,9 +6,8 @@ A program takes BT consecutive tiles of one instance in the words' own order (ti
 column: neighbouring threads read neighbouring 64-byte word groups), one tile a thread; its tiles'
 16 words arrive as 16 loads of one word a tile (as the FP8 lottery measured faster than one
 (BT, 16) tile split into lane vectors: 91 against 198 µs at GLM-5 prefill). With BT tile rows of
-one column tile a program instead, neighbours read tiles_n · 64 bytes apart; the FP8 lottery,
-which read its tiles so, took 76.6 µs where the column-fastest order took 55.4 (H100, session 20;
-this kernel's own timing is the next device run's); the
+one column tile a program instead, neighbours read tiles_n · 64 bytes apart: 73.9 µs against
+50.1 for GLM-5 prefill's 1.05 M tiles (H200, session 21, every ticket equal); the
 tickets, compare and claim are the Triton mined GEMM's own (`tickets.draw_and_claim`), so the
 record is the same: [1] instance, [2] tile row, [3] tile column, [4:12] the ticket.
 """
