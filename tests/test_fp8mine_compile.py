@@ -91,18 +91,20 @@ SCRIPT = textwrap.dedent("""
             print("PEEL-BEGIN")
             print(peeled.asm["ptx"])
             print("PEEL-END")
-    for rows, shifted, right_only in ((16, True, True), (32, False, False)):
+    # the lagged pass's peel (clean rows, shifted, a programmatic dependent of the GEMM) and a plain one
+    for rows, shifted, right_only, after_gemm in ((16, True, True, 1), (32, False, False, 0)):
         by_expert = triton.compile(ASTSource(fn=peel._expert_peel_kernel, signature={
             "acc_ptr": "*fp32", "shift_ptr": "*i32" if shifted else "*fp32", "rflat_ptr": "*i32",
             "a_peel_ptr": "*i16", "alpha_a_ptr": "*i16", "b_peel_ptr": "*i16", "alpha_b_ptr": "*i16",
             "bounds_ptr": "*i32", "out_ptr": "*i16", "n": "i32", "acc_rows": "i32", "BR": "constexpr",
-            "BN": "constexpr", "SHIFTED": "constexpr", "RIGHT_ONLY": "constexpr"},
-            constexprs={"BR": rows, "BN": peel._EXPERT_PEEL_COLS, "SHIFTED": shifted, "RIGHT_ONLY": right_only},
+            "BN": "constexpr", "SHIFTED": "constexpr", "RIGHT_ONLY": "constexpr", "AFTER_GEMM": "constexpr"},
+            constexprs={"BR": rows, "BN": peel._EXPERT_PEEL_COLS, "SHIFTED": shifted, "RIGHT_ONLY": right_only,
+                        "AFTER_GEMM": after_gemm},
             attrs=ALIGNED(10)), target=target, options={"num_warps": peel._EXPERT_PEEL_WARPS, "num_stages": 1})
-        if right_only:
-            print("EXPERTPEEL-BEGIN")
-            print(by_expert.asm["ptx"])
-            print("EXPERTPEEL-END")
+        tag = "EXPERTPEEL" if right_only else "EXPERTPEELPLAIN"
+        print(f"{tag}-BEGIN")
+        print(by_expert.asm["ptx"])
+        print(f"{tag}-END")
     # 64-row blocks (decode, prefill) and 16-row ones (between), codes in token or expert order
     for rows, top_k in ((64, 0), (16, 0), (64, 8)):
         a_peel_kernel = triton.compile(ASTSource(fn=peel._a_peel_kernel, signature={
@@ -324,3 +326,16 @@ def test_decode_peel_dot_chains_from_the_accumulator(compiled):
     assert mma and len(mma) % 4 == 0 and "wgmma" not in ptx
     assert not re.search(r"\badd(\.rn)?\.f32", ptx) and not re.search(r"\bfma\.rn\.f32", ptx)
     assert set(re.findall(r"st\.global[\w.]*", ptx)) == {"st.global.v4.b32"}
+
+
+def test_lagged_decode_peel_waits_for_the_gemm_only_before_reading_its_output(compiled):
+    """The lagged pass's peel, a programmatic dependent of the GEMM, issues its bounds, Rflat and
+    B-peel loads, then waits for the GEMM once, before its first accumulator (evict-first) load;
+    the plain decode peel has no wait."""
+    ptx = compiled.split("EXPERTPEEL-BEGIN")[1].split("EXPERTPEEL-END")[0]
+    plain = compiled.split("EXPERTPEELPLAIN-BEGIN")[1].split("EXPERTPEELPLAIN-END")[0]
+    assert ptx.count("griddepcontrol.wait") == 1 and "griddepcontrol" not in plain
+    wait = ptx.index("griddepcontrol.wait")
+    before, after = ptx[:wait], ptx[wait:]
+    assert len(re.findall(r"ld\.global", before)) >= 4  # bounds, shift, Rflat, B peel, alpha_B
+    assert "evict_first" not in before and "evict_first" in after

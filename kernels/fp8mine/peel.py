@@ -24,9 +24,10 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_wait
 
 from kernels.stream_counters import stream_counters
-from kernels.triton_jit import jit
+from kernels.triton_jit import jit, pdl_enabled, pdl_launch
 
 from .noisy_kernel import _bf16_of_bits, _rne_bf16
 from .numerics import bf16_fma
@@ -275,22 +276,20 @@ def _peel_unscale_kernel(acc_ptr, shift_ptr, rflat_ptr, a_peel_ptr, alpha_a_ptr,
 
 
 @jit
-def _rows_ahead(acc_ptr, rflat_ptr, rows, row_end, shift, acc_rows, cols, live_c, n):
-    """The accumulator tile and Rflat entries of one row block of the decode peel (nothing is
-    read for rows past the expert's end), loaded a block ahead of their use so their round
-    trip overlaps the block before (and, for the first block, the B-peel load)."""
-    live_r = rows < row_end
+def _acc_block(acc_ptr, rows, row_end, shift, acc_rows, cols, live_c, n):
+    """The accumulator tile of one row block of the decode peel (nothing is read for rows past
+    the expert's end), loaded a block ahead of its use so its round trip overlaps the block before."""
     source = rows.to(tl.int64) + shift
-    in_acc = live_r & (source < acc_rows)
-    acc = tl.load(acc_ptr + source[:, None] * n + cols[None, :], mask=in_acc[:, None] & live_c[None, :],
-                  other=0.0, eviction_policy="evict_first").to(tl.float32)  # read once; fp32 or bf16
-    return acc, tl.load(rflat_ptr + rows, mask=live_r, other=0)
+    in_acc = (rows < row_end) & (source < acc_rows)
+    return tl.load(acc_ptr + source[:, None] * n + cols[None, :], mask=in_acc[:, None] & live_c[None, :],
+                   other=0.0, eviction_policy="evict_first").to(tl.float32)  # read once; fp32 or bf16
 
 
 @jit
 def _expert_peel_kernel(acc_ptr, shift_ptr, rflat_ptr, a_peel_ptr, alpha_a_ptr, b_peel_ptr, alpha_b_ptr,
                         bounds_ptr, out_ptr, n, acc_rows,
-                        BR: tl.constexpr, BN: tl.constexpr, SHIFTED: tl.constexpr, RIGHT_ONLY: tl.constexpr):
+                        BR: tl.constexpr, BN: tl.constexpr, SHIFTED: tl.constexpr, RIGHT_ONLY: tl.constexpr,
+                        AFTER_GEMM: tl.constexpr = 0):
     """The decode peel: `_peel_unscale_kernel`'s arithmetic (the same dot, chained from the
     accumulator, and the same roundings) for all rows of expert program_id(0) and BN columns.
     Why a kernel apart: at decode an expert has ~16 rows, so the row-tile kernel's 32-row tiles
@@ -299,9 +298,11 @@ def _expert_peel_kernel(acc_ptr, shift_ptr, rflat_ptr, a_peel_ptr, alpha_a_ptr, 
     column tiles (no tile map), the B-peel tile and 1/α_B are loaded once and kept while the
     expert's rows go by in BR-row blocks (usually one or two), each block's accumulator tile and
     Rflat entries loaded one block ahead (106 registers at 16 × 128: 4 programs an SM). An
-    expert with no rows reads nothing. Dependent loads: (bounds, shift) → (B peel, α_B, first
-    accumulator tile, Rflat) → A-peel rows and α_A (no branch on the bounds, so the shift load
-    is not sunk behind them)."""
+    expert with no rows reads nothing. Dependent loads: (bounds, shift) → (B peel, α_B, Rflat,
+    first accumulator tile) → A-peel rows and α_A (no branch on the bounds, so the shift load is
+    not sunk behind them). AFTER_GEMM: launched as the programmatic dependent of the GEMM that
+    writes acc, so that chain's first links run while the GEMM drains; the program waits for the
+    GEMM before it reads acc or the A peel (the one input another stream writes last)."""
     expert = tl.program_id(0)
     row_start = tl.load(bounds_ptr + expert)
     row_end = tl.load(bounds_ptr + expert + 1)
@@ -318,16 +319,19 @@ def _expert_peel_kernel(acc_ptr, shift_ptr, rflat_ptr, a_peel_ptr, alpha_a_ptr, 
         j = tl.arange(0, 64)[None, :]
     b_rows = expert.to(tl.int64) * n + cols.to(tl.int64)
     rows = row_start + tl.arange(0, BR)
-    acc, token = _rows_ahead(acc_ptr, rflat_ptr, rows, row_end, shift, acc_rows, cols, live_c, n)
+    token = tl.load(rflat_ptr + rows, mask=rows < row_end, other=0)
     b = _bf16_of_bits(b_peel_ptr, b_rows[:, None] * 64 + j, used_c[:, None])
     inv_b = 1.0 / tl.where(used_c, _bf16_of_bits(alpha_b_ptr, b_rows, used_c), 1.0)
+    if AFTER_GEMM:
+        gdc_wait()
+    acc = _acc_block(acc_ptr, rows, row_end, shift, acc_rows, cols, live_c, n)
     for _ in range(row_start, row_end, BR):
         live_r = rows < row_end
         gathered = token.to(tl.int64)
         a = _bf16_of_bits(a_peel_ptr, gathered[:, None] * 64 + j, live_r[:, None])
         inv_a = 1.0 / tl.where(live_r, _bf16_of_bits(alpha_a_ptr, gathered, live_r), 1.0)
-        next_acc, next_token = _rows_ahead(acc_ptr, rflat_ptr, rows + BR, row_end, shift, acc_rows, cols,
-                                           live_c, n)
+        next_acc = _acc_block(acc_ptr, rows + BR, row_end, shift, acc_rows, cols, live_c, n)
+        next_token = tl.load(rflat_ptr + rows + BR, mask=rows + BR < row_end, other=0)
         out = (acc + tl.dot(a, tl.trans(b))) * inv_a[:, None] * inv_b[None, :]  # the add fuses into the dot
         bits = _rne_bf16(out.to(tl.int32, bitcast=True)) >> 16
         tl.store(out_ptr + rows.to(tl.int64)[:, None] * n + cols[None, :], bits.to(tl.int16),
@@ -357,7 +361,8 @@ def peel_tiles(table: RoutingTable) -> RowTiles:
 def peel_and_unscale(acc: torch.Tensor, a_peel_: torch.Tensor, alpha_a: torch.Tensor,
                      b_peel_: torch.Tensor, alpha_b: torch.Tensor, table: RoutingTable,
                      row_shift: torch.Tensor | None = None,
-                     tiles: RowTiles | None = None, a_left_zero: bool = False) -> torch.Tensor:
+                     tiles: RowTiles | None = None, a_left_zero: bool = False,
+                     after_gemm: bool = False) -> torch.Tensor:
     """out[i, j] = (acc[i, j] + A_peel[t] · B_peel[w, j]) / (α_A[t] α_B[w, j]) as BF16, t = Rflat[i].
 
     acc (rows, n_e) fp32, or bf16 (the fold GEMM's rounded accumulator), in expert order;
@@ -369,6 +374,9 @@ def peel_and_unscale(acc: torch.Tensor, a_peel_: torch.Tensor, alpha_a: torch.Te
     (experts averaging < 64 rows) walks the experts' bounds instead and does not read it.
     a_left_zero: the caller promises A_peel[:, :32] = 0 (the lagged pass's clean rows), so the
     kernel reads only the right halves of both peels.
+    after_gemm: the caller promises that the last kernel on the stream is the GEMM writing acc
+    and that every input but acc and a_peel_ was written before that GEMM started; the decode
+    peel then starts while the GEMM drains (programmatic dependent launch, sm_90 compiled only).
     """
     rows, n = table.rflat.shape[0], acc.shape[1]
     experts = table.experts
@@ -386,10 +394,11 @@ def peel_and_unscale(acc: torch.Tensor, a_peel_: torch.Tensor, alpha_a: torch.Te
                 alpha_a.contiguous().view(torch.int16), b_peel_.contiguous().view(torch.int16),
                 alpha_b.contiguous().view(torch.int16))
     if not reads_tiles(table):
+        overlap = after_gemm and pdl_enabled()
         _expert_peel_kernel[(experts, triton.cdiv(n, _EXPERT_PEEL_COLS))](
             *operands, table.bounds, out, n, acc.shape[0], BR=_expert_rows(rows, experts), BN=_EXPERT_PEEL_COLS,
-            SHIFTED=row_shift is not None, RIGHT_ONLY=a_left_zero, num_warps=_EXPERT_PEEL_WARPS,
-            num_stages=1)  # the loop prefetches by hand
+            SHIFTED=row_shift is not None, RIGHT_ONLY=a_left_zero, AFTER_GEMM=int(overlap),
+            num_warps=_EXPERT_PEEL_WARPS, num_stages=1, **pdl_launch(overlap))  # the loop prefetches by hand
         return out.view(torch.bfloat16)
     tiles = tiles if tiles is not None else peel_tiles(table)
     shape = peel_shape(tiles.row_start.shape[0], n, acc.element_size())

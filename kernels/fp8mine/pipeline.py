@@ -375,7 +375,8 @@ class MinedGemm:
         the lottery, payload and publish of MINED (the rows launch t−1's GEMM hashed) beside the
         front; after the front (which read PENDING) the clean rows' A peel and x_t's A side into
         PENDING while the GEMM runs; after the GEMM, MINED ← the READY rows' accumulator rows and
-        READY's tail (beside the serving peel). `LAGGED_LOTTERY_FIRST = False` draws MINED's
+        READY's tail, issued after the serving peel (which starts while the GEMM drains) so that
+        the peel is not launched behind it. `LAGGED_LOTTERY_FIRST = False` draws MINED's
         tickets under the GEMM instead. The serving stream waits for nothing before the GEMM; the
         side stream forks from and joins it, so one launch is one self-contained
         (graph-capturable) piece of stream work.
@@ -401,13 +402,14 @@ class MinedGemm:
             pending.fill(a.side.codes, a.codes, a.scales, a.pow_key, table)
         acc = grouped_matmul(operand.rows, self.b_codes(), operand.table, max_sms=self.gemm_sms,
                              side_smem=LAGGED_SIDE_SMEM)
-        self._fork(main)
-        with self._on_side():
-            mined.take(acc, ready, table.bounds)
+        gemm_done = self._event(main)
         self._wait(main, peel_ready)
         out = peel_and_unscale(acc, a_peel_clean, operand.clean_alpha, state.peel.view(self.b.experts, self.b.n_e, -1),
                                state.side.alpha.view(self.b.experts, self.b.n_e), table, row_shift=ready.bounds[1:],
-                               tiles=clean_tiles, a_left_zero=True)
+                               tiles=clean_tiles, a_left_zero=True, after_gemm=True)
+        self._wait(self.side, gemm_done)
+        with self._on_side():
+            mined.take(acc, ready, table.bounds)
         self._join(main)
         return LaunchResult(out, acc, table, a, operand.table.bounds)
 
@@ -419,22 +421,22 @@ class MinedGemm:
                        self.state.seed_b, mined.slot.sources())
         self.latch.publish()
 
-    def _event(self) -> torch.cuda.Event | None:
-        """An event recorded on the side stream now (None on the CPU)."""
+    def _event(self, stream: torch.cuda.Stream | None = None) -> torch.cuda.Event | None:
+        """An event recorded now on `stream`, by default the side stream (None on the CPU)."""
         if self.side is None:
             return None
         event = torch.cuda.Event()
-        event.record(self.side)
+        event.record(stream if stream is not None else self.side)
         return event
 
     def _main(self) -> torch.cuda.Stream | None:
         """The serving stream (the caller's current one; None on the CPU)."""
         return torch.cuda.current_stream(self.b.device) if self.side is not None else None
 
-    def _wait(self, main: torch.cuda.Stream | None, event: torch.cuda.Event | None) -> None:
-        """The serving stream waits for a side-stream event (nothing on the CPU)."""
-        if main is not None and event is not None:
-            main.wait_event(event)
+    def _wait(self, stream: torch.cuda.Stream | None, event: torch.cuda.Event | None) -> None:
+        """`stream` waits for an event recorded on the other one (nothing on the CPU)."""
+        if stream is not None and event is not None:
+            stream.wait_event(event)
 
     def _fork(self, main: torch.cuda.Stream | None) -> None:
         """The side stream waits for the serving stream's work so far."""
