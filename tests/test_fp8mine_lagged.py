@@ -96,6 +96,7 @@ def _assert_operand(got, x: torch.Tensor, table: RoutingTable, ready: LagSlot) -
             want_rows.append(codes)
             want_alpha[token], want_codes[token] = alpha, codes
     assert got.table.bounds.tolist() == [r + c for r, c in zip(rb, ct)][:-1] + [2 * rows]  # the end: all rows
+    assert torch.equal(got.ready_bounds, ready.bounds)  # the snapshot the folding GEMM reads
     assert torch.equal(got.rows.view(torch.uint8)[:len(want_rows)], torch.stack(want_rows))
     for token, alpha in want_alpha.items():
         assert got.clean_alpha[token].view(torch.int16) == alpha.view(torch.int16)
@@ -125,7 +126,7 @@ def test_front_in_one_launch_equals_the_two_launch_path(seed, m, experts, top_k,
     assert torch.equal(got.clean_table.rflat, literal.rflat) and torch.equal(got.clean_table.bounds, literal.bounds)
     used = int(ready.bounds[-1]) + rows
     assert torch.equal(got.rows.view(torch.uint8)[:used], want.rows.view(torch.uint8)[:used])
-    assert torch.equal(got.table.bounds, want.table.bounds)
+    assert torch.equal(got.table.bounds, want.table.bounds) and torch.equal(got.ready_bounds, want.ready_bounds)
     assert torch.equal(got.clean_table.rflat, want.clean_table.rflat)
     assert torch.equal(got.clean_table.bounds, want.clean_table.bounds)
     assert torch.equal(got.clean_codes.view(torch.uint8), want.clean_codes.view(torch.uint8))
@@ -211,6 +212,23 @@ def test_mined_slot_takes_the_ready_rows_of_the_combined_accumulator(ready_count
     assert bool((row_tiles(mined.slot.table()).row_start < 0).all())
 
 
+def test_folded_mined_slot_takes_the_lanes_and_the_tail():
+    """Where the lagged GEMM folds the READY rows (the lanes already compact, tile t of expert w
+    at [(rb[w] + 4t) // 4, c]), MINED takes those lanes whole and READY's tail; a lane buffer of
+    another shape is refused."""
+    m, rows, n, k, experts = 11, 24, 128, 96, 3
+    ready = _slot(m, rows, k, [0, 8, 8, 20], seed=5)
+    ready.tail().copy_(torch.randint(-2 ** 31, 2 ** 31 - 1, ready.tail().shape, dtype=torch.int32))
+    mined = MinedSlot.allocate(m, rows, n, k, experts, torch.device("cpu"), folded=True)
+    assert mined.folded and mined.acc.shape == (rows // 4, n // 64, 16)
+    lanes = torch.randint(-2 ** 31, 2 ** 31 - 1, (rows // 4, n // 64, 16), dtype=torch.int32)
+    mined.take(lanes, ready, torch.zeros(experts + 1, dtype=torch.int32))
+    assert torch.equal(mined.acc, lanes) and torch.equal(mined.slot.tail(), ready.tail())
+    with pytest.raises(LagError, match="does not match"):
+        mined.take(lanes[:, :1], ready, torch.zeros(experts + 1, dtype=torch.int32))
+    assert not MinedSlot.allocate(m, rows, n, k, experts, torch.device("cpu")).folded
+
+
 def test_slot_views_are_disjoint_and_one_copy_moves_a_launch():
     a = LagSlot.allocate(4, 8, 64, 3, torch.device("cpu"))
     b = LagSlot.allocate(4, 8, 64, 3, torch.device("cpu"))
@@ -253,7 +271,8 @@ COMPILE = textwrap.dedent("""
     target = GPUTarget("cuda", 90, 128)
     triton.compile(ASTSource(fn=lagged._operand_kernel, signature={
         "codes_ptr": "*i32", "rflat_ptr": "*i32", "clean_bounds_ptr": "*i32", "ready_ptr": "*i32",
-        "ready_bounds_ptr": "*i32", "out_ptr": "*i32", "bounds_ptr": "*i32", "experts": "i32", "words": "i32",
+        "ready_bounds_ptr": "*i32", "out_ptr": "*i32", "bounds_ptr": "*i32", "ready_copy_ptr": "*i32",
+        "experts": "i32", "words": "i32",
         "capacity": "i32", "EB": "constexpr", "BW": "constexpr"}, constexprs={"EB": 64, "BW": 2048}), target=target)
     triton.compile(ASTSource(fn=lagged._fill_kernel, signature={
         **{name: "*i32" for name in ("a_ptr", "rflat_ptr", "codes_ptr", "scales_ptr", "bounds_ptr", "key_ptr",
@@ -274,7 +293,8 @@ COMPILE = textwrap.dedent("""
             "ids_ptr": ids, "total": "i32", "experts": "i32", "top_k": "i32", "x_ptr": "*i16", "k": "i32",
             "codes_ptr": "*u8", "alpha_ptr": "*i16", "ready_ptr": "*i32", "ready_bounds_ptr": "*i32",
             "rflat_ptr": "*i32", "bounds_ptr": "*i32", "out_ptr": "*u8", "out_words_ptr": "*i32",
-            "out_bounds_ptr": "*i32", "m": "i32", "capacity": "i32", "EB": "constexpr", "TK": "constexpr",
+            "out_bounds_ptr": "*i32", "ready_copy_ptr": "*i32", "m": "i32", "capacity": "i32", "EB": "constexpr",
+            "TK": "constexpr",
             "CHUNK": "constexpr", "BK": "constexpr", "BW": "constexpr", "RP": "constexpr"},
             constexprs={"EB": eb, "TK": tk, "CHUNK": chunk, "BK": 8192, "BW": 2048, "RP": lagged._READY_ROWS}),
             target=target,

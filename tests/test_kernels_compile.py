@@ -109,6 +109,26 @@ def test_fold_epilogue_compiles_where_it_fits(config: GroupedGemmConfig, output:
     assert not re.search(r"\b(LDL|STL)\b", sass), "registers spilled to local memory"
 
 
+@pytest.mark.parametrize("experts, rows, n, k", [(32, 32, 4096, 6144), (32, 32, 4096, 7168), (16, 32, 3072, 4096)])
+def test_fold_epilogue_shares_its_sms_for_the_lagged_pass(experts, rows, n, k) -> None:
+    """The FP8 lagged decode pass's GEMM (READY and clean rows: 2M an expert) folds its READY
+    rows' tiles and stores a bf16 accumulator in the variant that leaves LAGGED_SIDE_SMEM and half
+    the registers of every SM to the side stream: the selector's config made cooperative, one
+    64-row consumer warpgroup, one lane store per 64-column block a thread folds, no spills."""
+    import dataclasses
+
+    from kernels.fp8mine.fold_epilogue import compile_fold_gemm, fold_config
+    from kernels.fp8mine.pipeline import LAGGED_SIDE_SMEM
+
+    config = dataclasses.replace(fold_config(experts * rows, experts, n, k), pingpong=False)
+    assert config.tile_m == 64
+    sass = compile_fold_gemm(config, Output.BF16, LAGGED_SIDE_SMEM).__sass__
+    assert set(re.findall(MMA_SASS[Precision.FP8], sass)) == {str(config.tile_n)}
+    assert len(re.findall(r"\bSTG\.E\b", sass)) == 2 * config.tile_n // 64
+    assert re.search(r"\bF2FP\.BF16\.F32\.PACK_AB\b", sass)
+    assert not re.search(r"\b(LDL|STL)\b", sass), "registers spilled to local memory"
+
+
 def test_fold_epilogue_refuses_other_outputs() -> None:
     """Only an fp32 or a bf16 accumulator is stored: an int32 output or out tensor is refused
     before anything compiles or launches."""

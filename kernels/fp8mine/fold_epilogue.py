@@ -19,6 +19,7 @@ import time, like kernels.grouped_gemm_sm90.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Callable
 
@@ -31,7 +32,7 @@ from cutlass.cutlass_dsl import T
 
 from kernels.grouped_gemm import launch_variant
 from kernels.grouped_gemm_config import GroupedGemmConfig, Output, Precision, select_config
-from kernels.grouped_gemm_sm90 import GroupedGemmFp32AccSm90, compile_variant
+from kernels.grouped_gemm_sm90 import GroupedGemmFp32AccSm90, compile_variant, sharing
 from kernels.mining_epilogue import MiningParamsMixin, fake_tile_words_arguments, mining_arguments
 from proof.fp8.lottery import FOLD_MULTIPLIER, FOLD_ROTATION
 
@@ -110,13 +111,16 @@ def fold_config(rows: int, experts: int, n: int, k: int) -> GroupedGemmConfig | 
 
 
 @functools.lru_cache(maxsize=None)
-def compile_fold_gemm(config: GroupedGemmConfig, output: Output = Output.FP32) -> Callable:
+def compile_fold_gemm(config: GroupedGemmConfig, output: Output = Output.FP32, side_smem: int = 0) -> Callable:
     """The fp8 grouped GEMM with the fold epilogue, for sm_90a (fake tensors), storing the raw
     accumulator as fp32 (`output` FP32) or rounded to bf16 (BF16: the lanes are folded from the
-    fp32 values first, so only what the peel reads is rounded)."""
+    fp32 values first, so only what the peel reads is rounded). side_smem > 0: the variant that
+    shares every SM with side-stream kernels (`grouped_gemm_sm90.sharing`; cooperative configs
+    with one consumer warpgroup), as the lagged decode pass runs it."""
     if output not in _ACC_OUTPUTS.values():
         raise ValueError(f"the fold GEMM stores fp32 or bf16, not {output.value}")
-    return compile_variant(Fp32FoldSm90, Precision.FP8, output, config, fake_tile_words_arguments)
+    cls = sharing(Fp32FoldSm90, side_smem) if side_smem else Fp32FoldSm90
+    return compile_variant(cls, Precision.FP8, output, config, fake_tile_words_arguments, side_smem)
 
 
 def checked_config(config: GroupedGemmConfig | None, rows: int, b_shape: tuple, gather: bool,
@@ -133,7 +137,9 @@ def checked_config(config: GroupedGemmConfig | None, rows: int, b_shape: tuple, 
 
 
 def folded_grouped_gemm(a: torch.Tensor, b: torch.Tensor, bounds: torch.Tensor, out: torch.Tensor,
-                        lanes: torch.Tensor, config: GroupedGemmConfig | None = None) -> torch.Tensor:
+                        lanes: torch.Tensor, config: GroupedGemmConfig | None = None,
+                        lottery_bounds: torch.Tensor | None = None, max_sms: int | None = None,
+                        side_smem: int = 0) -> torch.Tensor:
     """out = the raw window-promoted accumulator (as `grouped_gemm` without scales): fp32, or
     rounded to nearest-even bf16 when out is bf16 (half the bytes, for a caller that only peels
     it); and every whole 4×64 tile's 16 lanes, folded from the fp32 values either way, into
@@ -142,15 +148,24 @@ def folded_grouped_gemm(a: torch.Tensor, b: torch.Tensor, bounds: torch.Tensor, 
 
     a (rows, k) e4m3 in expert order, b (e, n, k) e4m3, bounds (e+1,) int32 row offsets.
     config: one that `fits` (default: `fold_config`'s).
+    lottery_bounds (e+1,): fold only expert w's first lottery_bounds[w+1] − lottery_bounds[w]
+    rows, tile t at lanes[(lottery_bounds[w] + 4t) // 4, c] (the lagged pass: its READY rows,
+    which lead each expert's combined rows, straight into their own compact layout); lanes then
+    need lottery_bounds[e] // 4 entries, which the caller guarantees (no host sync).
+    max_sms, side_smem: as `grouped_gemm`'s (side_smem swaps a pingpong config for its
+    cooperative twin).
     """
     n = b.shape[1]
     rows = a.shape[0]
     config = checked_config(config, rows, tuple(b.shape), False)
+    if side_smem and config.pingpong:
+        config = dataclasses.replace(config, pingpong=False)
     if out.dtype not in _ACC_OUTPUTS or out.shape != (rows, n):
         raise ValueError(f"out must be float32 or bfloat16 ({rows}, {n}), got {out.dtype} {tuple(out.shape)}")
-    if lanes.dtype != torch.int32 or lanes.shape != (rows // 4, n // _BLOCK_COLS, 16):
-        raise ValueError(f"lanes must be int32 ({rows // 4}, {n // _BLOCK_COLS}, 16), "
+    lane_rows = rows // 4 if lottery_bounds is None else lanes.shape[0]
+    if lanes.dtype != torch.int32 or lanes.shape != (lane_rows, n // _BLOCK_COLS, 16):
+        raise ValueError(f"lanes must be int32 ({lane_rows}, {n // _BLOCK_COLS}, 16), "
                          f"got {lanes.dtype} {tuple(lanes.shape)}")
-    launch_variant(compile_fold_gemm(config, _ACC_OUTPUTS[out.dtype]), a, b, bounds, out, config,
-                   mining_arguments(bounds, lanes))
+    launch_variant(compile_fold_gemm(config, _ACC_OUTPUTS[out.dtype], side_smem), a, b, bounds, out, config,
+                   mining_arguments(bounds if lottery_bounds is None else lottery_bounds, lanes), max_sms=max_sms)
     return out

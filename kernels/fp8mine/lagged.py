@@ -143,17 +143,26 @@ def _fill_kernel(a_ptr, rflat_ptr, codes_ptr, scales_ptr, bounds_ptr, key_ptr, s
 @dataclass
 class MinedSlot:
     """A launch's READY rows after its GEMM: their accumulator rows (compact, in the mined
-    launch's expert order) and the READY slot's planes, routing and key. The next launch's side
-    stream runs the lottery, payload and publish on it beside its own GEMM, so none of them is on
-    a launch's tail; a winner is published one launch later than the GEMM that hashed its rows."""
+    launch's expert order) or, where the lagged GEMM folds them in its epilogue, their whole
+    tiles' folded lanes (64 bytes a 4×64 tile, in the same compact layout), and the READY slot's
+    planes, routing and key. The next launch's side stream runs the lottery, payload and publish
+    on it beside its own GEMM, so none of them is on a launch's tail; a winner is published one
+    launch later than the GEMM that hashed its rows."""
 
-    acc: torch.Tensor  # (rows, n) fp32
+    acc: torch.Tensor  # (rows, n) fp32, or folded: (rows // 4, n / 64, 16) int32 lanes
     slot: LagSlot  # no A′ rows
 
     @classmethod
-    def allocate(cls, m: int, rows: int, n: int, k: int, experts: int, device: torch.device) -> "MinedSlot":
-        return cls(torch.zeros((rows, n), dtype=torch.float32, device=device),
-                   LagSlot.allocate(m, rows, k, experts, device, with_rows=False))
+    def allocate(cls, m: int, rows: int, n: int, k: int, experts: int, device: torch.device,
+                 folded: bool = False) -> "MinedSlot":
+        acc = (torch.zeros((rows // 4, n // 64, 16), dtype=torch.int32, device=device) if folded
+               else torch.zeros((rows, n), dtype=torch.float32, device=device))
+        return cls(acc, LagSlot.allocate(m, rows, k, experts, device, with_rows=False))
+
+    @property
+    def folded(self) -> bool:
+        """Whether the slot holds folded lanes (`LotteryLatch.run_folded`) rather than rows (`run`)."""
+        return self.acc.dim() == 3
 
     def invalidate(self) -> None:
         """Nothing to mine (bounds all zero: no row tiles), on the current stream."""
@@ -162,11 +171,16 @@ class MinedSlot:
     def take(self, acc: torch.Tensor, ready: LagSlot, clean_bounds: torch.Tensor) -> None:
         """MINED ← the READY rows of the combined accumulator `acc` (expert w's READY row j at
         combined row rb[w] + j + ct[w]) and READY's tail; one kernel: a program per READY row,
-        then programs striding the tail's words."""
-        rows, n = self.acc.shape
+        then programs striding the tail's words. Folded: `acc` is the lanes the GEMM folded from
+        the READY rows, already compact, so the take is two copies (lanes, tail)."""
         src, dst = ready.tail(), self.slot.tail()
-        if acc.shape[1] != n or src.shape != dst.shape or ready.bounds.shape != clean_bounds.shape:
-            raise LagError(f"MINED ({rows}, {n}) does not match acc {tuple(acc.shape)} / READY")
+        if acc.shape[1:] != self.acc.shape[1:] or src.shape != dst.shape or ready.bounds.shape != clean_bounds.shape:
+            raise LagError(f"MINED {tuple(self.acc.shape)} does not match {tuple(acc.shape)} / READY")
+        if self.folded:
+            self.acc.copy_(acc)
+            dst.copy_(src)
+            return
+        rows, n = self.acc.shape
         tail_programs = triton.cdiv(src.numel(), _COPY_WORDS)
         _take_kernel[(rows + tail_programs,)](
             acc.view(torch.int32), ready.bounds, clean_bounds, self.acc.view(torch.int32), src, dst, src.numel(),
@@ -270,13 +284,13 @@ def _quant_block(k: int) -> int:
 
 @jit
 def _operand_kernel(codes_ptr, rflat_ptr, clean_bounds_ptr, ready_ptr, ready_bounds_ptr, out_ptr, bounds_ptr,
-                    experts, words, capacity, EB: tl.constexpr, BW: tl.constexpr):
+                    ready_copy_ptr, experts, words, capacity, EB: tl.constexpr, BW: tl.constexpr):
     """Combined row program_id(0): a READY row or a clean token's codes, copied (int32 words).
     Its expert comes from one vector load of both bounds (the number of experts w ≥ 1 with
     cb[w] ≤ row, no dependent search). Program 0 also writes the combined bounds cb = rb + ct,
     except cb[e] = capacity: the last expert's group runs to the operand's end (rows past the
     used ones are never read back), so the GEMM's offsets[e] = total rows holds even when
-    nothing is READY."""
+    nothing is READY; and the snapshot of rb (`Operand.ready_bounds`)."""
     i = tl.program_id(0)
     w = tl.arange(0, EB)
     edge = w <= experts
@@ -284,6 +298,7 @@ def _operand_kernel(codes_ptr, rflat_ptr, clean_bounds_ptr, ready_ptr, ready_bou
     ct = tl.load(clean_bounds_ptr + w, mask=edge, other=0)
     cb = rb + ct
     tl.store(bounds_ptr + w, tl.where(w == experts, capacity, cb), mask=edge & (w * 0 + i == 0))
+    tl.store(ready_copy_ptr + w, rb, mask=edge & (w * 0 + i == 0))
     if i < tl.reduce(tl.where(w == experts, cb, 0), 0, tl.standard._sum_combine):
         expert = tl.reduce(((w >= 1) & (w < experts) & (cb <= i)).to(tl.int32), 0, tl.standard._sum_combine)
         ready_start = tl.reduce(tl.where(w == expert, rb, 0), 0, tl.standard._sum_combine)
@@ -306,6 +321,8 @@ class Operand:
     clean_table: RoutingTable  # this launch's routing (Rflat, bounds) of the clean rows
     clean_codes: torch.Tensor  # (m, k) e4m3, token order
     clean_alpha: torch.Tensor  # (m,) bf16, token order
+    ready_bounds: torch.Tensor  # (e+1,) the READY rows' bounds rb as the operand was built (a
+    # snapshot on the serving stream: the GEMM's fold reads it while the side stream refills the slot)
 
 
 def build_operand(clean: CleanRows, ready: LagSlot) -> Operand:
@@ -315,12 +332,12 @@ def build_operand(clean: CleanRows, ready: LagSlot) -> Operand:
     table = clean.table
     k, rows, experts = clean.codes.shape[1], table.rflat.shape[0], table.experts
     _operand_args(ready, rows, k, experts)
-    operand, bounds = _operand_buffers(rows, k, experts, clean.codes.device)
+    operand, bounds, ready_bounds = _operand_buffers(rows, k, experts, clean.codes.device)
     _operand_kernel[(2 * rows,)](
         clean.codes.view(torch.int32), table.rflat, table.bounds, ready.a_rows.view(torch.int32), ready.bounds,
-        operand.view(torch.int32), bounds, experts, k // 4, 2 * rows,
+        operand.view(torch.int32), bounds, ready_bounds, experts, k // 4, 2 * rows,
         EB=triton.next_power_of_2(experts + 1), BW=_copy_block(k))
-    return _operand(operand, bounds, table, clean.codes, clean.alpha)
+    return _operand(operand, bounds, ready_bounds, table, clean.codes, clean.alpha)
 
 
 def lagged_front(x: torch.Tensor, topk_ids: torch.Tensor | None, experts: int, ready: LagSlot) -> Operand:
@@ -343,25 +360,26 @@ def lagged_front(x: torch.Tensor, topk_ids: torch.Tensor | None, experts: int, r
     alpha = torch.empty(m, dtype=torch.int16, device=device)
     table = RoutingTable(torch.empty(rows, dtype=torch.int32, device=device),
                          torch.empty(experts + 1, dtype=torch.int32, device=device))
-    operand, bounds = _operand_buffers(rows, k, experts, device)
+    operand, bounds, ready_bounds = _operand_buffers(rows, k, experts, device)
     _front_kernel[(m + 1 + triton.cdiv(rows, _READY_ROWS),)](
         topk_ids.contiguous(), rows, experts, top_k, x.contiguous().view(torch.int16), k, codes, alpha,
         ready.a_rows.view(torch.int32), ready.bounds, table.rflat, table.bounds, operand, operand.view(torch.int32),
-        bounds, m, 2 * rows, EB=shape[0], TK=triton.next_power_of_2(top_k), CHUNK=shape[1], BK=_quant_block(k),
-        BW=_copy_block(k), RP=_READY_ROWS, num_warps=_QUANT_WARPS, enable_fp_fusion=False)
-    return _operand(operand, bounds, table, codes.view(torch.float8_e4m3fn), alpha.view(torch.bfloat16))
+        bounds, ready_bounds, m, 2 * rows, EB=shape[0], TK=triton.next_power_of_2(top_k), CHUNK=shape[1],
+        BK=_quant_block(k), BW=_copy_block(k), RP=_READY_ROWS, num_warps=_QUANT_WARPS, enable_fp_fusion=False)
+    return _operand(operand, bounds, ready_bounds, table, codes.view(torch.float8_e4m3fn), alpha.view(torch.bfloat16))
 
 
 @jit
 def _front_kernel(ids_ptr, total, experts, top_k, x_ptr, k, codes_ptr, alpha_ptr, ready_ptr, ready_bounds_ptr,
-                  rflat_ptr, bounds_ptr, out_ptr, out_words_ptr, out_bounds_ptr, m, capacity, EB: tl.constexpr,
-                  TK: tl.constexpr, CHUNK: tl.constexpr, BK: tl.constexpr, BW: tl.constexpr, RP: tl.constexpr):
+                  rflat_ptr, bounds_ptr, out_ptr, out_words_ptr, out_bounds_ptr, ready_copy_ptr, m, capacity,
+                  EB: tl.constexpr, TK: tl.constexpr, CHUNK: tl.constexpr, BK: tl.constexpr, BW: tl.constexpr,
+                  RP: tl.constexpr):
     """`lagged_front` at MoE decode, one launch. Program t < m: token t ranks its own top_k
     entries (`entries_before`: its Rflat positions, stable, no table needed), writes them into
     Rflat, quantizes x_t once (α, token-order codes) and stores the codes straight into its
     combined rows (Rflat position i of expert w → combined row i + rb[w + 1]; out_ptr and
-    out_words_ptr: the operand as bytes and as int32 words). Program m: the bounds ct and the
-    combined bounds cb = rb + ct (cb[e] = capacity, as `_operand_kernel`).
+    out_words_ptr: the operand as bytes and as int32 words). Program m: the bounds ct, the
+    combined bounds cb = rb + ct (cb[e] = capacity, as `_operand_kernel`) and rb's snapshot.
     Program m + 1 + c: READY rows [c·RP, (c + 1)·RP), row j → combined row j + ct[w] (w: its
     expert from rb; ct[w] counted from the ids). No program waits for another, so the routing →
     quantization → copy chain (two launches and a READY copy before) is one launch."""
@@ -386,6 +404,8 @@ def _front_kernel(ids_ptr, total, experts, top_k, x_ptr, k, codes_ptr, alpha_ptr
         w = tl.arange(0, EB)
         ct = entries_before(ids_ptr, total, experts, w, w * 0, CHUNK)
         rb = tl.load(ready_bounds_ptr + w, mask=w < experts, other=0)
+        tl.store(ready_copy_ptr + w, rb, mask=w < experts)
+        tl.store(ready_copy_ptr + experts + w, tl.load(ready_bounds_ptr + experts + w, mask=w == 0), mask=w == 0)
         tl.store(bounds_ptr + w, ct, mask=w < experts)
         tl.store(out_bounds_ptr + w, rb + ct, mask=w < experts)
         tl.store(bounds_ptr + experts + w, total + w * 0, mask=w == 0)
@@ -419,16 +439,19 @@ def _operand_args(ready: LagSlot, rows: int, k: int, experts: int) -> None:
                        f"got READY {tuple(ready.a_rows.shape)}, bounds {tuple(ready.bounds.shape)}")
 
 
-def _operand_buffers(rows: int, k: int, experts: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """The combined operand (2·rows, k) uint8 (rows past the used ones are never written) and its bounds."""
-    return (torch.empty((2 * rows, k), dtype=torch.uint8, device=device),
-            torch.empty(experts + 1, dtype=torch.int32, device=device))
+def _operand_buffers(rows: int, k: int, experts: int,
+                     device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The combined operand (2·rows, k) uint8 (rows past the used ones are never written), its
+    bounds and the READY bounds' snapshot (each (e+1,), 16-byte aligned views of one buffer)."""
+    edges = -(-(experts + 1) // 4) * 4
+    bounds = torch.empty((2, edges), dtype=torch.int32, device=device)
+    return torch.empty((2 * rows, k), dtype=torch.uint8, device=device), bounds[0, :experts + 1], bounds[1, :experts + 1]
 
 
-def _operand(rows: torch.Tensor, bounds: torch.Tensor, table: RoutingTable, codes: torch.Tensor,
-             alpha: torch.Tensor) -> Operand:
+def _operand(rows: torch.Tensor, bounds: torch.Tensor, ready_bounds: torch.Tensor, table: RoutingTable,
+             codes: torch.Tensor, alpha: torch.Tensor) -> Operand:
     return Operand(rows.view(torch.float8_e4m3fn), RoutingTable(_rows(rows.shape[0], rows.device), bounds), table,
-                   codes, alpha)
+                   codes, alpha, ready_bounds)
 
 
 def _copy_block(k: int) -> int:

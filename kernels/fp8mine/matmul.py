@@ -133,10 +133,15 @@ def gemm_impl() -> str:
 def fold_in_gemm(rows: int, b: torch.Tensor, impl: str | None = None) -> bool:
     """Whether `grouped_matmul(..., fold_into=)` can fold the lottery tiles of `rows` A rows
     against b in the GEMM's epilogue: CUDA, the CuTe GEMM, and a config the epilogue supports."""
-    if not FOLD_IN_EPILOGUE or b.device.type != "cuda" or (impl or gemm_impl()) != "cute":
+    return fold_fits(rows, tuple(b.shape), b.device, impl)
+
+
+def fold_fits(rows: int, b_shape: tuple[int, int, int], device: torch.device, impl: str | None = None) -> bool:
+    """`fold_in_gemm` from b's shape and device alone (a pass deciding before its B side exists)."""
+    if not FOLD_IN_EPILOGUE or device.type != "cuda" or (impl or gemm_impl()) != "cute":
         return False
     from .fold_epilogue import fold_config
-    return fold_config(rows, *b.shape) is not None
+    return fold_config(rows, *b_shape) is not None
 
 
 def peel_in_gemm(rows: int, b: torch.Tensor, impl: str | None = None) -> bool:
@@ -165,7 +170,7 @@ def folded_lanes(rows: int, n: int, device: torch.device) -> torch.Tensor:
 
 def grouped_matmul(a: torch.Tensor, b: torch.Tensor, table: RoutingTable,
                    impl: str | None = None, max_sms: int | None = None, side_smem: int = 0,
-                   fold_into: torch.Tensor | None = None) -> torch.Tensor:
+                   fold_into: torch.Tensor | None = None, fold_bounds: torch.Tensor | None = None) -> torch.Tensor:
     """out[rows of w] = a[rows of w] · b[w]ᵀ accumulated as the Hopper model; (rows, n) fp32.
 
     a: (rows, k) e4m3 in expert order (rows = table.rflat length); b: (e, n, k) e4m3.
@@ -174,8 +179,10 @@ def grouped_matmul(a: torch.Tensor, b: torch.Tensor, table: RoutingTable,
     side-stream work); the Triton grid is not persistent and ignores it. side_smem: the CuTe
     GEMM shares every SM with side-stream kernels, leaving them this much shared memory
     (`grouped_gemm`). fold_into: `folded_lanes(rows, n)`, receiving every whole 4×64 tile's
-    folded lanes from the epilogue (only where `fold_in_gemm`; the whole grid, no max_sms or
-    side_smem) for `LotteryLatch.run_folded`.
+    folded lanes from the epilogue (only where `fold_in_gemm`) for `LotteryLatch.run_folded`;
+    the accumulator is then bf16 where BF16_FOLDED_ACC. fold_bounds: fold only each expert's
+    first rows, into their own compact layout (`fold_epilogue.folded_grouped_gemm`'s
+    lottery_bounds; fold_into then holds fold_bounds[e] // 4 entries).
     """
     _check(a, b)
     experts, n, k = b.shape
@@ -191,12 +198,12 @@ def grouped_matmul(a: torch.Tensor, b: torch.Tensor, table: RoutingTable,
     folded_bf16 = fold_into is not None and BF16_FOLDED_ACC
     out = torch.empty((rows, n), dtype=torch.bfloat16 if folded_bf16 else torch.float32, device=a.device)
     if fold_into is not None:
-        if max_sms is not None or side_smem or not fold_in_gemm(rows, b, impl):
-            raise MatmulError(f"no fold epilogue for {rows} rows × {tuple(b.shape)} "
-                              f"(impl {impl}, max_sms {max_sms}, side_smem {side_smem})")
+        if not fold_in_gemm(rows, b, impl):
+            raise MatmulError(f"no fold epilogue for {rows} rows × {tuple(b.shape)} (impl {impl})")
         from .fold_epilogue import folded_grouped_gemm
         from kernels.grouped_gemm import tma_operand
-        return folded_grouped_gemm(tma_operand(a), tma_operand(b), table.bounds, out, fold_into)
+        return folded_grouped_gemm(tma_operand(a), tma_operand(b), table.bounds, out, fold_into,
+                                   lottery_bounds=fold_bounds, max_sms=max_sms, side_smem=side_smem)
     if impl == "cute":
         return _cute_grouped(a, b, table, out, max_sms, side_smem)
     block_m, block_n, warps = tile_config(a.shape[0], experts)

@@ -29,9 +29,9 @@ from proof.fp8.params import STATE_WINDOW_DEPTH, JobParams, make_job
 
 from . import noise, prequant, quant, transcript
 from .hashing import constant_bytes
-from .lagged import LagSlot, MinedSlot, clean_peel, lagged_front
+from .lagged import LagSlot, MinedSlot, Operand, clean_peel, lagged_front
 from .lottery import LotteryLatch, threshold_words
-from .matmul import fold_in_gemm, folded_lanes, gather_in_gemm, grouped_matmul, peel_in_gemm
+from .matmul import fold_fits, fold_in_gemm, folded_lanes, gather_in_gemm, grouped_matmul, peel_in_gemm
 from .peel import (TAIL_BYTES, a_peel, b_peel, padded_rows, peel_and_unscale, peel_tiles, reads_tiles,
                    transposed_codes, write_tails)
 from .routing import RoutingTable, dense_table, routing_table, row_tiles
@@ -48,6 +48,12 @@ LAGGED_SIDE_SMS = 16  # LAGGED_SIDE_SMEM = 0: whole SMs the persistent GEMM leav
 # priority may delay the clean rows); False: under the GEMM after the clean A peel, on the ~16
 # SMs the A side already fills (may outlast the GEMM). Measure both (scratch_probe/f1b_time.py).
 LAGGED_LOTTERY_FIRST = True
+# The lagged GEMM folds its READY rows' lottery tiles in its epilogue (64 bytes a 4×64 tile,
+# straight into their compact layout) and stores a bf16 accumulator, which only the clean rows'
+# peel reads; MINED's take then copies those lanes, not the READY rows' fp32 accumulator, and the
+# next launch's lottery reads them (`run_folded`). False keeps the fp32 accumulator and its row
+# copy (gpu_check times both).
+LAGGED_FOLD = True
 # The same-launch MoE pass writes A′ straight into the GEMM's expert-order rows from the noisy
 # codes launch (top_k copies of each token row; `RoutingTable.positions`) instead of token order
 # and an index_select after it (194 µs at GLM-5 FC1 prefill on the H100, session 16). False
@@ -265,7 +271,9 @@ class MinedGemm:
             # READY keeps only the tail (planes, routing, key): the operand reads PENDING's A′ rows
             self.ready = LagSlot.allocate(m, rows, k, self.b.experts, self.b.device, with_rows=False)
             self.pending = LagSlot.allocate(m, rows, k, self.b.experts, self.b.device)
-            self.mined = MinedSlot.allocate(m, rows, self.b.n_e, k, self.b.experts, self.b.device)
+            fold = LAGGED_FOLD and fold_fits(2 * rows, (self.b.experts, self.b.n_e, k), self.b.device)
+            self.ready_lanes = folded_lanes(rows, self.b.n_e, self.b.device) if fold else None
+            self.mined = MinedSlot.allocate(m, rows, self.b.n_e, k, self.b.experts, self.b.device, folded=fold)
             self.gemm_sms = (torch.cuda.get_device_properties(self.b.device).multi_processor_count
                              - LAGGED_SIDE_SMS) if cuda and not LAGGED_SIDE_SMEM else None
 
@@ -400,8 +408,7 @@ class MinedGemm:
                 self._mine_previous()
             a = prepare_a(quant.prepare_rows(x), self.seed_message, self.p_a_len, state, table if self.moe else None)
             pending.fill(a.side.codes, a.codes, a.scales, a.pow_key, table)
-        acc = grouped_matmul(operand.rows, self.b_codes(), operand.table, max_sms=self.gemm_sms,
-                             side_smem=LAGGED_SIDE_SMEM)
+        acc = self._combined_gemm(operand)
         gemm_done = self._event(main)
         self._wait(main, peel_ready)
         out = peel_and_unscale(acc, a_peel_clean, operand.clean_alpha, state.peel.view(self.b.experts, self.b.n_e, -1),
@@ -409,16 +416,25 @@ class MinedGemm:
                                tiles=clean_tiles, a_left_zero=True, after_gemm=True)
         self._wait(self.side, gemm_done)
         with self._on_side():
-            mined.take(acc, ready, table.bounds)
+            mined.take(acc if self.ready_lanes is None else self.ready_lanes, ready, table.bounds)
         self._join(main)
         return LaunchResult(out, acc, table, a, operand.table.bounds)
+
+    def _combined_gemm(self, operand: Operand) -> torch.Tensor:
+        """The lagged GEMM over the combined operand, sharing its SMs with the side stream;
+        where it folds (`ready_lanes`), the READY rows' tiles by the front's snapshot of their
+        bounds (their lanes' compact layout)."""
+        return grouped_matmul(operand.rows, self.b_codes(), operand.table, max_sms=self.gemm_sms,
+                              side_smem=LAGGED_SIDE_SMEM, fold_into=self.ready_lanes,
+                              fold_bounds=None if self.ready_lanes is None else operand.ready_bounds)
 
     def _mine_previous(self) -> None:
         """The lottery, payload and publish of MINED (the rows the previous launch's GEMM hashed)."""
         assert self.state is not None
         mined = self.mined
-        self.latch.run(mined.acc, row_tiles(mined.slot.table()), mined.slot.pow_key, self.threshold,
-                       self.state.seed_b, mined.slot.sources())
+        draw = self.latch.run_folded if mined.folded else self.latch.run
+        draw(mined.acc, row_tiles(mined.slot.table()), mined.slot.pow_key, self.threshold, self.state.seed_b,
+             mined.slot.sources())
         self.latch.publish()
 
     def _event(self, stream: torch.cuda.Stream | None = None) -> torch.cuda.Event | None:
