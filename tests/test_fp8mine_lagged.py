@@ -281,13 +281,15 @@ COMPILE = textwrap.dedent("""
         "rows": "i32", "words": "i32", "scale_words": "i32", "edges": "i32", "BW": "constexpr"},
         constexprs={"BW": 2048}), target=target)
     triton.compile(ASTSource(fn=lagged._take_kernel, signature={
-        **{name: "*i32" for name in ("acc_ptr", "ready_bounds_ptr", "clean_bounds_ptr", "mined_ptr",
-                                     "tail_src_ptr", "tail_dst_ptr")},
-        "tail_words": "i32", "rows": "i32", "n": "i32", "experts": "i32", "EB": "constexpr", "BW": "constexpr",
-        "TW": "constexpr"}, constexprs={"EB": 256, "BW": 2048, "TW": 2048}), target=target)
+        **{name: "*i32" for name in ("acc_ptr", "ready_bounds_ptr", "clean_bounds_ptr", "mined_ptr")},
+        "rows": "i32", "n": "i32", "experts": "i32",
+        **{name: "*i32" for name in ("first_src_ptr", "first_dst_ptr")}, "first_words": "i32",
+        **{name: "*i32" for name in ("second_src_ptr", "second_dst_ptr")}, "second_words": "i32",
+        "EB": "constexpr", "BW": "constexpr", "TW": "constexpr"}, constexprs={"EB": 256, "BW": 2048, "TW": 2048}),
+        target=target)
     triton.compile(ASTSource(fn=lagged._clean_kernel, signature={
         "x_ptr": "*i16", "k": "i32", "codes_ptr": "*u8", "alpha_ptr": "*i16", "BK": "constexpr"},
-        constexprs={"BK": 8192}), target=target, options={"enable_fp_fusion": False, "num_warps": 8})
+        constexprs={"BK": 8192}), target=target, options={"enable_fp_fusion": False, "num_warps": lagged._QUANT_WARPS})
     for ids, eb, tk, chunk in (("*i64", 32, 8, 512), ("*i32", 256, 4, 64)):
         front = triton.compile(ASTSource(fn=lagged._front_kernel, signature={
             "ids_ptr": ids, "total": "i32", "experts": "i32", "top_k": "i32", "x_ptr": "*i16", "k": "i32",
@@ -298,7 +300,7 @@ COMPILE = textwrap.dedent("""
             "CHUNK": "constexpr", "BK": "constexpr", "BW": "constexpr", "RP": "constexpr"},
             constexprs={"EB": eb, "TK": tk, "CHUNK": chunk, "BK": 8192, "BW": 2048, "RP": lagged._READY_ROWS}),
             target=target,
-            options={"enable_fp_fusion": False, "num_warps": 8})
+            options={"enable_fp_fusion": False, "num_warps": lagged._QUANT_WARPS})
         print("FRONT-LOCAL", ".local" in front.asm["ptx"])  # no stack frame at the decode shapes
     mined = triton.compile(ASTSource(fn=lottery._lottery_kernel, signature={
         "src_ptr": "*i64", "n": "i32", "tile_row_ptr": "*i32", "tile_expert_ptr": "*i32", "tile_local_ptr": "*i32",

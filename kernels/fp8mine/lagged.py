@@ -16,8 +16,10 @@ operand of expert e is [READY rows of e ; clean rows of e]:
 Row positions (r_e = READY rows of e, c_e = clean rows of e, rb / ct their bounds, cb = rb + ct
 the combined bounds): READY row j of e sits at combined row j + ct[e]; clean row i of e at
 i + rb[e + 1]. The peel (`peel.peel_and_unscale(row_shift=)`) reads the clean rows through these
-per-expert shifts and MINED's take copies the READY rows out compactly for the next launch's
-lottery, so the output is never copied. Nothing here syncs with the host.
+per-expert shifts, so the output is never copied. For the next launch's lottery the GEMM folds
+the READY rows' tiles into compact lanes in its epilogue (by the front's snapshot of rb,
+`Operand.ready_bounds`), which MINED's take copies; where it cannot fold, the take copies the
+READY rows' fp32 accumulator out compactly instead. Nothing here syncs with the host.
 """
 from __future__ import annotations
 
@@ -38,7 +40,7 @@ from .routing import (RoutingTable, clamped_ids, dense_table, entries_before, on
 
 _ALIGN = 16  # bytes: every view of a slot starts on a 16-byte boundary
 _QUANT_BLOCK = 8192  # most elements per step of the clean quantization (k ≤ 8192: one load)
-_QUANT_WARPS = 8
+_QUANT_WARPS = 16  # the front's programs (H100, session 22, lagged pass: GLM-5 305.4 / 304.7 vs 306.8 / 307.2 µs at 8)
 _COPY_WORDS = 2048  # most 4-byte words per step of a row copy (k ≤ 8192: one step)
 _READY_ROWS = 4  # READY rows a `_front_kernel` program copies (GLM-5 decode: 128 programs beside 64 token ones)
 _NORM_FLOOR = tl.constexpr(2.0 ** -32)  # an all-zero row gets a finite scale
@@ -172,28 +174,28 @@ class MinedSlot:
         """MINED ← the READY rows of the combined accumulator `acc` (expert w's READY row j at
         combined row rb[w] + j + ct[w]) and READY's tail; one kernel: a program per READY row,
         then programs striding the tail's words. Folded: `acc` is the lanes the GEMM folded from
-        the READY rows, already compact, so the take is two copies (lanes, tail)."""
+        the READY rows, already compact, so the same kernel copies them whole, then the tail."""
         src, dst = ready.tail(), self.slot.tail()
         if acc.shape[1:] != self.acc.shape[1:] or src.shape != dst.shape or ready.bounds.shape != clean_bounds.shape:
             raise LagError(f"MINED {tuple(self.acc.shape)} does not match {tuple(acc.shape)} / READY")
-        if self.folded:
-            self.acc.copy_(acc)
-            dst.copy_(src)
-            return
-        rows, n = self.acc.shape
-        tail_programs = triton.cdiv(src.numel(), _COPY_WORDS)
-        _take_kernel[(rows + tail_programs,)](
-            acc.view(torch.int32), ready.bounds, clean_bounds, self.acc.view(torch.int32), src, dst, src.numel(),
-            rows, n, ready.bounds.shape[0] - 1, EB=triton.next_power_of_2(ready.bounds.shape[0]),
+        words = self.acc.view(torch.int32).view(-1)
+        rows, n = (0, 1) if self.folded else self.acc.shape
+        first, second = ((acc.view(-1), words), (src, dst)) if self.folded else ((src, dst), (src, dst[:0]))
+        programs = rows + triton.cdiv(first[1].numel(), _COPY_WORDS) + triton.cdiv(second[1].numel(), _COPY_WORDS)
+        _take_kernel[(programs,)](
+            acc.view(torch.int32), ready.bounds, clean_bounds, words, rows, n, ready.bounds.shape[0] - 1,
+            *first, first[1].numel(), *second, second[1].numel(), EB=triton.next_power_of_2(ready.bounds.shape[0]),
             BW=min(triton.next_power_of_2(n), _COPY_WORDS), TW=_COPY_WORDS)
 
 
 @jit
-def _take_kernel(acc_ptr, ready_bounds_ptr, clean_bounds_ptr, mined_ptr, tail_src_ptr, tail_dst_ptr, tail_words,
-                 rows, n, experts, EB: tl.constexpr, BW: tl.constexpr, TW: tl.constexpr):
+def _take_kernel(acc_ptr, ready_bounds_ptr, clean_bounds_ptr, mined_ptr, rows, n, experts, first_src_ptr,
+                 first_dst_ptr, first_words, second_src_ptr, second_dst_ptr, second_words, EB: tl.constexpr,
+                 BW: tl.constexpr, TW: tl.constexpr):
     """Program r < rows: MINED acc row r ← combined row r + ct[w] (w: READY row r's expert, the
-    number of w ≥ 1 with rb[w] ≤ r; rows past rb[e] are not copied). Program rows + c: tail
-    words [c·TW, (c+1)·TW)."""
+    number of w ≥ 1 with rb[w] ≤ r; rows past rb[e] are not copied). The programs after them:
+    TW-word chunks of a first, then a second word range (READY's tail; or the folded lanes,
+    then the tail)."""
     p = tl.program_id(0)
     if p < rows:
         w = tl.arange(0, EB)
@@ -205,9 +207,20 @@ def _take_kernel(acc_ptr, ready_bounds_ptr, clean_bounds_ptr, mined_ptr, tail_sr
             shift = tl.reduce(tl.where(w == expert, ct, 0), 0, tl.standard._sum_combine)
             _copy_words(acc_ptr + (p + shift).to(tl.int64) * n, mined_ptr + p.to(tl.int64) * n, n, BW)
     else:
-        offs = (p - rows) * TW + tl.arange(0, TW)
-        live = offs < tail_words
-        tl.store(tail_dst_ptr + offs, tl.load(tail_src_ptr + offs, mask=live), mask=live)
+        chunk = p - rows
+        first_chunks = (first_words + TW - 1) // TW
+        if chunk < first_chunks:
+            _copy_chunk(first_src_ptr, first_dst_ptr, chunk, first_words, TW)
+        else:
+            _copy_chunk(second_src_ptr, second_dst_ptr, chunk - first_chunks, second_words, TW)
+
+
+@jit
+def _copy_chunk(src_ptr, dst_ptr, chunk, words, TW: tl.constexpr):
+    """Words [chunk·TW, (chunk + 1)·TW) of a `words`-word range."""
+    offs = chunk.to(tl.int64) * TW + tl.arange(0, TW)
+    live = offs < words
+    tl.store(dst_ptr + offs, tl.load(src_ptr + offs, mask=live), mask=live)
 
 
 @jit
