@@ -224,8 +224,9 @@ def test_folded_mined_slot_takes_the_lanes_and_the_tail():
     lanes = torch.randint(-2 ** 31, 2 ** 31 - 1, (rows // 4, n // 64, 16), dtype=torch.int32)
     mined.take(lanes, ready, torch.zeros(experts + 1, dtype=torch.int32))
     assert torch.equal(mined.acc, lanes) and torch.equal(mined.slot.tail(), ready.tail())
-    with pytest.raises(LagError, match="does not match"):
-        mined.take(lanes[:, :1], ready, torch.zeros(experts + 1, dtype=torch.int32))
+    for wrong in (lanes[:, :1], lanes[:-1]):
+        with pytest.raises(LagError, match="does not match"):
+            mined.take(wrong, ready, torch.zeros(experts + 1, dtype=torch.int32))
     assert not MinedSlot.allocate(m, rows, n, k, experts, torch.device("cpu")).folded
 
 

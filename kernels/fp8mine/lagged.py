@@ -176,7 +176,8 @@ class MinedSlot:
         then programs striding the tail's words. Folded: `acc` is the lanes the GEMM folded from
         the READY rows, already compact, so the same kernel copies them whole, then the tail."""
         src, dst = ready.tail(), self.slot.tail()
-        if acc.shape[1:] != self.acc.shape[1:] or src.shape != dst.shape or ready.bounds.shape != clean_bounds.shape:
+        fits = acc.shape == self.acc.shape if self.folded else acc.shape[1:] == self.acc.shape[1:]
+        if not fits or src.shape != dst.shape or ready.bounds.shape != clean_bounds.shape:
             raise LagError(f"MINED {tuple(self.acc.shape)} does not match {tuple(acc.shape)} / READY")
         words = self.acc.view(torch.int32).view(-1)
         rows, n = (0, 1) if self.folded else self.acc.shape
