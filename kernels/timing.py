@@ -63,20 +63,29 @@ def _prepare(calls: list[Callable[[], None]], target_ms: float) -> _Prepared:
         for i in range(n_calls):
             calls[i % len(calls)]()
 
-    graph = torch.cuda.CUDAGraph()
     try:
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            body()  # warm-up on the side stream, as capture requires
-        torch.cuda.current_stream().wait_stream(stream)
-        with torch.cuda.graph(graph):
-            body()
+        graph = captured_graph(body, warmup=1)
         graph.replay()
         return _Prepared(graph.replay, n_calls, graph)
     except RuntimeError:
         torch.cuda.synchronize()
         return _Prepared(body, n_calls, None)
+
+
+def captured_graph(fn: Callable[[], object], warmup: int) -> torch.cuda.CUDAGraph:
+    """One `fn()` captured in a CUDA graph, after `warmup` calls on a side stream (capture needs
+    its allocations and compilations done, off the capturing stream)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph
 
 
 def time_methods(methods: dict[str, list[Callable[[], None]]], target_ms: float = 4.0,

@@ -17,7 +17,9 @@ Sections (each runs on its own; a failure is recorded and the next section still
   medians) on decode and prefill shapes, the GEMM implementation the pass used, per-stage times
   (both GEMM implementations), each stage of the A side alone ("A side stages"), and the layer
   output's error against a bf16 reference; on the decode shapes also the lagged pass
-  (`mined_pass_lagged_us`, its parts and output error; the acceptance line uses the better pass).
+  (`mined_pass_lagged_us`, its parts and output error; the acceptance line uses the better pass);
+- timeline: the kernels of graph replays (`kernels.timeline`) of the lagged decode pass and the
+  prefill pass at GLM-5 FC1 shapes, with each kernel's median duration: which stream waits on what.
 JSON (results.json) and markdown (results.md) go to DIR.
 """
 from __future__ import annotations
@@ -785,8 +787,24 @@ def check_timing() -> dict:
     return out
 
 
+def check_timeline() -> dict:
+    """Kernel timelines of four lagged decode replays and two prefill replays (GLM-5 FC1)."""
+    from kernels.timeline import kernel_timeline, summarize
+    out = {}
+    for name, experts, n_e, k, tokens, top_k in (TIMED[0], TIMED[2]):
+        lagged = "decode" in name
+        gemm, _, x, topk, header = _setup(experts, n_e, k, tokens, top_k, seed=11, lagged=lagged)
+        spans = kernel_timeline(lambda: gemm.forward(x, topk), replays=4 if lagged else 2)
+        out[f"{name}{', lagged' if lagged else ''}"] = {
+            "kernels": summarize(spans),
+            "spans (start us, us, stream, name)": [[s.start_us, s.duration_us, s.stream, s.name] for s in spans]}
+        gemm.b.slots = [None, None]
+        torch.cuda.empty_cache()
+    return out
+
+
 SECTIONS = {"gemm": check_gemm, "stages": check_stages, "planted": check_planted,
-            "graph": check_graph, "timing": check_timing}
+            "graph": check_graph, "timing": check_timing, "timeline": check_timeline}
 
 
 def _markdown(results: dict) -> str:

@@ -38,6 +38,8 @@ from proof.int7 import (MiningConfig, commit_instance, instance_tickets, ticket,
 
 from proof.int7.noise import LABEL_A
 
+from kernels.timing import captured_graph
+
 from .activations import a_times_p_b, prepare_rows, quantise_rows
 from .blake3 import bytes_from_words, keyed_trees, trees_from_leaves
 from .codes_and_leaves import codes_and_leaves, fits as codes_and_leaves_fit
@@ -387,17 +389,7 @@ class Timer:
 
     @staticmethod
     def graph(fn: Callable[[], object]) -> torch.cuda.CUDAGraph:
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(WARMUP):
-                fn()
-        torch.cuda.current_stream().wait_stream(stream)
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            fn()
-        return graph
+        return captured_graph(fn, WARMUP)
 
     def median_us(self, graphs: dict[str, torch.cuda.CUDAGraph]) -> dict[str, float]:
         times: dict[str, list[float]] = {name: [] for name in graphs}
