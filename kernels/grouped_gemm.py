@@ -144,6 +144,12 @@ def launch(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, out: torch.T
     launch_variant(fn, x, w, offsets, out, config, epi_args, max_sms)
 
 
+def shared_config(config: GroupedGemmConfig, side_smem: int) -> GroupedGemmConfig:
+    """The config a launch runs: with side_smem > 0 (an SM shared with other streams' kernels,
+    which takes one consumer warpgroup) a pingpong config's cooperative twin, else itself."""
+    return dataclasses.replace(config, pingpong=False) if side_smem and config.pingpong else config
+
+
 def launch_variant(fn, x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, out: torch.Tensor,
                    config: GroupedGemmConfig, epi_args, max_sms: int | None = None,
                    a_idx: torch.Tensor | None = None, c: torch.Tensor | None = None) -> None:
@@ -203,7 +209,5 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, *,
         return out
     if config is None:
         config = select_config(precision, total_m, num_experts, n, k)
-    if side_smem and config.pingpong:
-        config = dataclasses.replace(config, pingpong=False)
-    launch(x, w, offsets, out, config, x_scale, w_scale, max_sms, side_smem)
+    launch(x, w, offsets, out, shared_config(config, side_smem), x_scale, w_scale, max_sms, side_smem)
     return out

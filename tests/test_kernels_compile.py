@@ -115,13 +115,12 @@ def test_fold_epilogue_shares_its_sms_for_the_lagged_pass(experts, rows, n, k) -
     rows' tiles and stores a bf16 accumulator in the variant that leaves LAGGED_SIDE_SMEM and half
     the registers of every SM to the side stream: the selector's config made cooperative, one
     64-row consumer warpgroup, one lane store per 64-column block a thread folds, no spills."""
-    import dataclasses
-
     from kernels.fp8mine.fold_epilogue import compile_fold_gemm, fold_config
     from kernels.fp8mine.pipeline import LAGGED_SIDE_SMEM
+    from kernels.grouped_gemm import shared_config
 
-    config = dataclasses.replace(fold_config(experts * rows, experts, n, k), pingpong=False)
-    assert config.tile_m == 64
+    config = shared_config(fold_config(experts * rows, experts, n, k), LAGGED_SIDE_SMEM)
+    assert config.tile_m == 64 and not config.pingpong
     sass = compile_fold_gemm(config, Output.BF16, LAGGED_SIDE_SMEM).__sass__
     assert set(re.findall(MMA_SASS[Precision.FP8], sass)) == {str(config.tile_n)}
     assert len(re.findall(r"\bSTG\.E\b", sass)) == 2 * config.tile_n // 64

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from kernels.grouped_gemm import GroupedGemmError, grouped_gemm, output_dtype, precision_of
+from kernels.grouped_gemm import GroupedGemmError, grouped_gemm, output_dtype, precision_of, shared_config
 from kernels.grouped_gemm_config import (
     GroupedGemmConfig,
     Output,
@@ -181,6 +181,13 @@ def test_max_sms_must_be_a_positive_count(max_sms) -> None:
 def test_side_smem_must_be_whole_kib_within_the_limit(side_smem) -> None:
     with pytest.raises(GroupedGemmError, match="side_smem must be a multiple of 1024 bytes"):
         grouped_gemm(**_args(), side_smem=side_smem)
+
+
+def test_a_shared_sm_launch_runs_a_pingpong_config_as_its_cooperative_twin() -> None:
+    pingpong = GroupedGemmConfig.from_key("64x128x128_c1x1_pp")
+    cooperative = GroupedGemmConfig.from_key("64x128x128_c1x1_coop")
+    assert shared_config(pingpong, 64 * 1024) == cooperative
+    assert shared_config(pingpong, 0) == pingpong and shared_config(cooperative, 64 * 1024) == cooperative
 
 
 def _eight_bit(dtype: torch.dtype) -> dict:

@@ -19,7 +19,6 @@ import time, like kernels.grouped_gemm_sm90.
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 from typing import Callable
 
@@ -30,7 +29,7 @@ from cutlass import Float32, Int32, Uint32, const_expr
 from cutlass._mlir_helpers.arith import bitcast
 from cutlass.cutlass_dsl import T
 
-from kernels.grouped_gemm import launch_variant
+from kernels.grouped_gemm import launch_variant, shared_config
 from kernels.grouped_gemm_config import GroupedGemmConfig, Output, Precision, select_config
 from kernels.grouped_gemm_sm90 import GroupedGemmFp32AccSm90, compile_variant, sharing
 from kernels.mining_epilogue import MiningParamsMixin, fake_tile_words_arguments, mining_arguments
@@ -157,9 +156,7 @@ def folded_grouped_gemm(a: torch.Tensor, b: torch.Tensor, bounds: torch.Tensor, 
     """
     n = b.shape[1]
     rows = a.shape[0]
-    config = checked_config(config, rows, tuple(b.shape), False)
-    if side_smem and config.pingpong:
-        config = dataclasses.replace(config, pingpong=False)
+    config = shared_config(checked_config(config, rows, tuple(b.shape), False), side_smem)
     if out.dtype not in _ACC_OUTPUTS or out.shape != (rows, n):
         raise ValueError(f"out must be float32 or bfloat16 ({rows}, {n}), got {out.dtype} {tuple(out.shape)}")
     lane_rows = rows // 4 if lottery_bounds is None else lanes.shape[0]
