@@ -152,18 +152,21 @@ def shared_config(config: GroupedGemmConfig, side_smem: int) -> GroupedGemmConfi
 
 def launch_variant(fn, x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, out: torch.Tensor,
                    config: GroupedGemmConfig, epi_args, max_sms: int | None = None,
-                   a_idx: torch.Tensor | None = None, c: torch.Tensor | None = None) -> None:
+                   a_idx: torch.Tensor | None = None, c: torch.Tensor | None = None,
+                   tile_counter: torch.Tensor | None = None) -> None:
     """Launch compiled kernel `fn` (any epilogue) with its epilogue arguments on the current
     stream, the persistent grid on at most max_sms SMs (whole clusters); a_idx (out's rows,)
     int32: the row of x each output row reads, for a variant compiled with `gather`; c: the C
-    operand (out's shape) of a variant compiled with a `c_dtype`."""
+    operand (out's shape) of a variant compiled with a `c_dtype`; tile_counter (1,) int32, zero
+    when the kernel starts (the caller's to reset: the kernel leaves it at its tile count), for
+    a variant compiled `dynamic`."""
     from quack.gemm_tvm_ffi_utils import make_scheduler_args, make_varlen_args
 
     cluster_size = config.cluster_m * config.cluster_n
     clusters = _max_active_clusters(cluster_size, x.device.index or 0)
     if max_sms is not None:
         clusters = max(1, min(clusters, max_sms // cluster_size))
-    fn(x, w, out, c, epi_args, make_scheduler_args(clusters, config.swizzle, None),
+    fn(x, w, out, c, epi_args, make_scheduler_args(clusters, config.swizzle, tile_counter),
        make_varlen_args(offsets, None, a_idx), None, None)
 
 

@@ -28,6 +28,7 @@ import cutlass
 import cutlass.cute as cute
 import quack.sm90_utils as quack_sm90_utils
 from cutlass import BFloat16, Float32, Float8E4M3FN, Int8, Int32, const_expr
+from cutlass.cute.runtime import make_ptr
 from quack.compile_utils import make_fake_tensor
 from quack.epilogue.ops import ColVecLoad, RowVecLoad
 from quack.gemm_default_epi import GemmDefaultEpiMixin
@@ -306,13 +307,16 @@ def fake_scale_arguments(cls: type, scaled: bool = True) -> Callable:
 
 def compile_variant(cls: type, precision: Precision, output: Output, config: GroupedGemmConfig,
                     epilogue: Callable, side_smem: int = 0, gather: bool = False,
-                    c_dtype: type | None = None) -> Callable:
+                    c_dtype: type | None = None, dynamic: bool = False) -> Callable:
     """Compile kernel class `cls` (a GemmSm90 with its epilogue) for one config;
     `epilogue(total_M, N, E)` builds its fake epilogue arguments from the GEMM's symbolic sizes.
     gather: A's rows are read through an index (quack's gather_A: output row r reads A row
     A_idx[r] by cp.async, so A needs no copy into expert order); needs cluster_n = 1.
     c_dtype: the kernel also reads a C operand of this type (total_M, N), row-major, which its
-    epilogue sees subtile by subtile (quack's TMA-loaded C)."""
+    epilogue sees subtile by subtile (quack's TMA-loaded C).
+    dynamic: the persistent CTAs take each tile after their first from an int32 tile counter
+    (quack's dynamic scheduler; `launch_variant(tile_counter=)`), so a CTA slowed by kernels
+    sharing its SM takes fewer tiles than one running alone."""
     if gather and config.cluster_n != 1:
         raise ValueError(f"a gathering GEMM needs cluster_n = 1 (A is not multicast), got {config.key}")
     ab_dtype, d_dtype = AB_DTYPES[precision], D_DTYPES[output]
@@ -321,10 +325,11 @@ def compile_variant(cls: type, precision: Precision, output: Output, config: Gro
         gather_A=gather)
     scheduler_args = TileSchedulerOptions(
         max_active_clusters=Int32(1), max_swizzle_size=Int32(8),
-        raster_order=RasterOrderOption.AlongM if config.raster_along_m else RasterOrderOption.Heuristic)
+        raster_order=RasterOrderOption.AlongM if config.raster_along_m else RasterOrderOption.Heuristic,
+        tile_count_semaphore=make_ptr(Int32, 0, cute.AddressSpace.gmem, assumed_align=4) if dynamic else None)
     varlen_args = make_fake_varlen_args(True, False, gather, m)
     with _sm90_smem_without_a_driver() if side_smem else contextlib.nullcontext():
         return compile_gemm_kernel(
             cls, ab_dtype, (config.tile_m, config.tile_n, config.tile_k),
-            (config.cluster_m, config.cluster_n, 1), config.pingpong, True, gather, False, SM90,
+            (config.cluster_m, config.cluster_n, 1), config.pingpong, True, gather, dynamic, SM90,
             mA, mB, mD, mC, epilogue(m, n, num_experts), scheduler_args, varlen_args)

@@ -96,11 +96,14 @@ SCRIPT = textwrap.dedent("""
         by_expert = triton.compile(ASTSource(fn=peel._expert_peel_kernel, signature={
             "acc_ptr": "*fp32", "shift_ptr": "*i32" if shifted else "*fp32", "rflat_ptr": "*i32",
             "a_peel_ptr": "*i16", "alpha_a_ptr": "*i16", "b_peel_ptr": "*i16", "alpha_b_ptr": "*i16",
-            "bounds_ptr": "*i32", "out_ptr": "*i16", "n": "i32", "acc_rows": "i32", "BR": "constexpr",
+            "bounds_ptr": "*i32", "out_ptr": "*i16", "n": "i32", "acc_rows": "i32", "experts": "i32",
+            "first_src_ptr": "*i32", "first_dst_ptr": "*i32", "first_words": "i32", "second_src_ptr": "*i32",
+            "second_dst_ptr": "*i32", "second_words": "i32", "BR": "constexpr",
             "BN": "constexpr", "SHIFTED": "constexpr", "RIGHT_ONLY": "constexpr", "AFTER_GEMM": "constexpr"},
             constexprs={"BR": rows, "BN": peel._EXPERT_PEEL_COLS, "SHIFTED": shifted, "RIGHT_ONLY": right_only,
                         "AFTER_GEMM": after_gemm},
-            attrs=ALIGNED(10)), target=target, options={"num_warps": peel._EXPERT_PEEL_WARPS, "num_stages": 1})
+            attrs={**ALIGNED(10), **{(i,): [["tt.divisibility", 16]] for i in (12, 13, 14, 15, 16, 17)}}),
+            target=target, options={"num_warps": peel._EXPERT_PEEL_WARPS, "num_stages": 1})
         tag = "EXPERTPEEL" if right_only else "EXPERTPEELPLAIN"
         print(f"{tag}-BEGIN")
         print(by_expert.asm["ptx"])
@@ -329,13 +332,20 @@ def test_decode_peel_dot_chains_from_the_accumulator(compiled):
 
 
 def test_lagged_decode_peel_waits_for_the_gemm_only_before_reading_its_output(compiled):
-    """The lagged pass's peel, a programmatic dependent of the GEMM, issues its bounds, Rflat and
-    B-peel loads, then waits for the GEMM once, before its first accumulator (evict-first) load;
-    the plain decode peel has no wait."""
+    """The lagged pass's peel, a programmatic dependent of the GEMM: a peel program issues its
+    bounds, Rflat and B-peel loads, then waits for the GEMM, before its first accumulator
+    (evict-first) load; a copy program (MINED's take) waits before it loads anything; the plain
+    decode peel has no wait. Every program then lets the stream's next kernel launch, once,
+    after its last store."""
     ptx = compiled.split("EXPERTPEEL-BEGIN")[1].split("EXPERTPEEL-END")[0]
     plain = compiled.split("EXPERTPEELPLAIN-BEGIN")[1].split("EXPERTPEELPLAIN-END")[0]
-    assert ptx.count("griddepcontrol.wait") == 1 and "griddepcontrol" not in plain
-    wait = ptx.index("griddepcontrol.wait")
-    before, after = ptx[:wait], ptx[wait:]
-    assert len(re.findall(r"ld\.global", before)) >= 4  # bounds, shift, Rflat, B peel, alpha_B
-    assert "evict_first" not in before and "evict_first" in after
+    assert ptx.count("griddepcontrol.wait") == 2 and "griddepcontrol" not in plain
+    first_acc = ptx.index("evict_first")
+    wait = ptx.rindex("griddepcontrol.wait", 0, first_acc)
+    peel_wait_block = ptx[ptx.rindex("$L__BB", 0, wait):wait]  # the peel program's block up to its wait
+    assert len(re.findall(r"ld\.global", peel_wait_block)) >= 4  # bounds, shift, Rflat, B peel, alpha_B
+    copy_wait = [i for i in (ptx.index("griddepcontrol.wait"), ptx.rindex("griddepcontrol.wait")) if i != wait][0]
+    copy_block = ptx[ptx.rindex("$L__BB", 0, copy_wait):copy_wait]
+    assert "ld.global" not in copy_block
+    assert ptx.count("griddepcontrol.launch_dependents") == 1
+    assert ptx.rindex("st.global") < ptx.index("griddepcontrol.launch_dependents")

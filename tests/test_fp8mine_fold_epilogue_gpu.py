@@ -95,3 +95,33 @@ def test_bf16_accumulator_is_the_fp32_one_rounded(key: str) -> None:
     assert bf16.dtype == torch.bfloat16
     assert torch.equal(bf16.view(torch.int16), fp32.to(torch.bfloat16).view(torch.int16))
     assert torch.equal(bf16_lanes, fp32_lanes)
+
+
+def test_tile_counter_schedule_keeps_the_bits_of_the_static_one() -> None:
+    """The lagged pass's GEMM (shared SMs, READY rows folded by lottery_bounds) taking its tiles
+    from a zeroed counter (`tile_counter`, pipeline.LAGGED_DYNAMIC) writes the static schedule's
+    accumulator and lanes bit for bit, on the whole GPU and on 8 SMs (most tiles then taken from
+    the counter), launch after launch with the counter zeroed between them."""
+    from kernels.fp8mine.fold_epilogue import folded_grouped_gemm
+    from kernels.fp8mine.pipeline import LAGGED_SIDE_SMEM
+
+    config = GroupedGemmConfig.from_key("64x128x128_c1x1_pp")
+    a, b = _operands(5)
+    bounds = _table().bounds
+    ready = [16, 0, 20, 33, 6]  # each expert's first rows are folded (READY), whole 4-row tiles only
+    lottery_bounds = torch.tensor(np.concatenate([[0], np.cumsum(ready)]), dtype=torch.int32, device="cuda")
+
+    def launch(counter, max_sms=None):
+        out = torch.empty((a.shape[0], N), dtype=torch.bfloat16, device="cuda")
+        lanes = torch.full((sum(ready) // 4, N // 64, 16), -1, dtype=torch.int32, device="cuda")
+        folded_grouped_gemm(a, b, bounds, out, lanes, config, lottery_bounds=lottery_bounds, max_sms=max_sms,
+                            side_smem=LAGGED_SIDE_SMEM, tile_counter=counter)
+        return out.view(torch.int16), lanes
+
+    want_out, want_lanes = launch(None)
+    counter = torch.zeros(1, dtype=torch.int32, device="cuda")
+    for max_sms in (None, 8, 8):
+        counter.zero_()
+        out, lanes = launch(counter, max_sms)
+        assert torch.equal(out, want_out) and torch.equal(lanes, want_lanes)
+        assert int(counter) > 0  # the CTAs took tiles from it

@@ -97,6 +97,7 @@ def _assert_operand(got, x: torch.Tensor, table: RoutingTable, ready: LagSlot) -
             want_alpha[token], want_codes[token] = alpha, codes
     assert got.table.bounds.tolist() == [r + c for r, c in zip(rb, ct)][:-1] + [2 * rows]  # the end: all rows
     assert torch.equal(got.ready_bounds, ready.bounds)  # the snapshot the folding GEMM reads
+    assert got.tile_counter.tolist() == [0]  # zeroed for the GEMM's dynamic scheduler
     assert torch.equal(got.rows.view(torch.uint8)[:len(want_rows)], torch.stack(want_rows))
     for token, alpha in want_alpha.items():
         assert got.clean_alpha[token].view(torch.int16) == alpha.view(torch.int16)
@@ -225,9 +226,35 @@ def test_folded_mined_slot_takes_the_lanes_and_the_tail():
     mined.take(lanes, ready, torch.zeros(experts + 1, dtype=torch.int32))
     assert torch.equal(mined.acc, lanes) and torch.equal(mined.slot.tail(), ready.tail())
     for wrong in (lanes[:, :1], lanes[:-1]):
-        with pytest.raises(LagError, match="does not match"):
+        with pytest.raises(LagError, match="does not take"):
             mined.take(wrong, ready, torch.zeros(experts + 1, dtype=torch.int32))
     assert not MinedSlot.allocate(m, rows, n, k, experts, torch.device("cpu")).folded
+
+
+def test_serving_peel_carries_the_folded_take():
+    """The lagged pass's serving peel with MINED's folded take as its copies (`folded_copies`):
+    its output is the plain peel's bit for bit, and MINED then holds what the take kernel would
+    have copied (the lanes whole, READY's tail); at most two int32 ranges of equal length, and
+    only on the decode peel."""
+    m, rows, n, k, experts = 11, 24, 128, 96, 4
+    table, a_peel, alpha_a, b_peel, alpha_b = _peel_inputs([5, 0, 11, 8], n=n, seed=9)
+    acc = torch.randn((sum([5, 0, 11, 8]), n)) * 1000
+    ready = _slot(m, rows, k, [0, 8, 8, 20, 24], seed=5)
+    ready.tail().copy_(torch.randint(-2 ** 31, 2 ** 31 - 1, ready.tail().shape, dtype=torch.int32))
+    mined = MinedSlot.allocate(m, rows, n, k, experts, torch.device("cpu"), folded=True)
+    lanes = torch.randint(-2 ** 31, 2 ** 31 - 1, mined.acc.shape, dtype=torch.int32)
+    want = peel_and_unscale(acc, a_peel, alpha_a, b_peel, alpha_b, table)
+    got = peel_and_unscale(acc, a_peel, alpha_a, b_peel, alpha_b, table, copies=mined.folded_copies(lanes, ready))
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+    assert torch.equal(mined.acc, lanes) and torch.equal(mined.slot.tail(), ready.tail())
+    words = lanes.view(-1)
+    for bad in (((words, words),) * 3, ((words, words[1:]),), ((words.float(), words.float()),)):
+        with pytest.raises(ValueError, match="copies"):
+            peel_and_unscale(acc, a_peel, alpha_a, b_peel, alpha_b, table, copies=bad)
+    wide, *wide_peels = _peel_inputs([80, 70, 64, 90], n=n, seed=1)  # prefill-sized: the row-tile peel
+    with pytest.raises(ValueError, match="decode peel only"):
+        peel_and_unscale(torch.zeros((304, n)), *wide_peels, wide,
+                         copies=mined.folded_copies(lanes, ready))
 
 
 def test_slot_views_are_disjoint_and_one_copy_moves_a_launch():
@@ -273,7 +300,7 @@ COMPILE = textwrap.dedent("""
     triton.compile(ASTSource(fn=lagged._operand_kernel, signature={
         "codes_ptr": "*i32", "rflat_ptr": "*i32", "clean_bounds_ptr": "*i32", "ready_ptr": "*i32",
         "ready_bounds_ptr": "*i32", "out_ptr": "*i32", "bounds_ptr": "*i32", "ready_copy_ptr": "*i32",
-        "experts": "i32", "words": "i32",
+        "counter_ptr": "*i32", "experts": "i32", "words": "i32",
         "capacity": "i32", "EB": "constexpr", "BW": "constexpr"}, constexprs={"EB": 64, "BW": 2048}), target=target)
     triton.compile(ASTSource(fn=lagged._fill_kernel, signature={
         **{name: "*i32" for name in ("a_ptr", "rflat_ptr", "codes_ptr", "scales_ptr", "bounds_ptr", "key_ptr",
@@ -291,18 +318,23 @@ COMPILE = textwrap.dedent("""
     triton.compile(ASTSource(fn=lagged._clean_kernel, signature={
         "x_ptr": "*i16", "k": "i32", "codes_ptr": "*u8", "alpha_ptr": "*i16", "BK": "constexpr"},
         constexprs={"BK": 8192}), target=target, options={"enable_fp_fusion": False, "num_warps": lagged._QUANT_WARPS})
-    for ids, eb, tk, chunk in (("*i64", 32, 8, 512), ("*i32", 256, 4, 64)):
+    for ids, eb, tk, chunk, wait in (("*i64", 32, 8, 512, 1), ("*i32", 256, 4, 64, 0)):
         front = triton.compile(ASTSource(fn=lagged._front_kernel, signature={
             "ids_ptr": ids, "total": "i32", "experts": "i32", "top_k": "i32", "x_ptr": "*i16", "k": "i32",
             "codes_ptr": "*u8", "alpha_ptr": "*i16", "ready_ptr": "*i32", "ready_bounds_ptr": "*i32",
             "rflat_ptr": "*i32", "bounds_ptr": "*i32", "out_ptr": "*u8", "out_words_ptr": "*i32",
-            "out_bounds_ptr": "*i32", "ready_copy_ptr": "*i32", "m": "i32", "capacity": "i32", "EB": "constexpr",
-            "TK": "constexpr",
-            "CHUNK": "constexpr", "BK": "constexpr", "BW": "constexpr", "RP": "constexpr"},
-            constexprs={"EB": eb, "TK": tk, "CHUNK": chunk, "BK": 8192, "BW": 2048, "RP": lagged._READY_ROWS}),
+            "out_bounds_ptr": "*i32", "ready_copy_ptr": "*i32", "counter_ptr": "*i32", "m": "i32", "capacity": "i32",
+            "EB": "constexpr", "TK": "constexpr", "CHUNK": "constexpr", "BK": "constexpr", "BW": "constexpr",
+            "RP": "constexpr", "WAIT": "constexpr"},
+            constexprs={"EB": eb, "TK": tk, "CHUNK": chunk, "BK": 8192, "BW": 2048, "RP": lagged._READY_ROWS,
+                        "WAIT": wait}),
             target=target,
             options={"enable_fp_fusion": False, "num_warps": lagged._QUANT_WARPS})
-        print("FRONT-LOCAL", ".local" in front.asm["ptx"])  # no stack frame at the decode shapes
+        ptx = front.asm["ptx"]
+        print("FRONT-LOCAL", ".local" in ptx)  # no stack frame at the decode shapes
+        # a programmatic dependent waits once, before any global load; the other does not wait
+        waits = ptx.count("griddepcontrol.wait")
+        print("FRONT-WAIT", wait, waits, waits == 1 and "ld.global" not in ptx[:ptx.index("griddepcontrol.wait")])
     mined = triton.compile(ASTSource(fn=lottery._lottery_kernel, signature={
         "src_ptr": "*i64", "n": "i32", "tile_row_ptr": "*i32", "tile_expert_ptr": "*i32", "tile_local_ptr": "*i32",
         "num_tiles": "i32", "key_ptr": "*i32", "thr_ptr": "*i32", "seed_b_ptr": "*i32",
@@ -322,6 +354,7 @@ def test_lagged_kernels_compile_for_sm90():
     assert done.returncode == 0, done.stderr[-3000:]
     assert "PAIR-LOADS 128" in done.stdout  # the lottery keeps the fold's 8-byte loads
     assert "FRONT-LOCAL True" not in done.stdout
+    assert "FRONT-WAIT 1 1 True" in done.stdout and "FRONT-WAIT 0 0 False" in done.stdout
 
 
 # ------------------------------------------------------------------------------------ launches

@@ -114,17 +114,19 @@ def test_fold_epilogue_shares_its_sms_for_the_lagged_pass(experts, rows, n, k) -
     """The FP8 lagged decode pass's GEMM (READY and clean rows: 2M an expert) folds its READY
     rows' tiles and stores a bf16 accumulator in the variant that leaves LAGGED_SIDE_SMEM and half
     the registers of every SM to the side stream: the selector's config made cooperative, one
-    64-row consumer warpgroup, one lane store per 64-column block a thread folds, no spills."""
+    64-row consumer warpgroup, one lane store per 64-column block a thread folds, no spills; with
+    LAGGED_DYNAMIC its scheduler warp takes each further tile with one atomic add on the counter."""
     from kernels.fp8mine.fold_epilogue import compile_fold_gemm, fold_config
-    from kernels.fp8mine.pipeline import LAGGED_SIDE_SMEM
+    from kernels.fp8mine.pipeline import LAGGED_DYNAMIC, LAGGED_SIDE_SMEM
     from kernels.grouped_gemm import shared_config
 
     config = shared_config(fold_config(experts * rows, experts, n, k), LAGGED_SIDE_SMEM)
     assert config.tile_m == 64 and not config.pingpong
-    sass = compile_fold_gemm(config, Output.BF16, LAGGED_SIDE_SMEM).__sass__
+    sass = compile_fold_gemm(config, Output.BF16, LAGGED_SIDE_SMEM, LAGGED_DYNAMIC).__sass__
     assert set(re.findall(MMA_SASS[Precision.FP8], sass)) == {str(config.tile_n)}
     assert len(re.findall(r"\bSTG\.E\b", sass)) == 2 * config.tile_n // 64
     assert re.search(r"\bF2FP\.BF16\.F32\.PACK_AB\b", sass)
+    assert len(re.findall(r"\bATOMG\.E\.ADD\b", sass)) == int(LAGGED_DYNAMIC)
     assert not re.search(r"\b(LDL|STL)\b", sass), "registers spilled to local memory"
 
 

@@ -110,16 +110,19 @@ def fold_config(rows: int, experts: int, n: int, k: int) -> GroupedGemmConfig | 
 
 
 @functools.lru_cache(maxsize=None)
-def compile_fold_gemm(config: GroupedGemmConfig, output: Output = Output.FP32, side_smem: int = 0) -> Callable:
+def compile_fold_gemm(config: GroupedGemmConfig, output: Output = Output.FP32, side_smem: int = 0,
+                      dynamic: bool = False) -> Callable:
     """The fp8 grouped GEMM with the fold epilogue, for sm_90a (fake tensors), storing the raw
     accumulator as fp32 (`output` FP32) or rounded to bf16 (BF16: the lanes are folded from the
     fp32 values first, so only what the peel reads is rounded). side_smem > 0: the variant that
     shares every SM with side-stream kernels (`grouped_gemm_sm90.sharing`; cooperative configs
-    with one consumer warpgroup), as the lagged decode pass runs it."""
+    with one consumer warpgroup), as the lagged decode pass runs it; dynamic: tiles taken from a
+    tile counter (`compile_variant`'s), as it runs beside the side stream's kernels."""
     if output not in _ACC_OUTPUTS.values():
         raise ValueError(f"the fold GEMM stores fp32 or bf16, not {output.value}")
     cls = sharing(Fp32FoldSm90, side_smem) if side_smem else Fp32FoldSm90
-    return compile_variant(cls, Precision.FP8, output, config, fake_tile_words_arguments, side_smem)
+    return compile_variant(cls, Precision.FP8, output, config, fake_tile_words_arguments, side_smem,
+                           dynamic=dynamic)
 
 
 def checked_config(config: GroupedGemmConfig | None, rows: int, b_shape: tuple, gather: bool,
@@ -138,7 +141,7 @@ def checked_config(config: GroupedGemmConfig | None, rows: int, b_shape: tuple, 
 def folded_grouped_gemm(a: torch.Tensor, b: torch.Tensor, bounds: torch.Tensor, out: torch.Tensor,
                         lanes: torch.Tensor, config: GroupedGemmConfig | None = None,
                         lottery_bounds: torch.Tensor | None = None, max_sms: int | None = None,
-                        side_smem: int = 0) -> torch.Tensor:
+                        side_smem: int = 0, tile_counter: torch.Tensor | None = None) -> torch.Tensor:
     """out = the raw window-promoted accumulator (as `grouped_gemm` without scales): fp32, or
     rounded to nearest-even bf16 when out is bf16 (half the bytes, for a caller that only peels
     it); and every whole 4×64 tile's 16 lanes, folded from the fp32 values either way, into
@@ -152,7 +155,9 @@ def folded_grouped_gemm(a: torch.Tensor, b: torch.Tensor, bounds: torch.Tensor, 
     which lead each expert's combined rows, straight into their own compact layout); lanes then
     need lottery_bounds[e] // 4 entries, which the caller guarantees (no host sync).
     max_sms, side_smem: as `grouped_gemm`'s (side_smem swaps a pingpong config for its
-    cooperative twin).
+    cooperative twin). tile_counter: (1,) int32, zero at the launch: the persistent CTAs take
+    their tiles from it (`launch_variant`'s), so the kernel left alone on the SMs it shares takes
+    more of them; the caller zeroes it before every launch.
     """
     n = b.shape[1]
     rows = a.shape[0]
@@ -163,6 +168,9 @@ def folded_grouped_gemm(a: torch.Tensor, b: torch.Tensor, bounds: torch.Tensor, 
     if lanes.dtype != torch.int32 or lanes.shape != (lane_rows, n // _BLOCK_COLS, 16):
         raise ValueError(f"lanes must be int32 ({lane_rows}, {n // _BLOCK_COLS}, 16), "
                          f"got {lanes.dtype} {tuple(lanes.shape)}")
-    launch_variant(compile_fold_gemm(config, _ACC_OUTPUTS[out.dtype], side_smem), a, b, bounds, out, config,
-                   mining_arguments(bounds if lottery_bounds is None else lottery_bounds, lanes), max_sms=max_sms)
+    if tile_counter is not None and (tile_counter.dtype != torch.int32 or tile_counter.shape != (1,)):
+        raise ValueError(f"tile_counter must be int32 (1,), got {tile_counter.dtype} {tuple(tile_counter.shape)}")
+    launch_variant(compile_fold_gemm(config, _ACC_OUTPUTS[out.dtype], side_smem, tile_counter is not None), a, b,
+                   bounds, out, config, mining_arguments(bounds if lottery_bounds is None else lottery_bounds, lanes),
+                   max_sms=max_sms, tile_counter=tile_counter)
     return out

@@ -659,6 +659,10 @@ def _lagged_parts(gemm: MinedGemm, x: torch.Tensor, topk, result) -> dict:
     b_peel = state.peel.view(gemm.b.experts, gemm.b.n_e, -1)
     alpha_b = state.side.alpha.view(gemm.b.experts, gemm.b.n_e)
 
+    def gemm_alone():  # the front zeroes the GEMM's tile counter in the pass
+        operand.tile_counter.zero_()
+        gemm._combined_gemm(operand)
+
     def side_a():
         a = prepare_a(quant.prepare_rows(x), gemm.seed_message, gemm.p_a_len, state, table if gemm.moe else None)
         gemm.pending.fill(a.side.codes, a.codes, a.scales, a.pow_key, table)
@@ -667,7 +671,7 @@ def _lagged_parts(gemm: MinedGemm, x: torch.Tensor, topk, result) -> dict:
         "front: routing + clean quantization + combined operand": lambda: lagged_front(x, routing, gemm.b.experts,
                                                                                        gemm.pending),
         "side: READY tail <- PENDING tail": lambda: ready.tail().copy_(gemm.pending.tail()),
-        "GEMM (combined rows)": lambda: gemm._combined_gemm(operand),
+        "GEMM (combined rows; its tile counter zeroed first)": gemm_alone,
         "peel + unscale (clean rows)": lambda: peel_and_unscale(result.acc, a_peel_clean, operand.clean_alpha,
                                                                 b_peel, alpha_b, table, row_shift=ready.bounds[1:],
                                                                 a_left_zero=True),
@@ -677,6 +681,10 @@ def _lagged_parts(gemm: MinedGemm, x: torch.Tensor, topk, result) -> dict:
         "side: MINED <- READY rows (after the GEMM)": lambda: mined.take(
             result.acc if gemm.ready_lanes is None else gemm.ready_lanes, ready, table.bounds),
     }
+    if gemm.ready_lanes is not None:  # the pass's form: the take's copies ride the serving peel
+        stages["peel + unscale (clean rows) + MINED's folded take, one launch"] = lambda: peel_and_unscale(
+            result.acc, a_peel_clean, operand.clean_alpha, b_peel, alpha_b, table, row_shift=ready.bounds[1:],
+            a_left_zero=True, copies=mined.folded_copies(gemm.ready_lanes, ready))
     return _time_each(stages)
 
 

@@ -30,13 +30,16 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton_jit import jit
+from triton.language.extra.cuda import gdc_wait
+
+from kernels.triton_jit import jit, pdl_enabled, pdl_launch
 
 from .noisy_kernel import _bf16_of_bits, _e4m3_code, _rne_bf16
 from .peel import a_peel
 from .quant import NoisySide
 from .routing import (RoutingTable, clamped_ids, dense_table, entries_before, one_program_shape, routing_args,
                       routing_table)
+from .word_copy import COPY_WORDS, chunks, copy_two_ranges
 
 _ALIGN = 16  # bytes: every view of a slot starts on a 16-byte boundary
 _QUANT_BLOCK = 8192  # most elements per step of the clean quantization (k ≤ 8192: one load)
@@ -44,6 +47,10 @@ _QUANT_WARPS = 16  # the front's programs (H100, session 22, lagged pass: GLM-5 
 _COPY_WORDS = 2048  # most 4-byte words per step of a row copy (k ≤ 8192: one step)
 _READY_ROWS = 4  # READY rows a `_front_kernel` program copies (GLM-5 decode: 128 programs beside 64 token ones)
 _NORM_FLOOR = tl.constexpr(2.0 ** -32)  # an all-zero row gets a finite scale
+# The MoE decode front launches as the programmatic dependent of the serving stream's kernel before
+# it (in the lagged pass's steady state the previous launch's peel, which lets its dependents launch
+# as its programs end): the front's launch latency then overlaps that kernel's tail.
+FRONT_PDL = True
 
 
 class LagError(ValueError):
@@ -174,19 +181,33 @@ class MinedSlot:
         """MINED ← the READY rows of the combined accumulator `acc` (expert w's READY row j at
         combined row rb[w] + j + ct[w]) and READY's tail; one kernel: a program per READY row,
         then programs striding the tail's words. Folded: `acc` is the lanes the GEMM folded from
-        the READY rows, already compact, so the same kernel copies them whole, then the tail."""
-        src, dst = ready.tail(), self.slot.tail()
-        fits = acc.shape == self.acc.shape if self.folded else acc.shape[1:] == self.acc.shape[1:]
-        if not fits or src.shape != dst.shape or ready.bounds.shape != clean_bounds.shape:
-            raise LagError(f"MINED {tuple(self.acc.shape)} does not match {tuple(acc.shape)} / READY")
+        the READY rows, already compact, so the same kernel copies them whole, then the tail (the
+        lagged pass has the serving peel copy these instead: `folded_copies`)."""
+        if self.folded:
+            first, second = self.folded_copies(acc, ready)
+            rows, n = 0, 1
+        else:
+            src, dst = ready.tail(), self.slot.tail()
+            if acc.shape[1:] != self.acc.shape[1:] or src.shape != dst.shape:
+                raise LagError(f"MINED {tuple(self.acc.shape)} does not match {tuple(acc.shape)} / READY")
+            first, second = (src, dst), (src, dst[:0])
+            rows, n = self.acc.shape
+        if ready.bounds.shape != clean_bounds.shape:
+            raise LagError(f"READY bounds {tuple(ready.bounds.shape)} do not match {tuple(clean_bounds.shape)}")
         words = self.acc.view(torch.int32).view(-1)
-        rows, n = (0, 1) if self.folded else self.acc.shape
-        first, second = ((acc.view(-1), words), (src, dst)) if self.folded else ((src, dst), (src, dst[:0]))
-        programs = rows + triton.cdiv(first[1].numel(), _COPY_WORDS) + triton.cdiv(second[1].numel(), _COPY_WORDS)
+        programs = rows + chunks(first[1].numel()) + chunks(second[1].numel())
         _take_kernel[(programs,)](
             acc.view(torch.int32), ready.bounds, clean_bounds, words, rows, n, ready.bounds.shape[0] - 1,
             *first, first[1].numel(), *second, second[1].numel(), EB=triton.next_power_of_2(ready.bounds.shape[0]),
-            BW=min(triton.next_power_of_2(n), _COPY_WORDS), TW=_COPY_WORDS)
+            BW=min(triton.next_power_of_2(n), _COPY_WORDS), TW=COPY_WORDS)
+
+    def folded_copies(self, lanes: torch.Tensor, ready: LagSlot) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
+        """A folded take as two int32 (source, destination) word ranges: MINED's lanes ← `lanes`
+        (the GEMM's, already in MINED's layout), MINED's tail ← READY's."""
+        src, dst = ready.tail(), self.slot.tail()
+        if not self.folded or lanes.shape != self.acc.shape or src.shape != dst.shape:
+            raise LagError(f"MINED {tuple(self.acc.shape)} does not take {tuple(lanes.shape)} / READY")
+        return (lanes.view(torch.int32).view(-1), self.acc.view(-1)), (src, dst)
 
 
 @jit
@@ -208,20 +229,8 @@ def _take_kernel(acc_ptr, ready_bounds_ptr, clean_bounds_ptr, mined_ptr, rows, n
             shift = tl.reduce(tl.where(w == expert, ct, 0), 0, tl.standard._sum_combine)
             _copy_words(acc_ptr + (p + shift).to(tl.int64) * n, mined_ptr + p.to(tl.int64) * n, n, BW)
     else:
-        chunk = p - rows
-        first_chunks = (first_words + TW - 1) // TW
-        if chunk < first_chunks:
-            _copy_chunk(first_src_ptr, first_dst_ptr, chunk, first_words, TW)
-        else:
-            _copy_chunk(second_src_ptr, second_dst_ptr, chunk - first_chunks, second_words, TW)
-
-
-@jit
-def _copy_chunk(src_ptr, dst_ptr, chunk, words, TW: tl.constexpr):
-    """Words [chunk·TW, (chunk + 1)·TW) of a `words`-word range."""
-    offs = chunk.to(tl.int64) * TW + tl.arange(0, TW)
-    live = offs < words
-    tl.store(dst_ptr + offs, tl.load(src_ptr + offs, mask=live), mask=live)
+        copy_two_ranges(p - rows, first_src_ptr, first_dst_ptr, first_words, second_src_ptr, second_dst_ptr,
+                        second_words, TW)
 
 
 @jit
@@ -298,13 +307,14 @@ def _quant_block(k: int) -> int:
 
 @jit
 def _operand_kernel(codes_ptr, rflat_ptr, clean_bounds_ptr, ready_ptr, ready_bounds_ptr, out_ptr, bounds_ptr,
-                    ready_copy_ptr, experts, words, capacity, EB: tl.constexpr, BW: tl.constexpr):
+                    ready_copy_ptr, counter_ptr, experts, words, capacity, EB: tl.constexpr, BW: tl.constexpr):
     """Combined row program_id(0): a READY row or a clean token's codes, copied (int32 words).
     Its expert comes from one vector load of both bounds (the number of experts w ≥ 1 with
     cb[w] ≤ row, no dependent search). Program 0 also writes the combined bounds cb = rb + ct,
     except cb[e] = capacity: the last expert's group runs to the operand's end (rows past the
     used ones are never read back), so the GEMM's offsets[e] = total rows holds even when
-    nothing is READY; and the snapshot of rb (`Operand.ready_bounds`)."""
+    nothing is READY; the snapshot of rb (`Operand.ready_bounds`); and the GEMM's tile counter
+    zeroed (`Operand.tile_counter`)."""
     i = tl.program_id(0)
     w = tl.arange(0, EB)
     edge = w <= experts
@@ -313,6 +323,7 @@ def _operand_kernel(codes_ptr, rflat_ptr, clean_bounds_ptr, ready_ptr, ready_bou
     cb = rb + ct
     tl.store(bounds_ptr + w, tl.where(w == experts, capacity, cb), mask=edge & (w * 0 + i == 0))
     tl.store(ready_copy_ptr + w, rb, mask=edge & (w * 0 + i == 0))
+    tl.store(counter_ptr + w, w * 0, mask=(w == 0) & (w * 0 + i == 0))
     if i < tl.reduce(tl.where(w == experts, cb, 0), 0, tl.standard._sum_combine):
         expert = tl.reduce(((w >= 1) & (w < experts) & (cb <= i)).to(tl.int32), 0, tl.standard._sum_combine)
         ready_start = tl.reduce(tl.where(w == expert, rb, 0), 0, tl.standard._sum_combine)
@@ -337,6 +348,7 @@ class Operand:
     clean_alpha: torch.Tensor  # (m,) bf16, token order
     ready_bounds: torch.Tensor  # (e+1,) the READY rows' bounds rb as the operand was built (a
     # snapshot on the serving stream: the GEMM's fold reads it while the side stream refills the slot)
+    tile_counter: torch.Tensor  # (1,) int32, zeroed with the bounds: the GEMM's dynamic tile scheduler
 
 
 def build_operand(clean: CleanRows, ready: LagSlot) -> Operand:
@@ -346,12 +358,12 @@ def build_operand(clean: CleanRows, ready: LagSlot) -> Operand:
     table = clean.table
     k, rows, experts = clean.codes.shape[1], table.rflat.shape[0], table.experts
     _operand_args(ready, rows, k, experts)
-    operand, bounds, ready_bounds = _operand_buffers(rows, k, experts, clean.codes.device)
+    operand, bounds, ready_bounds, counter = _operand_buffers(rows, k, experts, clean.codes.device)
     _operand_kernel[(2 * rows,)](
         clean.codes.view(torch.int32), table.rflat, table.bounds, ready.a_rows.view(torch.int32), ready.bounds,
-        operand.view(torch.int32), bounds, ready_bounds, experts, k // 4, 2 * rows,
+        operand.view(torch.int32), bounds, ready_bounds, counter, experts, k // 4, 2 * rows,
         EB=triton.next_power_of_2(experts + 1), BW=_copy_block(k))
-    return _operand(operand, bounds, ready_bounds, table, clean.codes, clean.alpha)
+    return _operand(operand, bounds, ready_bounds, counter, table, clean.codes, clean.alpha)
 
 
 def lagged_front(x: torch.Tensor, topk_ids: torch.Tensor | None, experts: int, ready: LagSlot) -> Operand:
@@ -374,29 +386,37 @@ def lagged_front(x: torch.Tensor, topk_ids: torch.Tensor | None, experts: int, r
     alpha = torch.empty(m, dtype=torch.int16, device=device)
     table = RoutingTable(torch.empty(rows, dtype=torch.int32, device=device),
                          torch.empty(experts + 1, dtype=torch.int32, device=device))
-    operand, bounds, ready_bounds = _operand_buffers(rows, k, experts, device)
+    operand, bounds, ready_bounds, counter = _operand_buffers(rows, k, experts, device)
+    overlap = FRONT_PDL and pdl_enabled()
     _front_kernel[(m + 1 + triton.cdiv(rows, _READY_ROWS),)](
         topk_ids.contiguous(), rows, experts, top_k, x.contiguous().view(torch.int16), k, codes, alpha,
         ready.a_rows.view(torch.int32), ready.bounds, table.rflat, table.bounds, operand, operand.view(torch.int32),
-        bounds, ready_bounds, m, 2 * rows, EB=shape[0], TK=triton.next_power_of_2(top_k), CHUNK=shape[1],
-        BK=_quant_block(k), BW=_copy_block(k), RP=_READY_ROWS, num_warps=_QUANT_WARPS, enable_fp_fusion=False)
-    return _operand(operand, bounds, ready_bounds, table, codes.view(torch.float8_e4m3fn), alpha.view(torch.bfloat16))
+        bounds, ready_bounds, counter, m, 2 * rows, EB=shape[0], TK=triton.next_power_of_2(top_k), CHUNK=shape[1],
+        BK=_quant_block(k), BW=_copy_block(k), RP=_READY_ROWS, WAIT=int(overlap), num_warps=_QUANT_WARPS,
+        enable_fp_fusion=False, **pdl_launch(overlap))
+    return _operand(operand, bounds, ready_bounds, counter, table, codes.view(torch.float8_e4m3fn),
+                    alpha.view(torch.bfloat16))
 
 
 @jit
 def _front_kernel(ids_ptr, total, experts, top_k, x_ptr, k, codes_ptr, alpha_ptr, ready_ptr, ready_bounds_ptr,
-                  rflat_ptr, bounds_ptr, out_ptr, out_words_ptr, out_bounds_ptr, ready_copy_ptr, m, capacity,
+                  rflat_ptr, bounds_ptr, out_ptr, out_words_ptr, out_bounds_ptr, ready_copy_ptr, counter_ptr, m, capacity,
                   EB: tl.constexpr, TK: tl.constexpr, CHUNK: tl.constexpr, BK: tl.constexpr, BW: tl.constexpr,
-                  RP: tl.constexpr):
+                  RP: tl.constexpr, WAIT: tl.constexpr = 0):
     """`lagged_front` at MoE decode, one launch. Program t < m: token t ranks its own top_k
     entries (`entries_before`: its Rflat positions, stable, no table needed), writes them into
     Rflat, quantizes x_t once (α, token-order codes) and stores the codes straight into its
     combined rows (Rflat position i of expert w → combined row i + rb[w + 1]; out_ptr and
     out_words_ptr: the operand as bytes and as int32 words). Program m: the bounds ct, the
-    combined bounds cb = rb + ct (cb[e] = capacity, as `_operand_kernel`) and rb's snapshot.
+    combined bounds cb = rb + ct (cb[e] = capacity, as `_operand_kernel`), rb's snapshot and the
+    GEMM's tile counter zeroed.
     Program m + 1 + c: READY rows [c·RP, (c + 1)·RP), row j → combined row j + ct[w] (w: its
     expert from rb; ct[w] counted from the ids). No program waits for another, so the routing →
-    quantization → copy chain (two launches and a READY copy before) is one launch."""
+    quantization → copy chain (two launches and a READY copy before) is one launch. WAIT:
+    launched as the programmatic dependent of the kernel before it (which may write x or the
+    ids), so every program waits for it first; what it saves is the launch's latency."""
+    if WAIT:
+        gdc_wait()
     p = tl.program_id(0)
     if p < m:
         lane = tl.arange(0, TK)
@@ -424,6 +444,7 @@ def _front_kernel(ids_ptr, total, experts, top_k, x_ptr, k, codes_ptr, alpha_ptr
         tl.store(out_bounds_ptr + w, rb + ct, mask=w < experts)
         tl.store(bounds_ptr + experts + w, total + w * 0, mask=w == 0)
         tl.store(out_bounds_ptr + experts + w, capacity + w * 0, mask=w == 0)
+        tl.store(counter_ptr + w, w * 0, mask=w == 0)
     else:
         j = (p - m - 1) * RP + tl.arange(0, RP)
         w = tl.arange(0, EB)
@@ -454,18 +475,20 @@ def _operand_args(ready: LagSlot, rows: int, k: int, experts: int) -> None:
 
 
 def _operand_buffers(rows: int, k: int, experts: int,
-                     device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                     device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The combined operand (2·rows, k) uint8 (rows past the used ones are never written), its
-    bounds and the READY bounds' snapshot (each (e+1,), 16-byte aligned views of one buffer)."""
+    bounds, the READY bounds' snapshot (each (e+1,)) and the GEMM's tile counter (1,): 16-byte
+    aligned views of one buffer."""
     edges = -(-(experts + 1) // 4) * 4
-    bounds = torch.empty((2, edges), dtype=torch.int32, device=device)
-    return torch.empty((2 * rows, k), dtype=torch.uint8, device=device), bounds[0, :experts + 1], bounds[1, :experts + 1]
+    bounds = torch.empty((3, edges), dtype=torch.int32, device=device)
+    return (torch.empty((2 * rows, k), dtype=torch.uint8, device=device), bounds[0, :experts + 1],
+            bounds[1, :experts + 1], bounds[2, :1])
 
 
-def _operand(rows: torch.Tensor, bounds: torch.Tensor, ready_bounds: torch.Tensor, table: RoutingTable,
-             codes: torch.Tensor, alpha: torch.Tensor) -> Operand:
+def _operand(rows: torch.Tensor, bounds: torch.Tensor, ready_bounds: torch.Tensor, counter: torch.Tensor,
+             table: RoutingTable, codes: torch.Tensor, alpha: torch.Tensor) -> Operand:
     return Operand(rows.view(torch.float8_e4m3fn), RoutingTable(_rows(rows.shape[0], rows.device), bounds), table,
-                   codes, alpha, ready_bounds)
+                   codes, alpha, ready_bounds, counter)
 
 
 def _copy_block(k: int) -> int:

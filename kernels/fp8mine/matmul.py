@@ -170,7 +170,8 @@ def folded_lanes(rows: int, n: int, device: torch.device) -> torch.Tensor:
 
 def grouped_matmul(a: torch.Tensor, b: torch.Tensor, table: RoutingTable,
                    impl: str | None = None, max_sms: int | None = None, side_smem: int = 0,
-                   fold_into: torch.Tensor | None = None, fold_bounds: torch.Tensor | None = None) -> torch.Tensor:
+                   fold_into: torch.Tensor | None = None, fold_bounds: torch.Tensor | None = None,
+                   tile_counter: torch.Tensor | None = None) -> torch.Tensor:
     """out[rows of w] = a[rows of w] · b[w]ᵀ accumulated as the Hopper model; (rows, n) fp32.
 
     a: (rows, k) e4m3 in expert order (rows = table.rflat length); b: (e, n, k) e4m3.
@@ -182,7 +183,9 @@ def grouped_matmul(a: torch.Tensor, b: torch.Tensor, table: RoutingTable,
     folded lanes from the epilogue (only where `fold_in_gemm`) for `LotteryLatch.run_folded`;
     the accumulator is then bf16 where BF16_FOLDED_ACC. fold_bounds: fold only each expert's
     first rows, into their own compact layout (`fold_epilogue.folded_grouped_gemm`'s
-    lottery_bounds; fold_into then holds fold_bounds[e] // 4 entries).
+    lottery_bounds; fold_into then holds fold_bounds[e] // 4 entries). tile_counter: with
+    fold_into, (1,) int32 zeroed before the launch: the folding GEMM's tiles are taken from it
+    (`fold_epilogue.folded_grouped_gemm`).
     """
     _check(a, b)
     experts, n, k = b.shape
@@ -194,6 +197,8 @@ def grouped_matmul(a: torch.Tensor, b: torch.Tensor, table: RoutingTable,
     impl = impl or gemm_impl()
     if impl not in IMPLS:
         raise MatmulError(f"impl must be one of {IMPLS}, got {impl!r}")
+    if tile_counter is not None and fold_into is None:
+        raise MatmulError("tile_counter schedules the folding GEMM only (pass fold_into)")
     rows = table.rflat.shape[0]
     folded_bf16 = fold_into is not None and BF16_FOLDED_ACC
     out = torch.empty((rows, n), dtype=torch.bfloat16 if folded_bf16 else torch.float32, device=a.device)
@@ -203,7 +208,8 @@ def grouped_matmul(a: torch.Tensor, b: torch.Tensor, table: RoutingTable,
         from .fold_epilogue import folded_grouped_gemm
         from kernels.grouped_gemm import tma_operand
         return folded_grouped_gemm(tma_operand(a), tma_operand(b), table.bounds, out, fold_into,
-                                   lottery_bounds=fold_bounds, max_sms=max_sms, side_smem=side_smem)
+                                   lottery_bounds=fold_bounds, max_sms=max_sms, side_smem=side_smem,
+                                   tile_counter=tile_counter)
     if impl == "cute":
         return _cute_grouped(a, b, table, out, max_sms, side_smem)
     block_m, block_n, warps = tile_config(a.shape[0], experts)

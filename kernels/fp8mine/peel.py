@@ -24,7 +24,7 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_wait
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from kernels.stream_counters import stream_counters
 from kernels.triton_jit import jit, pdl_enabled, pdl_launch
@@ -33,6 +33,7 @@ from .noisy_kernel import _bf16_of_bits, _rne_bf16
 from .numerics import bf16_fma
 from .quant import NoisySide
 from .routing import RoutingTable, RowTiles, row_tiles
+from .word_copy import COPY_TW, chunks, copy_two_ranges
 
 ROW_CHUNK = 2048  # rows per pass of the torch FMA emulation (bounds its f64 temporaries)
 TAIL_BYTES = 128  # a bf16 peel row (64 values) after an operand row's codes: the peel GEMM's extra k-tile
@@ -287,23 +288,45 @@ def _acc_block(acc_ptr, rows, row_end, shift, acc_rows, cols, live_c, n):
 
 @jit
 def _expert_peel_kernel(acc_ptr, shift_ptr, rflat_ptr, a_peel_ptr, alpha_a_ptr, b_peel_ptr, alpha_b_ptr,
-                        bounds_ptr, out_ptr, n, acc_rows,
+                        bounds_ptr, out_ptr, n, acc_rows, experts, first_src_ptr, first_dst_ptr, first_words,
+                        second_src_ptr, second_dst_ptr, second_words,
                         BR: tl.constexpr, BN: tl.constexpr, SHIFTED: tl.constexpr, RIGHT_ONLY: tl.constexpr,
                         AFTER_GEMM: tl.constexpr = 0):
     """The decode peel: `_peel_unscale_kernel`'s arithmetic (the same dot, chained from the
-    accumulator, and the same roundings) for all rows of expert program_id(0) and BN columns.
-    Why a kernel apart: at decode an expert has ~16 rows, so the row-tile kernel's 32-row tiles
-    computed half their cells masked, paid a tile-map load before the expert's bounds, and a
+    accumulator, and the same roundings) for all rows of expert program_id(0) and BN columns
+    (`_peel_expert`). Programs past the experts copy two int32 word ranges (the lagged pass's
+    take of MINED, `word_copy.copy_two_ranges`), so nothing on another stream has to follow the
+    GEMM. AFTER_GEMM: launched as the programmatic dependent of the GEMM that writes acc, so the
+    peel's first loads run while the GEMM drains; a program waits for the GEMM before it reads
+    acc, the A peel (the one input another stream writes last) or the ranges (the GEMM writes the
+    lanes); and every program lets the stream's next kernel launch as it ends (the lagged front
+    waits for it)."""
+    p = tl.program_id(0)
+    if p < experts:
+        _peel_expert(acc_ptr, shift_ptr, rflat_ptr, a_peel_ptr, alpha_a_ptr, b_peel_ptr, alpha_b_ptr, bounds_ptr,
+                     out_ptr, n, acc_rows, p, BR, BN, SHIFTED, RIGHT_ONLY, AFTER_GEMM)
+    else:
+        if AFTER_GEMM:
+            gdc_wait()
+        copy_two_ranges((p - experts) * tl.num_programs(1) + tl.program_id(1), first_src_ptr, first_dst_ptr,
+                        first_words, second_src_ptr, second_dst_ptr, second_words, COPY_TW)
+    if AFTER_GEMM:
+        gdc_launch_dependents()
+
+
+@jit
+def _peel_expert(acc_ptr, shift_ptr, rflat_ptr, a_peel_ptr, alpha_a_ptr, b_peel_ptr, alpha_b_ptr, bounds_ptr, out_ptr,
+                 n, acc_rows, expert, BR: tl.constexpr, BN: tl.constexpr, SHIFTED: tl.constexpr,
+                 RIGHT_ONLY: tl.constexpr, AFTER_GEMM: tl.constexpr):
+    """One decode peel program: all rows of `expert`, BN columns. Why a kernel apart: at decode
+    an expert has ~16 rows, so the row-tile kernel's 32-row tiles computed half their cells masked, paid a tile-map load before the expert's bounds, and a
     program walked 4 column steps at ~2 programs an SM (latency-bound). Here the grid is experts ×
     column tiles (no tile map), the B-peel tile and 1/α_B are loaded once and kept while the
     expert's rows go by in BR-row blocks (usually one or two), each block's accumulator tile and
     Rflat entries loaded one block ahead (106 registers at 16 × 128: 4 programs an SM). An
     expert with no rows reads nothing. Dependent loads: (bounds, shift) → (B peel, α_B, Rflat,
     first accumulator tile) → A-peel rows and α_A (no branch on the bounds, so the shift load is
-    not sunk behind them). AFTER_GEMM: launched as the programmatic dependent of the GEMM that
-    writes acc, so that chain's first links run while the GEMM drains; the program waits for the
-    GEMM before it reads acc or the A peel (the one input another stream writes last)."""
-    expert = tl.program_id(0)
+    not sunk behind them). AFTER_GEMM: that chain's first links run before the wait for the GEMM."""
     row_start = tl.load(bounds_ptr + expert)
     row_end = tl.load(bounds_ptr + expert + 1)
     if SHIFTED:
@@ -362,7 +385,8 @@ def peel_and_unscale(acc: torch.Tensor, a_peel_: torch.Tensor, alpha_a: torch.Te
                      b_peel_: torch.Tensor, alpha_b: torch.Tensor, table: RoutingTable,
                      row_shift: torch.Tensor | None = None,
                      tiles: RowTiles | None = None, a_left_zero: bool = False,
-                     after_gemm: bool = False) -> torch.Tensor:
+                     after_gemm: bool = False,
+                     copies: tuple[tuple[torch.Tensor, torch.Tensor], ...] = ()) -> torch.Tensor:
     """out[i, j] = (acc[i, j] + A_peel[t] · B_peel[w, j]) / (α_A[t] α_B[w, j]) as BF16, t = Rflat[i].
 
     acc (rows, n_e) fp32, or bf16 (the fold GEMM's rounded accumulator), in expert order;
@@ -377,9 +401,20 @@ def peel_and_unscale(acc: torch.Tensor, a_peel_: torch.Tensor, alpha_a: torch.Te
     after_gemm: the caller promises that the last kernel on the stream is the GEMM writing acc
     and that every input but acc and a_peel_ was written before that GEMM started; the decode
     peel then starts while the GEMM drains (programmatic dependent launch, sm_90 compiled only).
+    copies: up to two int32 (source, destination) word ranges that more programs of the same
+    launch copy (decode only; after_gemm: read after the GEMM, which may write them), e.g. the
+    lagged pass's take of MINED, so that no other stream's kernel has to follow the GEMM.
     """
     rows, n = table.rflat.shape[0], acc.shape[1]
     experts = table.experts
+    ranges = [(src.view(-1), dst.view(-1)) for src, dst in copies]
+    if len(ranges) > 2 or any(src.dtype != torch.int32 or dst.dtype != torch.int32 or src.numel() != dst.numel()
+                              for src, dst in ranges):
+        raise ValueError("copies: at most two int32 (source, destination) ranges of equal length")
+    if ranges and reads_tiles(table):
+        raise ValueError("copies ride the decode peel only (experts averaging fewer than 64 rows)")
+    none = torch.empty(0, dtype=torch.int32, device=acc.device)
+    ranges += [(none, none)] * (2 - len(ranges))
     if b_peel_.shape != (experts, n, 64) or alpha_b.shape != (experts, n) or a_peel_.shape[1] != 64:
         raise ValueError(f"peel shapes do not match acc {tuple(acc.shape)} with {experts} experts: "
                          f"a_peel {tuple(a_peel_.shape)}, b_peel {tuple(b_peel_.shape)}, alpha_b {tuple(alpha_b.shape)}")
@@ -395,8 +430,11 @@ def peel_and_unscale(acc: torch.Tensor, a_peel_: torch.Tensor, alpha_a: torch.Te
                 alpha_b.contiguous().view(torch.int16))
     if not reads_tiles(table):
         overlap = after_gemm and pdl_enabled()
-        _expert_peel_kernel[(experts, triton.cdiv(n, _EXPERT_PEEL_COLS))](
-            *operands, table.bounds, out, n, acc.shape[0], BR=_expert_rows(rows, experts), BN=_EXPERT_PEEL_COLS,
+        col_tiles = triton.cdiv(n, _EXPERT_PEEL_COLS)
+        copy_rows = triton.cdiv(chunks(ranges[0][0].numel()) + chunks(ranges[1][0].numel()), col_tiles)
+        _expert_peel_kernel[(experts + copy_rows, col_tiles)](
+            *operands, table.bounds, out, n, acc.shape[0], experts, *ranges[0], ranges[0][0].numel(), *ranges[1],
+            ranges[1][0].numel(), BR=_expert_rows(rows, experts), BN=_EXPERT_PEEL_COLS,
             SHIFTED=row_shift is not None, RIGHT_ONLY=a_left_zero, AFTER_GEMM=int(overlap),
             num_warps=_EXPERT_PEEL_WARPS, num_stages=1, **pdl_launch(overlap))  # the loop prefetches by hand
         return out.view(torch.bfloat16)

@@ -34,7 +34,7 @@ from .lottery import LotteryLatch, threshold_words
 from .matmul import fold_fits, fold_in_gemm, folded_lanes, gather_in_gemm, grouped_matmul, peel_in_gemm
 from .peel import (TAIL_BYTES, a_peel, b_peel, padded_rows, peel_and_unscale, peel_tiles, reads_tiles,
                    transposed_codes, write_tails)
-from .routing import RoutingTable, dense_table, routing_table, row_tiles
+from .routing import RoutingTable, RowTiles, dense_table, routing_table, row_tiles
 
 
 # The lagged pass's GEMM runs on every SM and shares each with the side stream
@@ -54,6 +54,15 @@ LAGGED_LOTTERY_FIRST = True
 # next launch's lottery reads them (`run_folded`). False keeps the fp32 accumulator and its row
 # copy (gpu_check times both).
 LAGGED_FOLD = True
+# That folding GEMM takes its tiles from a counter (quack's dynamic persistent scheduler; the front
+# zeroes `Operand.tile_counter`) instead of a fixed share a CTA: the CTAs whose SMs the side
+# stream's kernels share run slower and take fewer tiles, rather than the whole GEMM waiting for
+# their last one. False: the static schedule.
+LAGGED_DYNAMIC = True
+# MINED's take of those lanes (and READY's tail) is copied by more programs of the serving peel's
+# launch, so nothing on the side stream follows the GEMM and the next launch's front depends on
+# the peel alone. False: the take kernel on the side stream after the GEMM.
+LAGGED_TAKE_IN_PEEL = True
 # The same-launch MoE pass writes A′ straight into the GEMM's expert-order rows from the noisy
 # codes launch (top_k copies of each token row; `RoutingTable.positions`) instead of token order
 # and an index_select after it (194 µs at GLM-5 FC1 prefill on the H100, session 16). False
@@ -382,11 +391,14 @@ class MinedGemm:
         the peel's row shift read after PENDING is refilled; the A′ rows are not copied), then
         the lottery, payload and publish of MINED (the rows launch t−1's GEMM hashed) beside the
         front; after the front (which read PENDING) the clean rows' A peel and x_t's A side into
-        PENDING while the GEMM runs; after the GEMM, MINED ← the READY rows' accumulator rows and
-        READY's tail, issued after the serving peel (which starts while the GEMM drains) so that
-        the peel is not launched behind it. `LAGGED_LOTTERY_FIRST = False` draws MINED's
-        tickets under the GEMM instead. The serving stream waits for nothing before the GEMM; the
-        side stream forks from and joins it, so one launch is one self-contained
+        PENDING while the GEMM runs; after the GEMM, MINED ← the READY rows' folded lanes and
+        READY's tail, copied by more programs of the serving peel's launch (which starts while the
+        GEMM drains), so the side stream joins before the peel and the next launch's front waits
+        for the peel alone. Where the GEMM does not fold (or the peel walks row tiles), MINED ←
+        the READY rows' accumulator rows and READY's tail on the side stream, issued after the
+        peel so that the peel is not launched behind it. `LAGGED_LOTTERY_FIRST = False` draws
+        MINED's tickets under the GEMM instead. The serving stream waits for nothing before the
+        GEMM; the side stream forks from and joins it, so one launch is one self-contained
         (graph-capturable) piece of stream work.
         """
         assert self.state is not None
@@ -409,24 +421,40 @@ class MinedGemm:
             a = prepare_a(quant.prepare_rows(x), self.seed_message, self.p_a_len, state, table if self.moe else None)
             pending.fill(a.side.codes, a.codes, a.scales, a.pow_key, table)
         acc = self._combined_gemm(operand)
-        gemm_done = self._event(main)
-        self._wait(main, peel_ready)
-        out = peel_and_unscale(acc, a_peel_clean, operand.clean_alpha, state.peel.view(self.b.experts, self.b.n_e, -1),
-                               state.side.alpha.view(self.b.experts, self.b.n_e), table, row_shift=ready.bounds[1:],
-                               tiles=clean_tiles, a_left_zero=True, after_gemm=True)
-        self._wait(self.side, gemm_done)
-        with self._on_side():
-            mined.take(acc if self.ready_lanes is None else self.ready_lanes, ready, table.bounds)
-        self._join(main)
+        peel_args = (acc, a_peel_clean, operand.clean_alpha, table, clean_tiles)
+        if LAGGED_TAKE_IN_PEEL and self.ready_lanes is not None and not reads_tiles(table):
+            self._join(main)  # the side stream's work ends with PENDING's fill, long before the GEMM's end
+            out = self._serving_peel(*peel_args, copies=mined.folded_copies(self.ready_lanes, ready))
+        else:
+            gemm_done = self._event(main)
+            self._wait(main, peel_ready)
+            out = self._serving_peel(*peel_args)
+            self._wait(self.side, gemm_done)
+            with self._on_side():
+                mined.take(acc if self.ready_lanes is None else self.ready_lanes, ready, table.bounds)
+            self._join(main)
         return LaunchResult(out, acc, table, a, operand.table.bounds)
+
+    def _serving_peel(self, acc: torch.Tensor, a_peel_clean: torch.Tensor, alpha: torch.Tensor, table: RoutingTable,
+                      tiles: RowTiles | None, copies: tuple = ()) -> torch.Tensor:
+        """The serving peel of a lagged launch's clean rows (READY's row counts shift them), the
+        GEMM's programmatic dependent, also copying `copies` (MINED's folded take)."""
+        state = self.state
+        return peel_and_unscale(acc, a_peel_clean, alpha, state.peel.view(self.b.experts, self.b.n_e, -1),
+                                state.side.alpha.view(self.b.experts, self.b.n_e), table,
+                                row_shift=self.ready.bounds[1:], tiles=tiles, a_left_zero=True, after_gemm=True,
+                                copies=copies)
 
     def _combined_gemm(self, operand: Operand) -> torch.Tensor:
         """The lagged GEMM over the combined operand, sharing its SMs with the side stream;
         where it folds (`ready_lanes`), the READY rows' tiles by the front's snapshot of their
-        bounds (their lanes' compact layout)."""
+        bounds (their lanes' compact layout), its tiles taken from the front's zeroed counter
+        (LAGGED_DYNAMIC)."""
+        folds = self.ready_lanes is not None
         return grouped_matmul(operand.rows, self.b_codes(), operand.table, max_sms=self.gemm_sms,
                               side_smem=LAGGED_SIDE_SMEM, fold_into=self.ready_lanes,
-                              fold_bounds=None if self.ready_lanes is None else operand.ready_bounds)
+                              fold_bounds=operand.ready_bounds if folds else None,
+                              tile_counter=operand.tile_counter if folds and LAGGED_DYNAMIC else None)
 
     def _mine_previous(self) -> None:
         """The lottery, payload and publish of MINED (the rows the previous launch's GEMM hashed)."""
