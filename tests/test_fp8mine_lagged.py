@@ -24,6 +24,7 @@ from kernels.fp8mine.peel import peel_and_unscale
 from kernels.fp8mine.pipeline import MinedGemm
 from kernels.fp8mine.proofs import take_winner
 from kernels.fp8mine.routing import RoutingTable, row_tiles
+from kernels.fp8mine.word_copy import chunks
 from proof.fp8 import lottery
 from proof.fp8.params import TILE_4X64
 from proof.fp8.verify import evaluate_plain_proof, verify_plain_proof
@@ -83,6 +84,20 @@ def test_combined_operand_matches_literal_reference(experts, top_k, ready_counts
         _assert_operand(got, x, table, ready)
 
 
+@pytest.fixture(autouse=True)
+def _stale_tile_counter(monkeypatch):
+    """Operand buffers come back with a nonzero tile counter, so a kernel that does not zero it
+    fails the operand checks (a fresh allocation often holds zero by chance)."""
+    from kernels.fp8mine import lagged
+    allocate = lagged._operand_buffers
+
+    def stale(*args, **kwargs):
+        buffers = allocate(*args, **kwargs)
+        buffers[3].fill_(-1)
+        return buffers
+    monkeypatch.setattr(lagged, "_operand_buffers", stale)
+
+
 def _assert_operand(got, x: torch.Tensor, table: RoutingTable, ready: LagSlot) -> None:
     """The combined operand, its bounds, the clean table, codes and α against the literal reference."""
     assert torch.equal(got.clean_table.rflat, table.rflat) and torch.equal(got.clean_table.bounds, table.bounds)
@@ -128,6 +143,7 @@ def test_front_in_one_launch_equals_the_two_launch_path(seed, m, experts, top_k,
     used = int(ready.bounds[-1]) + rows
     assert torch.equal(got.rows.view(torch.uint8)[:used], want.rows.view(torch.uint8)[:used])
     assert torch.equal(got.table.bounds, want.table.bounds) and torch.equal(got.ready_bounds, want.ready_bounds)
+    assert got.tile_counter.tolist() == want.tile_counter.tolist() == [0]
     assert torch.equal(got.clean_table.rflat, want.clean_table.rflat)
     assert torch.equal(got.clean_table.bounds, want.clean_table.bounds)
     assert torch.equal(got.clean_codes.view(torch.uint8), want.clean_codes.view(torch.uint8))
@@ -236,19 +252,21 @@ def test_serving_peel_carries_the_folded_take():
     its output is the plain peel's bit for bit, and MINED then holds what the take kernel would
     have copied (the lanes whole, READY's tail); at most two int32 ranges of equal length, and
     only on the decode peel."""
-    m, rows, n, k, experts = 11, 24, 128, 96, 4
+    m, rows, n, k, experts = 40, 160, 384, 256, 4  # 3 column tiles, each range over 2 copy chunks
     table, a_peel, alpha_a, b_peel, alpha_b = _peel_inputs([5, 0, 11, 8], n=n, seed=9)
     acc = torch.randn((sum([5, 0, 11, 8]), n)) * 1000
-    ready = _slot(m, rows, k, [0, 8, 8, 20, 24], seed=5)
+    ready = _slot(m, rows, k, [0, 48, 48, 120, 160], seed=5)
     ready.tail().copy_(torch.randint(-2 ** 31, 2 ** 31 - 1, ready.tail().shape, dtype=torch.int32))
     mined = MinedSlot.allocate(m, rows, n, k, experts, torch.device("cpu"), folded=True)
     lanes = torch.randint(-2 ** 31, 2 ** 31 - 1, mined.acc.shape, dtype=torch.int32)
+    assert [chunks(src.numel()) for src, _ in mined.folded_copies(lanes, ready)] == [2, 2]
     want = peel_and_unscale(acc, a_peel, alpha_a, b_peel, alpha_b, table)
     got = peel_and_unscale(acc, a_peel, alpha_a, b_peel, alpha_b, table, copies=mined.folded_copies(lanes, ready))
     assert torch.equal(got.view(torch.int16), want.view(torch.int16))
     assert torch.equal(mined.acc, lanes) and torch.equal(mined.slot.tail(), ready.tail())
     words = lanes.view(-1)
-    for bad in (((words, words),) * 3, ((words, words[1:]),), ((words.float(), words.float()),)):
+    for bad in (((words, words),) * 3, ((words, words[1:]),), ((words.float(), words.float()),),
+                ((words[::2], words[::2]),)):
         with pytest.raises(ValueError, match="copies"):
             peel_and_unscale(acc, a_peel, alpha_a, b_peel, alpha_b, table, copies=bad)
     wide, *wide_peels = _peel_inputs([80, 70, 64, 90], n=n, seed=1)  # prefill-sized: the row-tile peel
@@ -313,7 +331,7 @@ COMPILE = textwrap.dedent("""
         "rows": "i32", "n": "i32", "experts": "i32",
         **{name: "*i32" for name in ("first_src_ptr", "first_dst_ptr")}, "first_words": "i32",
         **{name: "*i32" for name in ("second_src_ptr", "second_dst_ptr")}, "second_words": "i32",
-        "EB": "constexpr", "BW": "constexpr", "TW": "constexpr"}, constexprs={"EB": 256, "BW": 2048, "TW": 2048}),
+        "EB": "constexpr", "BW": "constexpr"}, constexprs={"EB": 256, "BW": 2048}),
         target=target)
     triton.compile(ASTSource(fn=lagged._clean_kernel, signature={
         "x_ptr": "*i16", "k": "i32", "codes_ptr": "*u8", "alpha_ptr": "*i16", "BK": "constexpr"},

@@ -647,9 +647,11 @@ def _median_us(timing) -> float:
 def _lagged_parts(gemm: MinedGemm, x: torch.Tensor, topk, result) -> dict:
     """Where the lagged pass spends its time, each stage alone (same method as `_parts`).
     Serving stream: the front (routing, clean quantization and combined operand, one launch at
-    MoE decode), GEMM, peel of the clean rows; side stream: READY's tail ← PENDING's, clean A
-    peel, the lottery over MINED + payload + publish, the A side and PENDING fill, MINED ← the
-    READY rows (after the GEMM)."""
+    MoE decode), GEMM (its tile counter's reset included: this stage is not comparable with
+    sessions before 23), peel of the clean rows, and the peel carrying MINED's folded take (the
+    pass's form); side stream: READY's tail ← PENDING's, clean A peel, the lottery over MINED +
+    payload + publish, the A side and PENDING fill, MINED ← the READY rows by the take kernel
+    (the form where the GEMM does not fold)."""
     from .peel import peel_and_unscale
     from .pipeline import prepare_a
     state, table, ready, mined = gemm.state, result.table, gemm.ready, gemm.mined

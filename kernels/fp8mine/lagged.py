@@ -39,17 +39,18 @@ from .peel import a_peel
 from .quant import NoisySide
 from .routing import (RoutingTable, clamped_ids, dense_table, entries_before, one_program_shape, routing_args,
                       routing_table)
-from .word_copy import COPY_WORDS, chunks, copy_two_ranges
+from .word_copy import COPY_TW, chunks, copy_two_ranges
 
 _ALIGN = 16  # bytes: every view of a slot starts on a 16-byte boundary
 _QUANT_BLOCK = 8192  # most elements per step of the clean quantization (k ≤ 8192: one load)
 _QUANT_WARPS = 16  # the front's programs (H100, session 22, lagged pass: GLM-5 305.4 / 304.7 vs 306.8 / 307.2 µs at 8)
-_COPY_WORDS = 2048  # most 4-byte words per step of a row copy (k ≤ 8192: one step)
+_ROW_STEP_WORDS = 2048  # most 4-byte words per step of a row copy (k ≤ 8192: one step)
 _READY_ROWS = 4  # READY rows a `_front_kernel` program copies (GLM-5 decode: 128 programs beside 64 token ones)
 _NORM_FLOOR = tl.constexpr(2.0 ** -32)  # an all-zero row gets a finite scale
 # The MoE decode front launches as the programmatic dependent of the serving stream's kernel before
-# it (in the lagged pass's steady state the previous launch's peel, which lets its dependents launch
-# as its programs end): the front's launch latency then overlaps that kernel's tail.
+# it (whatever wrote x and the ids in a model; the previous launch's peel, which lets its dependents
+# launch as its programs end, in back-to-back launches of one layer): its launch latency can then
+# overlap that kernel's tail.
 FRONT_PDL = True
 
 
@@ -199,7 +200,7 @@ class MinedSlot:
         _take_kernel[(programs,)](
             acc.view(torch.int32), ready.bounds, clean_bounds, words, rows, n, ready.bounds.shape[0] - 1,
             *first, first[1].numel(), *second, second[1].numel(), EB=triton.next_power_of_2(ready.bounds.shape[0]),
-            BW=min(triton.next_power_of_2(n), _COPY_WORDS), TW=COPY_WORDS)
+            BW=min(triton.next_power_of_2(n), _ROW_STEP_WORDS))
 
     def folded_copies(self, lanes: torch.Tensor, ready: LagSlot) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
         """A folded take as two int32 (source, destination) word ranges: MINED's lanes ← `lanes`
@@ -213,10 +214,10 @@ class MinedSlot:
 @jit
 def _take_kernel(acc_ptr, ready_bounds_ptr, clean_bounds_ptr, mined_ptr, rows, n, experts, first_src_ptr,
                  first_dst_ptr, first_words, second_src_ptr, second_dst_ptr, second_words, EB: tl.constexpr,
-                 BW: tl.constexpr, TW: tl.constexpr):
+                 BW: tl.constexpr):
     """Program r < rows: MINED acc row r ← combined row r + ct[w] (w: READY row r's expert, the
     number of w ≥ 1 with rb[w] ≤ r; rows past rb[e] are not copied). The programs after them:
-    TW-word chunks of a first, then a second word range (READY's tail; or the folded lanes,
+    COPY_TW-word chunks of a first, then a second word range (READY's tail; or the folded lanes,
     then the tail)."""
     p = tl.program_id(0)
     if p < rows:
@@ -230,7 +231,7 @@ def _take_kernel(acc_ptr, ready_bounds_ptr, clean_bounds_ptr, mined_ptr, rows, n
             _copy_words(acc_ptr + (p + shift).to(tl.int64) * n, mined_ptr + p.to(tl.int64) * n, n, BW)
     else:
         copy_two_ranges(p - rows, first_src_ptr, first_dst_ptr, first_words, second_src_ptr, second_dst_ptr,
-                        second_words, TW)
+                        second_words, COPY_TW)
 
 
 @jit
@@ -493,7 +494,7 @@ def _operand(rows: torch.Tensor, bounds: torch.Tensor, ready_bounds: torch.Tenso
 
 def _copy_block(k: int) -> int:
     """Words a row copy moves per step (k ≤ 8192 bytes: one step)."""
-    return min(triton.next_power_of_2(k // 4), _COPY_WORDS)
+    return min(triton.next_power_of_2(k // 4), _ROW_STEP_WORDS)
 
 
 def _rows(count: int, device: torch.device) -> torch.Tensor:

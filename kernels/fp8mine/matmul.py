@@ -192,13 +192,13 @@ def grouped_matmul(a: torch.Tensor, b: torch.Tensor, table: RoutingTable,
     if table.experts != experts or table.rflat.shape[0] != a.shape[0]:
         raise MatmulError(f"routing has {table.experts} experts / {table.rflat.shape[0]} rows, "
                           f"operands {experts} / {a.shape[0]}")
+    if tile_counter is not None and fold_into is None:
+        raise MatmulError("tile_counter schedules the folding GEMM only (pass fold_into)")
     if a.device.type != "cuda":
         return _model_grouped(a, b, table)
     impl = impl or gemm_impl()
     if impl not in IMPLS:
         raise MatmulError(f"impl must be one of {IMPLS}, got {impl!r}")
-    if tile_counter is not None and fold_into is None:
-        raise MatmulError("tile_counter schedules the folding GEMM only (pass fold_into)")
     rows = table.rflat.shape[0]
     folded_bf16 = fold_into is not None and BF16_FOLDED_ACC
     out = torch.empty((rows, n), dtype=torch.bfloat16 if folded_bf16 else torch.float32, device=a.device)

@@ -298,9 +298,9 @@ def _expert_peel_kernel(acc_ptr, shift_ptr, rflat_ptr, a_peel_ptr, alpha_a_ptr, 
     take of MINED, `word_copy.copy_two_ranges`), so nothing on another stream has to follow the
     GEMM. AFTER_GEMM: launched as the programmatic dependent of the GEMM that writes acc, so the
     peel's first loads run while the GEMM drains; a program waits for the GEMM before it reads
-    acc, the A peel (the one input another stream writes last) or the ranges (the GEMM writes the
-    lanes); and every program lets the stream's next kernel launch as it ends (the lagged front
-    waits for it)."""
+    acc, the A peel (written on another stream while the GEMM runs) or the ranges (the GEMM
+    writes the lanes); and every program lets the stream's next kernel launch as it ends (the
+    lagged front waits for it)."""
     p = tl.program_id(0)
     if p < experts:
         _peel_expert(acc_ptr, shift_ptr, rflat_ptr, a_peel_ptr, alpha_a_ptr, b_peel_ptr, alpha_b_ptr, bounds_ptr,
@@ -399,18 +399,20 @@ def peel_and_unscale(acc: torch.Tensor, a_peel_: torch.Tensor, alpha_a: torch.Te
     a_left_zero: the caller promises A_peel[:, :32] = 0 (the lagged pass's clean rows), so the
     kernel reads only the right halves of both peels.
     after_gemm: the caller promises that the last kernel on the stream is the GEMM writing acc
-    and that every input but acc and a_peel_ was written before that GEMM started; the decode
-    peel then starts while the GEMM drains (programmatic dependent launch, sm_90 compiled only).
+    and that every input but acc, a_peel_ and the copies' sources was written before that GEMM
+    started or by work the stream waited for before this launch; the decode peel then starts
+    while the GEMM drains (programmatic dependent launch, sm_90 compiled only).
     copies: up to two int32 (source, destination) word ranges that more programs of the same
     launch copy (decode only; after_gemm: read after the GEMM, which may write them), e.g. the
     lagged pass's take of MINED, so that no other stream's kernel has to follow the GEMM.
     """
     rows, n = table.rflat.shape[0], acc.shape[1]
     experts = table.experts
+    if len(copies) > 2 or any(t.dtype != torch.int32 or not t.is_contiguous() or t.device != acc.device
+                              or src.numel() != dst.numel() for src, dst in copies for t in (src, dst)):
+        raise ValueError(f"copies: at most two contiguous int32 (source, destination) ranges of equal length "
+                         f"on {acc.device}")
     ranges = [(src.view(-1), dst.view(-1)) for src, dst in copies]
-    if len(ranges) > 2 or any(src.dtype != torch.int32 or dst.dtype != torch.int32 or src.numel() != dst.numel()
-                              for src, dst in ranges):
-        raise ValueError("copies: at most two int32 (source, destination) ranges of equal length")
     if ranges and reads_tiles(table):
         raise ValueError("copies ride the decode peel only (experts averaging fewer than 64 rows)")
     none = torch.empty(0, dtype=torch.int32, device=acc.device)

@@ -411,18 +411,19 @@ class MinedGemm:
                 self._mine_previous()
         operand = lagged_front(x, topk_ids if self.moe else None, self.b.experts, pending)
         table = operand.clean_table
+        take_in_peel = LAGGED_TAKE_IN_PEEL and self.ready_lanes is not None and not reads_tiles(table)
         self._fork(main)
         with self._on_side():
             clean_tiles = peel_tiles(table) if reads_tiles(table) else None
             a_peel_clean = clean_peel(operand, state.f_b, state.f_b_t)
-            peel_ready = self._event()
+            peel_ready = None if take_in_peel else self._event()
             if not LAGGED_LOTTERY_FIRST:
                 self._mine_previous()
             a = prepare_a(quant.prepare_rows(x), self.seed_message, self.p_a_len, state, table if self.moe else None)
             pending.fill(a.side.codes, a.codes, a.scales, a.pow_key, table)
         acc = self._combined_gemm(operand)
         peel_args = (acc, a_peel_clean, operand.clean_alpha, table, clean_tiles)
-        if LAGGED_TAKE_IN_PEEL and self.ready_lanes is not None and not reads_tiles(table):
+        if take_in_peel:
             self._join(main)  # the side stream's work ends with PENDING's fill, long before the GEMM's end
             out = self._serving_peel(*peel_args, copies=mined.folded_copies(self.ready_lanes, ready))
         else:
@@ -449,7 +450,9 @@ class MinedGemm:
         """The lagged GEMM over the combined operand, sharing its SMs with the side stream;
         where it folds (`ready_lanes`), the READY rows' tiles by the front's snapshot of their
         bounds (their lanes' compact layout), its tiles taken from the front's zeroed counter
-        (LAGGED_DYNAMIC)."""
+        (LAGGED_DYNAMIC). The counter is good for one launch: the GEMM leaves it at its tile
+        count, so running this again on the same operand needs `operand.tile_counter.zero_()`
+        first (else tiles are skipped)."""
         folds = self.ready_lanes is not None
         return grouped_matmul(operand.rows, self.b_codes(), operand.table, max_sms=self.gemm_sms,
                               side_smem=LAGGED_SIDE_SMEM, fold_into=self.ready_lanes,
