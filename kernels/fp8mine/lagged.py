@@ -39,7 +39,7 @@ from .peel import a_peel
 from .quant import NoisySide
 from .routing import (RoutingTable, clamped_ids, dense_table, entries_before, one_program_shape, routing_args,
                       routing_table)
-from .word_copy import COPY_TW, chunks, copy_two_ranges
+from .word_copy import chunks, copy_two_ranges
 
 _ALIGN = 16  # bytes: every view of a slot starts on a 16-byte boundary
 _QUANT_BLOCK = 8192  # most elements per step of the clean quantization (k ≤ 8192: one load)
@@ -217,7 +217,7 @@ def _take_kernel(acc_ptr, ready_bounds_ptr, clean_bounds_ptr, mined_ptr, rows, n
                  BW: tl.constexpr):
     """Program r < rows: MINED acc row r ← combined row r + ct[w] (w: READY row r's expert, the
     number of w ≥ 1 with rb[w] ≤ r; rows past rb[e] are not copied). The programs after them:
-    COPY_TW-word chunks of a first, then a second word range (READY's tail; or the folded lanes,
+    COPY_WORDS-word chunks (`word_copy`) of a first, then a second word range (READY's tail; or the folded lanes,
     then the tail)."""
     p = tl.program_id(0)
     if p < rows:
@@ -231,7 +231,7 @@ def _take_kernel(acc_ptr, ready_bounds_ptr, clean_bounds_ptr, mined_ptr, rows, n
             _copy_words(acc_ptr + (p + shift).to(tl.int64) * n, mined_ptr + p.to(tl.int64) * n, n, BW)
     else:
         copy_two_ranges(p - rows, first_src_ptr, first_dst_ptr, first_words, second_src_ptr, second_dst_ptr,
-                        second_words, COPY_TW)
+                        second_words)
 
 
 @jit

@@ -33,7 +33,7 @@ from .noisy_kernel import _bf16_of_bits, _rne_bf16
 from .numerics import bf16_fma
 from .quant import NoisySide
 from .routing import RoutingTable, RowTiles, row_tiles
-from .word_copy import COPY_TW, chunks, copy_two_ranges
+from .word_copy import chunks, copy_two_ranges
 
 ROW_CHUNK = 2048  # rows per pass of the torch FMA emulation (bounds its f64 temporaries)
 TAIL_BYTES = 128  # a bf16 peel row (64 values) after an operand row's codes: the peel GEMM's extra k-tile
@@ -309,7 +309,7 @@ def _expert_peel_kernel(acc_ptr, shift_ptr, rflat_ptr, a_peel_ptr, alpha_a_ptr, 
         if AFTER_GEMM:
             gdc_wait()
         copy_two_ranges((p - experts) * tl.num_programs(1) + tl.program_id(1), first_src_ptr, first_dst_ptr,
-                        first_words, second_src_ptr, second_dst_ptr, second_words, COPY_TW)
+                        first_words, second_src_ptr, second_dst_ptr, second_words)
     if AFTER_GEMM:
         gdc_launch_dependents()
 
@@ -319,9 +319,10 @@ def _peel_expert(acc_ptr, shift_ptr, rflat_ptr, a_peel_ptr, alpha_a_ptr, b_peel_
                  n, acc_rows, expert, BR: tl.constexpr, BN: tl.constexpr, SHIFTED: tl.constexpr,
                  RIGHT_ONLY: tl.constexpr, AFTER_GEMM: tl.constexpr):
     """One decode peel program: all rows of `expert`, BN columns. Why a kernel apart: at decode
-    an expert has ~16 rows, so the row-tile kernel's 32-row tiles computed half their cells masked, paid a tile-map load before the expert's bounds, and a
-    program walked 4 column steps at ~2 programs an SM (latency-bound). Here the grid is experts ×
-    column tiles (no tile map), the B-peel tile and 1/α_B are loaded once and kept while the
+    an expert has ~16 rows, so the row-tile kernel's 32-row tiles computed half their cells
+    masked, paid a tile-map load before the expert's bounds, and a program walked 4 column steps
+    at ~2 programs an SM (latency-bound). Here the grid is experts × column tiles (no tile map),
+    the B-peel tile and 1/α_B are loaded once and kept while the
     expert's rows go by in BR-row blocks (usually one or two), each block's accumulator tile and
     Rflat entries loaded one block ahead (106 registers at 16 × 128: 4 programs an SM). An
     expert with no rows reads nothing. Dependent loads: (bounds, shift) → (B peel, α_B, Rflat,
