@@ -3,7 +3,7 @@ the Hopper model's structure — four K = 32 e4m3 WGMMAs per 128-k window, the f
 then one fp32 add per accumulator register; the noisy-quantization kernel has no contracted
 multiply-add (and forms the A side's noise dot as one fresh K = 32 WGMMA); the pre-quantization
 (+ the fused decode rows kernel), row-scales, row-norms,
-noise-line, tile-map, lottery, payload, A-peel (+ split-k combine), peel/unscale (decode by expert and
+noise-line, tile-map, lottery, payload, A-peel (+ split-k combine), peel tails, peel/unscale (decode by expert and
 by row tile, the prefill column loop on an fp32 or bf16 accumulator, row-shifted), plane-forest (one launch),
 launch-keys (+ E_A), routing (decode one-program table; prefill counts, prefixes, bounds, scatter) and short-hash kernels compile."""
 import os
@@ -122,6 +122,14 @@ SCRIPT = textwrap.dedent("""
             print("APEELFP8-BEGIN")
             print(a_peel_kernel.asm["ptx"])
             print("APEELFP8-END")
+    # the peel tails: token rows (1/α beside them, or per Rflat row for a gathering GEMM) and expert order
+    for top_k, scale_top_k in ((0, 0), (0, 8), (8, 0)):
+        triton.compile(ASTSource(fn=peel._tails_kernel, signature={
+            "peel_ptr": "*i16", "alpha_ptr": "*i16", "positions_ptr": "*i32", "scale_positions_ptr": "*i32",
+            "padded_ptr": "*i16", "inv_ptr": "*fp32", "rows": "i32", "tail_at": "i32", "stride": "i32",
+            "BR": "constexpr", "TOP_K": "constexpr", "SCALE_TOP_K": "constexpr"},
+            constexprs={"BR": peel._TAIL_ROWS, "TOP_K": top_k, "SCALE_TOP_K": scale_top_k}, attrs=ALIGNED(6)),
+            target=target)
     triton.compile(ASTSource(fn=transcript._forest_kernel, signature={
         "key_ptr": "*i32", **{f"p{i}": "*i32" for i in range(4)}, **{f"w{i}": "i32" for i in range(4)},
         **{f"n{i}": "i32" for i in range(4)}, "g1": "i32", "g2": "i32", "g3": "i32", "b1": "i32", "b2": "i32",

@@ -447,8 +447,8 @@ def test_codes_written_with_peel_tails():
     """Codes written with a tail (the peel GEMM's operand rows): the same codes, rows k + 128
     bytes apart, for every launch form; the A peel reads them in place; `write_tails` puts each
     token's peel row after each of its expert-order copies (and after dense rows), leaving the
-    codes untouched, and gives each codes row's 1/α (RNE, as torch divides); rows without a tail
-    are refused."""
+    codes untouched, and gives each codes row's 1/α (RNE, as torch divides), or each Rflat row's
+    for a GEMM gathering the token rows; rows without a tail are refused."""
     from kernels.fp8mine import noisy_kernel
     from kernels.fp8mine.peel import TAIL_BYTES, a_peel, has_tail, padded_rows, write_tails
     rows, k, top_k, experts = 70, 160, 3, 5
@@ -475,6 +475,12 @@ def test_codes_written_with_peel_tails():
                            peel.view(torch.int16)[torch.from_numpy(token).long()])
         assert torch.equal(inv, 1.0 / args[0].float()[torch.from_numpy(token).long()])
         assert padded.data_ptr() == side.codes.data_ptr()  # in place: no copy of the codes
+        if positions is None:  # a GEMM gathering these token rows through Rflat: 1/α per Rflat row
+            _, gathered_inv = write_tails(side, peel, table)
+            assert torch.equal(gathered_inv, 1.0 / args[0].float()[table.rflat.long()])
+        else:
+            with pytest.raises(ValueError, match="token-order codes"):
+                write_tails(side, peel, table)
     assert not has_tail(torch.from_numpy(want.codes).view(torch.float8_e4m3fn))
     with pytest.raises(ValueError, match="carry no peel tail"):
         padded_rows(torch.from_numpy(want.codes).view(torch.float8_e4m3fn))
@@ -665,8 +671,9 @@ def test_lottery_threshold_below_every_ticket_publishes_nothing():
     tiles = dev_routing.row_tiles(dev_routing.dense_table(8, "cpu"))
     latch = dev_lottery.LotteryLatch("cpu", {})
     latch.run(acc, tiles, words(PARENT), torch.zeros(8, dtype=torch.int32), words(PARENT), {})
+    latch.host[1:].fill_(7)  # an unclaimed record writes nothing to the host: no PCIe stores
     latch.publish()
-    assert latch.poll() is None
+    assert latch.poll() is None and latch.host[1:].eq(7).all()
     with pytest.raises(dev_lottery.LotteryError, match="n_e % 64"):
         latch.run(torch.zeros(8, 32), tiles, words(PARENT), torch.zeros(8, dtype=torch.int32), words(PARENT), {})
 

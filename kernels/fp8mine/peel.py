@@ -466,11 +466,12 @@ def padded_rows(codes: torch.Tensor) -> torch.Tensor:
 
 
 @jit
-def _tails_kernel(peel_ptr, alpha_ptr, positions_ptr, padded_ptr, inv_ptr, rows, tail_at, stride,
-                  BR: tl.constexpr, TOP_K: tl.constexpr):
+def _tails_kernel(peel_ptr, alpha_ptr, positions_ptr, scale_positions_ptr, padded_ptr, inv_ptr, rows, tail_at,
+                  stride, BR: tl.constexpr, TOP_K: tl.constexpr, SCALE_TOP_K: tl.constexpr):
     """BR operand rows: each bf16 peel row (64 int16) into its codes rows' tails (padded_ptr as
     int16, rows `stride` apart, the tail at column tail_at) and 1/α (RNE) per codes row; TOP_K > 0:
-    row r's codes rows are positions[r·TOP_K + j], else row r itself."""
+    row r's codes rows are positions[r·TOP_K + j], else row r itself. SCALE_TOP_K > 0: 1/α goes
+    to the GEMM rows scale_positions[r·SCALE_TOP_K + j] instead (a GEMM gathering token rows)."""
     r = tl.program_id(0) * BR + tl.arange(0, BR)
     live = r < rows
     c = tl.arange(0, 64)
@@ -482,24 +483,39 @@ def _tails_kernel(peel_ptr, alpha_ptr, positions_ptr, padded_ptr, inv_ptr, rows,
         else:
             dest = tl.load(positions_ptr + r.to(tl.int64) * TOP_K + j, mask=live, other=0).to(tl.int64)
         tl.store(padded_ptr + dest[:, None] * stride + tail_at + c[None, :], peel, mask=live[:, None])
-        tl.store(inv_ptr + dest, inv, mask=live)
+        if SCALE_TOP_K == 0:
+            tl.store(inv_ptr + dest, inv, mask=live)
+    for j in tl.static_range(SCALE_TOP_K):
+        row = tl.load(scale_positions_ptr + r.to(tl.int64) * SCALE_TOP_K + j, mask=live, other=0).to(tl.int64)
+        tl.store(inv_ptr + row, inv, mask=live)
 
 
 _TAIL_ROWS = 32
 
 
-def write_tails(side: NoisySide, peel_rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def write_tails(side: NoisySide, peel_rows: torch.Tensor,
+                gathered: RoutingTable | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Store each operand row's bf16 peel row (rows, 64) in its codes' tails (every expert-order
     copy where `side.positions`) and return (`padded_rows(side.codes)`, 1/α (codes rows,) fp32 in
-    the codes' row order): the peel GEMM's operand and its row scale, from one launch."""
+    the codes' row order): the peel GEMM's operand and its row scale, from one launch.
+
+    gathered: the GEMM reads token-order codes through this table's Rflat (`matmul.gather_in_gemm`);
+    1/α is then returned per Rflat row, in expert order (the table's `positions`), so no gather
+    launch follows (7 µs at GLM-5 prefill, H100, session 24)."""
     padded = padded_rows(side.codes)
     rows, k = side.alpha.shape[0], side.codes.shape[1]
     if peel_rows.shape != (rows, 64) or peel_rows.dtype != torch.bfloat16:
         raise ValueError(f"peel rows must be bf16 ({rows}, 64), got {peel_rows.dtype} {tuple(peel_rows.shape)}")
-    inv = torch.empty(side.codes.shape[0], dtype=torch.float32, device=padded.device)
+    scale_top_k = 0
+    if gathered is not None:
+        if side.positions is not None or gathered.positions is None or gathered.positions.numel() % max(rows, 1):
+            raise ValueError("a gathered GEMM reads token-order codes through a routing table with positions")
+        scale_top_k = gathered.positions.numel() // rows
+    inv = torch.empty(side.codes.shape[0] if gathered is None else gathered.rflat.shape[0], dtype=torch.float32,
+                      device=padded.device)
     int16 = padded.view(torch.int16)
     _tails_kernel[(triton.cdiv(rows, _TAIL_ROWS),)](
         peel_rows.contiguous().view(torch.int16), side.alpha.contiguous().view(torch.int16),
-        inv if side.positions is None else side.positions, int16, inv, rows, k // 2, int16.stride(0),
-        BR=_TAIL_ROWS, TOP_K=side.top_k)
+        inv if side.positions is None else side.positions, inv if gathered is None else gathered.positions,
+        int16, inv, rows, k // 2, int16.stride(0), BR=_TAIL_ROWS, TOP_K=side.top_k, SCALE_TOP_K=scale_top_k)
     return padded, inv

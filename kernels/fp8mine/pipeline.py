@@ -325,6 +325,7 @@ class MinedGemm:
         # fragile inside graph capture).
         with self._on_side():
             table = self._table(topk_ids, x.device)
+            tiles = row_tiles(table)  # the lottery's tile map, off the pass's tail
             table_ready = self._event()
         pre = quant.prepare_rows(x)
         self._wait(main, table_ready)
@@ -344,8 +345,8 @@ class MinedGemm:
         if fold_in_gemm(n_rows, b_codes):
             lanes = folded_lanes(n_rows, b_codes.shape[1], rows.device)
             if peeling:  # no raw accumulator: the output comes peeled
-                out = self._peeled(*write_tails(a.side, peel_rows), table, lanes, gather)
-                self.latch.run_folded(lanes, row_tiles(table), a.pow_key, self.threshold, state.seed_b, sources)
+                out = self._peeled(*write_tails(a.side, peel_rows, table if gather else None), table, lanes, gather)
+                self.latch.run_folded(lanes, tiles, a.pow_key, self.threshold, state.seed_b, sources)
                 self.latch.publish()
                 self._join(main)
                 return LaunchResult(out, None, table, a)
@@ -356,7 +357,7 @@ class MinedGemm:
             draw = functools.partial(self.latch.run, acc)
         self._fork(main)
         with self._on_side():  # the tickets (ALU-bound) beside the peel (DRAM-bound)
-            draw(row_tiles(table), a.pow_key, self.threshold, state.seed_b, sources)
+            draw(tiles, a.pow_key, self.threshold, state.seed_b, sources)
             self.latch.publish()
         out = peel_and_unscale(acc, peel_rows, a.side.alpha, state.peel.view(self.b.experts, self.b.n_e, -1),
                                state.side.alpha.view(self.b.experts, self.b.n_e), table)
@@ -367,14 +368,12 @@ class MinedGemm:
                 lanes: torch.Tensor, gather: bool = False) -> torch.Tensor:
         """The GEMM with the fold, peel and unscale in its epilogue: the bf16 output. padded_a:
         A′'s expert-order rows (gather: its token rows, read through Rflat), each followed by its
-        A peel row, and their 1/α_A (`peel.write_tails`)."""
+        A peel row, and the 1/α_A of each GEMM row, in expert order (`peel.write_tails`)."""
         from .peel_epilogue import peeled_grouped_gemm
         assert self.state is not None
         experts, n_e, k = self.b.experts, self.b.n_e, self.b.k
         padded_b = padded_rows(self.state.side.codes).view(experts, n_e, k + TAIL_BYTES)
         out = torch.empty((table.rflat.shape[0], n_e), dtype=torch.bfloat16, device=padded_a.device)
-        if gather:
-            inv_alpha_rows = inv_alpha_rows.index_select(0, table.rflat)
         return peeled_grouped_gemm(padded_a.view(torch.float8_e4m3fn), padded_b.view(torch.float8_e4m3fn),
                                    table.bounds, out, lanes, inv_alpha_rows, self.state.inv_alpha.view(experts, n_e),
                                    a_idx=table.rflat if gather else None)
