@@ -507,8 +507,9 @@ def _parts(gemm: MinedGemm, x: torch.Tensor, topk, result) -> dict:
     state, table, a = gemm.state, result.table, result.a
     codes, b_codes = gemm.expert_rows(a.side, table), gemm.b_codes()
     token_codes = a.side.token_codes()
-    acc32 = result.acc if result.acc.dtype == torch.float32 else \
-        _forward_switched(gemm, x, topk, "BF16_FOLDED_ACC", False).acc  # what the lottery pass reads
+    with _switched("PEEL_IN_EPILOGUE", False):  # what the lottery pass reads: an fp32 accumulator
+        acc32 = result.acc if result.acc.dtype == torch.float32 else \
+            _forward_switched(gemm, x, topk, "BF16_FOLDED_ACC", False).acc
     peel_args = (a_peel(a.side, state.f_b), a.side.alpha, state.peel.view(gemm.b.experts, gemm.b.n_e, -1),
                  state.side.alpha.view(gemm.b.experts, gemm.b.n_e), table)
     sources = {"codes": a.codes, "scales": a.scales, "rflat": table.rflat, "offsets": table.offsets}
