@@ -40,10 +40,12 @@ def test_stacked_rows_take_ready_by_the_phase_word(phase):
     s_a_out = torch.zeros((E, 8), dtype=torch.int32, device=DEVICE)
     valid_out = torch.zeros(E, dtype=torch.int32, device=DEVICE)
     lag = LagPhase(torch.tensor([phase], dtype=torch.int32, device=DEVICE), words)
-    stack_lagged_rows(*views[0], lag, q, out, s_a_out, valid_out)
+    counter = torch.full((1,), 1234, dtype=torch.int32, device=DEVICE)  # a dynamic GEMM's count left behind
+    stack_lagged_rows(*views[0], lag, q, out, s_a_out, valid_out, tile_counter=counter)
     ready = sets[phase]
     assert torch.equal(out[:, :M], ready[0]) and torch.equal(out[:, M:], q)
     assert torch.equal(s_a_out, ready[1]) and torch.equal(valid_out, ready[2])
+    assert int(counter) == 0  # zeroed for the next launch of the GEMM
 
 
 def test_stacked_rows_refuse_bad_shapes():

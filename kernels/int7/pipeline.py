@@ -82,6 +82,11 @@ CODES_AND_LEAVES = True
 # the Triton lagged pass (GLM-5 decode 263.4 vs 259.6 µs, DeepSeek-V3 295.8 vs 298.8, Qwen3 101.1
 # vs 97.6; 382.4 at GLM-5 without sharing its SMs), so off; kept as the base for a lighter side chain.
 CUTE_LAGGED = False
+# The lagged CuTe GEMM takes its tiles from a counter that the stacking launch zeroes (quack's
+# dynamic persistent scheduler), so CTAs slowed by the side chain beside them take fewer: the FP8
+# lagged pass's gain (docs/kernels-fp8mine.md "Twenty-third session"). READY's tickets are drawn on
+# the side stream beside the served rows' peel, which follows the GEMM directly.
+CUTE_LAGGED_DYNAMIC = True
 # Shared memory the lagged CuTe GEMM leaves on every SM for the side chain (with half the
 # registers: `grouped_gemm_sm90.sharing`); the FP8 lagged pass measured 64 KiB best (docs/kernels-fp8mine.md).
 LAGGED_SIDE_SMEM = 64 * 1024
@@ -283,7 +288,8 @@ def _wanted(asked: bool | None, default: bool) -> bool:
 class _CuteLag:
     """The lagged CuTe pass's static buffers: the stacked operand (E, 2M, K), its row bounds, A·B'
     of both row sets (E, 2M, N) int32, the tile words, READY's s_A and row counts as the lottery
-    reads them, the GEMM's config, and the event that orders A·P_B before the peel."""
+    reads them, the GEMM's config, the events that order A·P_B before the peel and the GEMM before
+    the side stream's lottery, and the dynamic GEMM's tile counter."""
 
     config: object  # GroupedGemmConfig (the CuTe modules import lazily)
     stacked: torch.Tensor
@@ -293,6 +299,8 @@ class _CuteLag:
     s_a: torch.Tensor
     valid: torch.Tensor
     apb_ready: torch.cuda.Event | None
+    gemm_done: torch.cuda.Event | None
+    tile_counter: torch.Tensor
 
     @classmethod
     def build(cls, job: MiningJob, rows: int) -> _CuteLag | None:
@@ -311,7 +319,8 @@ class _CuteLag:
                    torch.empty((experts, 2 * rows, n), dtype=torch.int32, device=device),
                    torch.empty((experts * rows, n // 128, 16), dtype=torch.int32, device=device),
                    torch.zeros((experts, 8), dtype=torch.int32, device=device),
-                   torch.zeros(experts, dtype=torch.int32, device=device), torch.cuda.Event())
+                   torch.zeros(experts, dtype=torch.int32, device=device), torch.cuda.Event(), torch.cuda.Event(),
+                   torch.zeros(1, dtype=torch.int32, device=device))
 
 
 class MinedPass:
@@ -525,8 +534,9 @@ class MinedPass:
     def _run_lagged_cute(self, x: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
         """`_run_lagged` on the CuTe GEMM: the side stream computes A·P_B (the served rows' peel
         term) and then launch t's pending rows; the serving stream stacks READY's A' on q_t, runs
-        the transcript GEMM beside the side chain (SM-sharing variant), draws READY's tickets and
-        peels the served rows once A·P_B is there."""
+        the transcript GEMM beside the side chain (SM-sharing variant, its tiles dynamic where
+        CUTE_LAGGED_DYNAMIC) and peels the served rows once A·P_B is there, while the side stream
+        draws READY's tickets from the GEMM's words."""
         job, lag, side = self.job, self._lag.lag, self._side
         cute, ready = self._cute_lag, self._lag.states[0]
         main = torch.cuda.current_stream(x.device) if side is not None else None
@@ -537,17 +547,31 @@ class MinedPass:
             if side is not None:
                 cute.apb_ready.record(side)
             self._noise_into(q)
-        stack_lagged_rows(ready.a_noised, ready.s_a, ready.valid, lag, q, cute.stacked, cute.s_a, cute.valid)
+        counter = cute.tile_counter if CUTE_LAGGED_DYNAMIC else None
+        stack_lagged_rows(ready.a_noised, ready.s_a, ready.valid, lag, q, cute.stacked, cute.s_a, cute.valid,
+                          tile_counter=counter)
         from .transcript_gemm import transcript_gemm
         experts, n, k = job.bt.shape
         transcript_gemm(cute.stacked.view(-1, k), job.bt_noised, cute.bounds, cute.raw.view(-1, n), cute.words,
-                        cute.config, side_smem=LAGGED_SIDE_SMEM)
-        tile_lottery(cute.words, cute.s_a, job.bound, cute.valid, self.slot.record, rows=2 * self.rows,
-                     tile_h=job.config.h, tile_w=job.config.w)
-        if main is not None:
+                        cute.config, side_smem=LAGGED_SIDE_SMEM, tile_counter=counter)
+        if main is None:  # no streams (the lottery and the peel in order)
+            self._draw_stacked(cute)
+        else:  # the served rows' peel right behind the GEMM; READY's tickets beside it on the side stream
+            cute.gemm_done.record(main)
             main.wait_event(cute.apb_ready)
         clean_peel(cute.raw, self.rows, apb, job.u_b, scale.float().contiguous(), job.scale_b, self.out, self.out_i32)
+        if main is not None:
+            side.wait_event(cute.gemm_done)
+            with torch.cuda.stream(side):
+                self._draw_stacked(cute)
+            main.wait_stream(side)  # the retain reads the record the lottery may have written
         return self._end_lagged(main)
+
+    def _draw_stacked(self, cute: _CuteLag) -> None:
+        """READY's tickets from the stacked GEMM's transcript words (its first M rows an expert)."""
+        job = self.job
+        tile_lottery(cute.words, cute.s_a, job.bound, cute.valid, self.slot.record, rows=2 * self.rows,
+                     tile_h=job.config.h, tile_w=job.config.w)
 
     def _end_lagged(self, main: torch.cuda.Stream | None) -> torch.Tensor:
         """A lagged launch's end: retain READY's rows (the opening of a winner among them), flip

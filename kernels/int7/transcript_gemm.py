@@ -156,18 +156,21 @@ def sharing_config(rows: int, experts: int, n: int, k: int) -> GroupedGemmConfig
 
 
 @functools.lru_cache(maxsize=None)
-def compile_transcript_gemm(config: GroupedGemmConfig, gather: bool = False, side_smem: int = 0) -> Callable:
+def compile_transcript_gemm(config: GroupedGemmConfig, gather: bool = False, side_smem: int = 0,
+                            dynamic: bool = False) -> Callable:
     """The int8 → s32 grouped GEMM with the transcript, for sm_90a (fake tensors); gather: A's
     rows read through an index (`compile_variant`); side_smem > 0: the variant that shares every
-    SM with other streams' kernels (`grouped_gemm_sm90.sharing`: one consumer warpgroup)."""
+    SM with other streams' kernels (`grouped_gemm_sm90.sharing`: one consumer warpgroup);
+    dynamic: tiles taken from a tile counter (`compile_variant`'s), as beside the side chain."""
     cls = sharing(Int8TranscriptSm90, side_smem) if side_smem else Int8TranscriptSm90
     return compile_variant(cls, Precision.INT8, Output.INT32, config, fake_tile_words_arguments,
-                           side_smem=side_smem, gather=gather)
+                           side_smem=side_smem, gather=gather, dynamic=dynamic)
 
 
 def transcript_gemm(a: torch.Tensor, b: torch.Tensor, bounds: torch.Tensor, out: torch.Tensor,
                     words: torch.Tensor, config: GroupedGemmConfig | None = None,
-                    a_idx: torch.Tensor | None = None, side_smem: int = 0) -> torch.Tensor:
+                    a_idx: torch.Tensor | None = None, side_smem: int = 0,
+                    tile_counter: torch.Tensor | None = None) -> torch.Tensor:
     """out = A'·B' (int32, exact) per expert, and every whole 2 × 128 lottery tile's 16 transcript
     words into `words`, int32 (rows / 2, n / 128, 16): tile row t of expert e at [bounds[e] / 2 + t]
     (so every expert's rows must be even; the pipeline's are).
@@ -178,6 +181,9 @@ def transcript_gemm(a: torch.Tensor, b: torch.Tensor, bounds: torch.Tensor, out:
     side_smem: leave this much shared memory (and half the registers) of every SM to kernels of
     other streams (the lagged decode pass's side chain); the config must be cooperative with one
     consumer warpgroup.
+    tile_counter: (1,) int32 on the GEMM's device, zero when the launch starts (the caller
+    resets it before every launch: the kernel leaves its tile count there); the persistent CTAs
+    then take their tiles from it, so CTAs slowed by side kernels take fewer.
     """
     experts, n, k = b.shape
     rows = a.shape[0] if a_idx is None else a_idx.shape[0]
@@ -187,6 +193,10 @@ def transcript_gemm(a: torch.Tensor, b: torch.Tensor, bounds: torch.Tensor, out:
         raise ValueError(f"{name} does not fit the transcript GEMM{' with a gather' if a_idx is not None else ''} "
                          f"for {rows} rows × {tuple(b.shape)}")
     check_operand("words", words, (rows // TILE_ROWS, n // TILE_COLS, JACKPOT_WORDS), torch.int32)
-    launch_variant(compile_transcript_gemm(config, a_idx is not None, side_smem), a, b, bounds, out, config,
-                   mining_arguments(bounds, words), a_idx=a_idx)
+    if tile_counter is not None:
+        check_operand("tile_counter", tile_counter, (1,), torch.int32)
+        if tile_counter.device != a.device:
+            raise ValueError(f"the tile counter must be on {a.device}, got {tile_counter.device}")
+    launch_variant(compile_transcript_gemm(config, a_idx is not None, side_smem, tile_counter is not None),
+                   a, b, bounds, out, config, mining_arguments(bounds, words), a_idx=a_idx, tile_counter=tile_counter)
     return out
