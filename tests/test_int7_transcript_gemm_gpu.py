@@ -171,12 +171,16 @@ def test_moe_pipeline_on_the_cute_split_pass_and_its_winner_verifies(gather: boo
     assert verify_plain_proof(HEADER, proof, bits=BITS, cert_version=2) == (True, "ok")
 
 
-@pytest.mark.parametrize("fused_a", [True, False])
-def test_lagged_pass_on_the_cute_gemm_serves_exactly_and_mines_the_previous_launch(fused_a: bool) -> None:
+@pytest.mark.parametrize("fused_a, dynamic", [(True, False), (False, False), (True, True)])
+def test_lagged_pass_on_the_cute_gemm_serves_exactly_and_mines_the_previous_launch(fused_a: bool, dynamic: bool,
+                                                                                 monkeypatch) -> None:
     """MinedPass(lagged=True, cute_lag=True): every launch serves A_t·B exactly and with the Triton
     lagged pass's bf16 bits; the first mines nothing; a winner planted on launch t−1's rows is
-    recorded at launch t and its proof (opening A_{t−1}) verifies."""
+    recorded at launch t and its proof (opening A_{t−1}) verifies. dynamic: with the GEMM's tiles
+    from a counter and READY's tickets drawn on the side stream (`CUTE_LAGGED_DYNAMIC`)."""
+    from kernels.int7 import pipeline
     from kernels.int7.pipeline import MinedPass, bound_words, prepare_job
+    monkeypatch.setattr(pipeline, "CUTE_LAGGED_DYNAMIC", dynamic)
 
     experts, m, n, k = 2, 16, 256, 2048
     config = MiningConfig(k, 128, [0, 1], list(range(128)), 0, 0)

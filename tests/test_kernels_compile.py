@@ -181,13 +181,13 @@ def test_int7_transcript_gemm_shares_its_sms_for_the_lagged_pass(experts, rows, 
     """The lagged decode pass's transcript GEMM (READY and served rows: 2M an expert) in the
     variant that leaves LAGGED_SIDE_SMEM and half the registers of every SM to the side chain:
     a cooperative 64-row config, IGMMA, the transcript's shuffles, no spills; with its tiles
-    taken from a counter (CUTE_LAGGED_DYNAMIC), one global atomic add."""
-    from kernels.int7.pipeline import CUTE_LAGGED_DYNAMIC, LAGGED_SIDE_SMEM
+    taken from a counter (`pipeline.CUTE_LAGGED_DYNAMIC`), one global atomic add."""
+    from kernels.int7.pipeline import LAGGED_SIDE_SMEM
     from kernels.int7.transcript_gemm import compile_transcript_gemm, sharing_config
 
     config = sharing_config(experts * rows, experts, n, k)
     assert config is not None and config.tile_m == 64 and not config.pingpong
-    for dynamic in dict.fromkeys((False, CUTE_LAGGED_DYNAMIC)):
+    for dynamic in (False, True):
         sass = compile_transcript_gemm(config, False, LAGGED_SIDE_SMEM, dynamic).__sass__
         assert set(re.findall(MMA_SASS[Precision.INT8], sass)) == {str(config.tile_n)}
         assert len(re.findall(r"\bSHFL\.BFLY\b", sass)) == 3 * 2 * config.tile_n // 128

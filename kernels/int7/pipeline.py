@@ -82,11 +82,14 @@ CODES_AND_LEAVES = True
 # the Triton lagged pass (GLM-5 decode 263.4 vs 259.6 µs, DeepSeek-V3 295.8 vs 298.8, Qwen3 101.1
 # vs 97.6; 382.4 at GLM-5 without sharing its SMs), so off; kept as the base for a lighter side chain.
 CUTE_LAGGED = False
-# The lagged CuTe GEMM takes its tiles from a counter that the stacking launch zeroes (quack's
-# dynamic persistent scheduler), so CTAs slowed by the side chain beside them take fewer: the FP8
-# lagged pass's gain (docs/kernels-fp8mine.md "Twenty-third session"). READY's tickets are drawn on
-# the side stream beside the served rows' peel, which follows the GEMM directly.
-CUTE_LAGGED_DYNAMIC = True
+# The FP8 lagged pass's two gains (docs/kernels-fp8mine.md "Twenty-second/third session") in the
+# CuTe pass: its GEMM takes its tiles from a counter that the stacking launch zeroes (quack's
+# dynamic persistent scheduler), so CTAs slowed by the side chain beside them take fewer, and the
+# served rows' peel follows the GEMM directly while READY's tickets are drawn beside it on the side
+# stream. Written in the twenty-fourth session without a device (compile-checked, the counter's
+# reset tested in the interpreter): off until its GPU test and timing have run
+# (docs/kernels-int7.md "Twenty-fourth session").
+CUTE_LAGGED_DYNAMIC = False
 # Shared memory the lagged CuTe GEMM leaves on every SM for the side chain (with half the
 # registers: `grouped_gemm_sm90.sharing`); the FP8 lagged pass measured 64 KiB best (docs/kernels-fp8mine.md).
 LAGGED_SIDE_SMEM = 64 * 1024
@@ -534,9 +537,9 @@ class MinedPass:
     def _run_lagged_cute(self, x: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
         """`_run_lagged` on the CuTe GEMM: the side stream computes A·P_B (the served rows' peel
         term) and then launch t's pending rows; the serving stream stacks READY's A' on q_t, runs
-        the transcript GEMM beside the side chain (SM-sharing variant, its tiles dynamic where
-        CUTE_LAGGED_DYNAMIC) and peels the served rows once A·P_B is there, while the side stream
-        draws READY's tickets from the GEMM's words."""
+        the transcript GEMM beside the side chain (SM-sharing variant), draws READY's tickets and
+        peels the served rows once A·P_B is there (CUTE_LAGGED_DYNAMIC: the GEMM's tiles from a
+        counter, and the tickets drawn on the side stream beside the peel)."""
         job, lag, side = self.job, self._lag.lag, self._side
         cute, ready = self._cute_lag, self._lag.states[0]
         main = torch.cuda.current_stream(x.device) if side is not None else None
@@ -547,6 +550,7 @@ class MinedPass:
             if side is not None:
                 cute.apb_ready.record(side)
             self._noise_into(q)
+        beside = CUTE_LAGGED_DYNAMIC and main is not None  # READY's tickets on the side stream
         counter = cute.tile_counter if CUTE_LAGGED_DYNAMIC else None
         stack_lagged_rows(ready.a_noised, ready.s_a, ready.valid, lag, q, cute.stacked, cute.s_a, cute.valid,
                           tile_counter=counter)
@@ -554,13 +558,14 @@ class MinedPass:
         experts, n, k = job.bt.shape
         transcript_gemm(cute.stacked.view(-1, k), job.bt_noised, cute.bounds, cute.raw.view(-1, n), cute.words,
                         cute.config, side_smem=LAGGED_SIDE_SMEM, tile_counter=counter)
-        if main is None:  # no streams (the lottery and the peel in order)
-            self._draw_stacked(cute)
-        else:  # the served rows' peel right behind the GEMM; READY's tickets beside it on the side stream
+        if beside:
             cute.gemm_done.record(main)
+        else:
+            self._draw_stacked(cute)
+        if main is not None:
             main.wait_event(cute.apb_ready)
         clean_peel(cute.raw, self.rows, apb, job.u_b, scale.float().contiguous(), job.scale_b, self.out, self.out_i32)
-        if main is not None:
+        if beside:
             side.wait_event(cute.gemm_done)
             with torch.cuda.stream(side):
                 self._draw_stacked(cute)
