@@ -199,9 +199,11 @@ def _split_peel_variants() -> list[tuple[str, object, dict, dict, int, int]]:
          {"R": 128, "DIGITS": digits, "WIDE_FIRST": 1, "BR": split_peel._DIGIT_ROWS}, 4, 1),
         ("lag_operand_stack", lag_operand._stack_kernel,  # the lagged CuTe pass's [READY A' ; q] rows
          {"an_ptr": "*i8", "q_ptr": "*i8", "sa_ptr": "*i32", "valid_ptr": "*i32", "phase_ptr": "*i32",
-          "phase_words": "i32", "out_ptr": "*i8", "sa_out_ptr": "*i32", "valid_out_ptr": "*i32", "experts": "i32",
-          "M": "i32", "K": "i32", "BR": "constexpr", "BK": "constexpr", "SMALL": "constexpr"},
-         {"BR": lag_operand.ROW_BLOCK, "BK": lag_operand._COLS, "SMALL": 256}, lag_operand._WARPS, 1),
+          "phase_words": "i32", "out_ptr": "*i8", "sa_out_ptr": "*i32", "valid_out_ptr": "*i32",
+          "counter_ptr": "*i32", "experts": "i32", "M": "i32", "K": "i32", "BR": "constexpr", "BK": "constexpr",
+          "SMALL": "constexpr", "ZERO_COUNTER": "constexpr"},
+         {"BR": lag_operand.ROW_BLOCK, "BK": lag_operand._COLS, "SMALL": 256, "ZERO_COUNTER": 1},
+         lag_operand._WARPS, 1),
         ("clean_peel", clean_peel._clean_peel_kernel,  # the lagged CuTe pass's served rows (M = 16)
          {"raw_ptr": "*i32", "apb_ptr": "*i32", "ub_ptr": "*i8", "sa_ptr": "*fp32", "sb_ptr": "*fp32",
           "out_ptr": "*bf16", "out32_ptr": "*i32", "M": "i32", "N": "i32", "raw_rows": "i32", "raw_first": "i32",
