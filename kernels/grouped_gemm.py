@@ -162,6 +162,10 @@ def launch_variant(fn, x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, 
     a variant compiled `dynamic`."""
     from quack.gemm_tvm_ffi_utils import make_scheduler_args, make_varlen_args
 
+    if tile_counter is not None and (tile_counter.dtype != torch.int32 or tuple(tile_counter.shape) != (1,)
+                                     or tile_counter.device != x.device):
+        raise ValueError(f"tile_counter must be int32 (1,) on {x.device}, got {tile_counter.dtype} "
+                         f"{tuple(tile_counter.shape)} on {tile_counter.device}")
     cluster_size = config.cluster_m * config.cluster_n
     clusters = _max_active_clusters(cluster_size, x.device.index or 0)
     if max_sms is not None:

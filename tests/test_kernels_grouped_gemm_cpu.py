@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from kernels.grouped_gemm import GroupedGemmError, grouped_gemm, output_dtype, precision_of, shared_config
+from kernels.grouped_gemm import GroupedGemmError, grouped_gemm, launch_variant, output_dtype, precision_of, shared_config
 from kernels.grouped_gemm_config import (
     GroupedGemmConfig,
     Output,
@@ -188,6 +188,19 @@ def test_a_shared_sm_launch_runs_a_pingpong_config_as_its_cooperative_twin() -> 
     cooperative = GroupedGemmConfig.from_key("64x128x128_c1x1_coop")
     assert shared_config(pingpong, 64 * 1024) == cooperative
     assert shared_config(pingpong, 0) == pingpong and shared_config(cooperative, 64 * 1024) == cooperative
+
+
+@pytest.mark.parametrize("counter", [torch.zeros(1, dtype=torch.int64), torch.zeros(2, dtype=torch.int32),
+                                     torch.zeros((1, 1), dtype=torch.int32)])
+def test_a_bad_tile_counter_is_refused_before_the_launch(counter) -> None:
+    """Both mining GEMMs (FP8 fold, INT7 transcript) hand their dynamic scheduler's counter to
+    launch_variant, which checks it once for them; the kernel is never called."""
+    def never(*args):
+        raise AssertionError("launched with a bad tile counter")
+    x = torch.zeros((8, 128), dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="tile_counter must be int32"):
+        launch_variant(never, x, None, None, None, default_config(Precision.BF16, Regime.DECODE), None,
+                       tile_counter=counter)
 
 
 def _eight_bit(dtype: torch.dtype) -> dict:

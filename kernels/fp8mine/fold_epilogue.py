@@ -168,10 +168,6 @@ def folded_grouped_gemm(a: torch.Tensor, b: torch.Tensor, bounds: torch.Tensor, 
     if lanes.dtype != torch.int32 or lanes.shape != (lane_rows, n // _BLOCK_COLS, 16):
         raise ValueError(f"lanes must be int32 ({lane_rows}, {n // _BLOCK_COLS}, 16), "
                          f"got {lanes.dtype} {tuple(lanes.shape)}")
-    if tile_counter is not None and (tile_counter.dtype != torch.int32 or tile_counter.shape != (1,)
-                                     or tile_counter.device != a.device):
-        raise ValueError(f"tile_counter must be int32 (1,) on {a.device}, got {tile_counter.dtype} "
-                         f"{tuple(tile_counter.shape)} on {tile_counter.device}")
     launch_variant(compile_fold_gemm(config, _ACC_OUTPUTS[out.dtype], side_smem, tile_counter is not None), a, b,
                    bounds, out, config, mining_arguments(bounds if lottery_bounds is None else lottery_bounds, lanes),
                    max_sms=max_sms, tile_counter=tile_counter)

@@ -193,10 +193,6 @@ def transcript_gemm(a: torch.Tensor, b: torch.Tensor, bounds: torch.Tensor, out:
         raise ValueError(f"{name} does not fit the transcript GEMM{' with a gather' if a_idx is not None else ''} "
                          f"for {rows} rows × {tuple(b.shape)}")
     check_operand("words", words, (rows // TILE_ROWS, n // TILE_COLS, JACKPOT_WORDS), torch.int32)
-    if tile_counter is not None:
-        check_operand("tile_counter", tile_counter, (1,), torch.int32)
-        if tile_counter.device != a.device:
-            raise ValueError(f"the tile counter must be on {a.device}, got {tile_counter.device}")
     launch_variant(compile_transcript_gemm(config, a_idx is not None, side_smem, tile_counter is not None),
                    a, b, bounds, out, config, mining_arguments(bounds, words), a_idx=a_idx, tile_counter=tile_counter)
     return out
