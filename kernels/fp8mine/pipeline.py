@@ -44,10 +44,11 @@ from .routing import RoutingTable, RowTiles, dense_table, routing_table, row_til
 LAGGED_SIDE_SMEM = 64 * 1024
 LAGGED_SIDE_SMS = 16  # LAGGED_SIDE_SMEM = 0: whole SMs the persistent GEMM leaves to the side stream
 # Where a lagged launch draws the tickets of the rows the previous launch's GEMM hashed (MINED):
-# True: at its start, beside clean rows + operand, while every SM is free (the side stream's high
-# priority may delay the clean rows); False: under the GEMM after the clean A peel, on the ~16
-# SMs the A side already fills (may outlast the GEMM). Measure both (scratch_probe/f1b_time.py).
-LAGGED_LOTTERY_FIRST = True
+# True: at its start, beside the front (which the lottery's kernels then slow: 9.7 against 7.3 µs
+# in an H200 timeline); False: under the GEMM after the clean A peel, on the SMs the A side
+# already shares. H200, session 25, same runs: GLM-5 FC1 decode 218.3 / 217.9 against 219.9 /
+# 219.2 µs, DeepSeek-V3 255.6 / 256.5 against 258.0 / 256.0 (H100s: within 0.5 µs either way).
+LAGGED_LOTTERY_FIRST = False
 # The lagged GEMM folds its READY rows' lottery tiles in its epilogue (64 bytes a 4×64 tile,
 # straight into their compact layout) and stores a bf16 accumulator, which only the clean rows'
 # peel reads; MINED's take then copies those lanes, not the READY rows' fp32 accumulator, and the
@@ -387,16 +388,15 @@ class MinedGemm:
         main: ONE launch before the GEMM (`lagged_front`: routing, x_t's clean quantization and the
         combined operand = per expert [PENDING's A′ rows ; clean rows]) → GEMM → peel of the
         clean rows. side: READY's tail ← PENDING's (planes, routing, key: what MINED's take and
-        the peel's row shift read after PENDING is refilled; the A′ rows are not copied), then
-        the lottery, payload and publish of MINED (the rows launch t−1's GEMM hashed) beside the
-        front; after the front (which read PENDING) the clean rows' A peel and x_t's A side into
-        PENDING while the GEMM runs; after the GEMM, MINED ← the READY rows' folded lanes and
+        the peel's row shift read after PENDING is refilled; the A′ rows are not copied); after
+        the front (which read PENDING) the clean rows' A peel, the lottery, payload and publish of
+        MINED (the rows launch t−1's GEMM hashed; beside the front instead where
+        `LAGGED_LOTTERY_FIRST`) and x_t's A side into PENDING while the GEMM runs; after the GEMM, MINED ← the READY rows' folded lanes and
         READY's tail, copied by more programs of the serving peel's launch (which starts while the
         GEMM drains), so the side stream joins before the peel and the next launch's front waits
         for the peel alone. Where the GEMM does not fold (or the peel walks row tiles), MINED ←
         the READY rows' accumulator rows and READY's tail on the side stream, issued after the
-        peel so that the peel is not launched behind it. `LAGGED_LOTTERY_FIRST = False` draws
-        MINED's tickets under the GEMM instead. The serving stream waits for nothing before the
+        peel so that the peel is not launched behind it. The serving stream waits for nothing before the
         GEMM; the side stream forks from and joins it, so one launch is one self-contained
         (graph-capturable) piece of stream work.
         """
