@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 
+from kernels.fp8mine import pipeline
 from kernels.fp8mine.gpu_check import synthetic_chain
 from kernels.fp8mine.lagged import LagError, LagSlot, MinedSlot, build_operand, clean_rows, lagged_front
 from kernels.fp8mine.peel import peel_and_unscale
@@ -467,7 +468,11 @@ def test_lagged_launches_dense():
 
 
 @pytest.mark.slow
-def test_lagged_launches_moe():
+@pytest.mark.parametrize("lottery_first", [False, True])
+def test_lagged_launches_moe(lottery_first, monkeypatch):
+    """Both places of MINED's tickets (under the GEMM, the default; beside the front) mine the
+    previous launch's rows and publish the planted winner."""
+    monkeypatch.setattr(pipeline, "LAGGED_LOTTERY_FIRST", lottery_first)
     torch.manual_seed(5)
     experts, top_k, m = 3, 2, 12
     routings = [torch.stack([torch.randperm(experts)[:top_k] for _ in range(m)]) for _ in range(2)]
