@@ -391,14 +391,15 @@ class MinedGemm:
         the peel's row shift read after PENDING is refilled; the A′ rows are not copied); after
         the front (which read PENDING) the clean rows' A peel, the lottery, payload and publish of
         MINED (the rows launch t−1's GEMM hashed; beside the front instead where
-        `LAGGED_LOTTERY_FIRST`) and x_t's A side into PENDING while the GEMM runs; after the GEMM, MINED ← the READY rows' folded lanes and
-        READY's tail, copied by more programs of the serving peel's launch (which starts while the
-        GEMM drains), so the side stream joins before the peel and the next launch's front waits
-        for the peel alone. Where the GEMM does not fold (or the peel walks row tiles), MINED ←
-        the READY rows' accumulator rows and READY's tail on the side stream, issued after the
-        peel so that the peel is not launched behind it. The serving stream waits for nothing before the
-        GEMM; the side stream forks from and joins it, so one launch is one self-contained
-        (graph-capturable) piece of stream work.
+        `LAGGED_LOTTERY_FIRST`) and x_t's A side into PENDING while the GEMM runs; after the
+        GEMM, MINED ← the READY rows' folded lanes and READY's tail, copied by more programs of
+        the serving peel's launch (which starts while the GEMM drains), so the side stream joins
+        before the peel and the next launch's front waits for the peel alone. Where the GEMM does
+        not fold (or the peel walks row tiles), MINED ← the READY rows' accumulator rows and
+        READY's tail on the side stream, issued after the peel so that the peel is not launched
+        behind it. The serving stream waits for nothing before the GEMM; the side stream forks
+        from and joins it, so one launch is one self-contained (graph-capturable) piece of stream
+        work.
         """
         assert self.state is not None
         state, ready, pending, mined = self.state, self.ready, self.pending, self.mined
