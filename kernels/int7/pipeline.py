@@ -86,9 +86,10 @@ CUTE_LAGGED = False
 # CuTe pass: its GEMM takes its tiles from a counter that the stacking launch zeroes (quack's
 # dynamic persistent scheduler), so CTAs slowed by the side chain beside them take fewer, and the
 # served rows' peel follows the GEMM directly while READY's tickets are drawn beside it on the side
-# stream. Written in the twenty-fourth session without a device (compile-checked, the counter's
-# reset tested in the interpreter): off until its GPU test and timing have run
-# (docs/kernels-int7.md "Twenty-fourth session").
+# stream. Measured on the H200 (twenty-fifth session, same run; docs/kernels-int7.md): exact, and
+# the CuTe pass at GLM-5 decode 246.7 µs against 251.5 without it, but the Triton lagged pass
+# (242.5) stays faster, so CUTE_LAGGED stays off and this switch, which acts only inside the CuTe
+# pass, with it; turn both on together if the CuTe pass is ever the faster one.
 CUTE_LAGGED_DYNAMIC = False
 # Shared memory the lagged CuTe GEMM leaves on every SM for the side chain (with half the
 # registers: `grouped_gemm_sm90.sharing`); the FP8 lagged pass measured 64 KiB best (docs/kernels-fp8mine.md).
