@@ -150,6 +150,16 @@ def shared_config(config: GroupedGemmConfig, side_smem: int) -> GroupedGemmConfi
     return dataclasses.replace(config, pingpong=False) if side_smem and config.pingpong else config
 
 
+def persistent_ctas(config: GroupedGemmConfig, device_index: int, max_sms: int | None = None) -> int:
+    """CTAs of the persistent grid launch_variant starts: as many whole clusters as fit the
+    device at once, at most max_sms SMs' worth (never fewer than one cluster)."""
+    cluster_size = config.cluster_m * config.cluster_n
+    clusters = _max_active_clusters(cluster_size, device_index)
+    if max_sms is not None:
+        clusters = max(1, min(clusters, max_sms // cluster_size))
+    return clusters * cluster_size
+
+
 def launch_variant(fn, x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, out: torch.Tensor,
                    config: GroupedGemmConfig, epi_args, max_sms: int | None = None,
                    a_idx: torch.Tensor | None = None, c: torch.Tensor | None = None,
@@ -166,10 +176,7 @@ def launch_variant(fn, x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, 
                                      or tile_counter.device != x.device):
         raise ValueError(f"tile_counter must be int32 (1,) on {x.device}, got {tile_counter.dtype} "
                          f"{tuple(tile_counter.shape)} on {tile_counter.device}")
-    cluster_size = config.cluster_m * config.cluster_n
-    clusters = _max_active_clusters(cluster_size, x.device.index or 0)
-    if max_sms is not None:
-        clusters = max(1, min(clusters, max_sms // cluster_size))
+    clusters = persistent_ctas(config, x.device.index or 0, max_sms) // (config.cluster_m * config.cluster_n)
     fn(x, w, out, c, epi_args, make_scheduler_args(clusters, config.swizzle, tile_counter),
        make_varlen_args(offsets, None, a_idx), None, None)
 

@@ -14,7 +14,9 @@ import numpy as np
 import pytest
 import torch
 
-from kernels.grouped_gemm import GroupedGemmError, grouped_gemm, launch_variant, output_dtype, precision_of, shared_config
+from kernels import grouped_gemm as grouped_gemm_module
+from kernels.grouped_gemm import (GroupedGemmError, grouped_gemm, launch_variant, output_dtype, persistent_ctas,
+                                 precision_of, shared_config)
 from kernels.grouped_gemm_config import (
     GroupedGemmConfig,
     Output,
@@ -350,3 +352,15 @@ def test_shared_sm_variant_hands_registers_between_its_warpgroups(variant_sass) 
     assert re.findall(r"SETMAXREG\.\w+\.CTAPOOL (?:UP0, )?(0x[0-9a-f]+)", sass) == ["0x28", "0xd8"]
     assert not re.search(r"\b(LDL|STL)\b", sass), "registers spilled to local memory"
     assert {int(n) for n in re.findall(_MMA_SASS[Precision.FP8], sass)} == {SHARED_CASE.tile_n}
+
+
+def test_persistent_ctas_counts_whole_clusters_under_the_sm_cap(monkeypatch):
+    """The grid launch_variant starts, which the L2 prefetch's first wave is sized from."""
+    monkeypatch.setattr(grouped_gemm_module, "_max_active_clusters", lambda size, device: 132 // size)
+    pair = GroupedGemmConfig(128, 256, 64, 2, 1)
+    single = GroupedGemmConfig(128, 256, 64, 1, 1)
+    assert persistent_ctas(pair, 0) == 132
+    assert persistent_ctas(single, 0) == 132
+    assert persistent_ctas(pair, 0, max_sms=125) == 124  # whole clusters only
+    assert persistent_ctas(single, 0, max_sms=125) == 125
+    assert persistent_ctas(pair, 0, max_sms=1) == 2  # never fewer than one cluster

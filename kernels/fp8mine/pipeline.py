@@ -471,9 +471,9 @@ class MinedGemm:
     def _first_wave_rows(self, rows: int) -> int:
         """B′ rows the lagged GEMM over `rows` combined rows reads in its first wave of tiles."""
         b = self.b
-        ctas = self.gemm_sms or torch.cuda.get_device_properties(b.device).multi_processor_count
-        tile_n = select_config(Precision.FP8, rows, b.experts, b.n_e, b.k).tile_n
-        return first_wave_rows(b.experts, b.n_e, ctas, tile_n)
+        config = select_config(Precision.FP8, rows, b.experts, b.n_e, b.k)
+        ctas = persistent_ctas(config, b.device.index or 0, self.gemm_sms)
+        return first_wave_rows(b.experts, b.n_e, ctas, config.tile_n)
 
     def _mine_previous(self) -> None:
         """The lottery, payload and publish of MINED (the rows the previous launch's GEMM hashed)."""
