@@ -292,7 +292,9 @@ class MinedGemm:
             self.mined = MinedSlot.allocate(m, rows, self.b.n_e, k, self.b.experts, self.b.device, folded=fold)
             self.gemm_sms = (torch.cuda.get_device_properties(self.b.device).multi_processor_count
                              - LAGGED_SIDE_SMS) if cuda and not LAGGED_SIDE_SMEM else None
-            self.first_wave = self._first_wave_rows(2 * rows) if cuda else 0
+            # the first wave follows the CuTe GEMM's tile order (and needs quack for its grid);
+            # the folding lagged GEMM is that GEMM, so without it nothing is prefetched
+            self.first_wave = self._first_wave_rows(2 * rows) if fold else 0
 
     def set_job(self, header76: bytes, ancestors: list[bytes], target: int) -> None:
         """Adopt a new template: σ̂, its ancestors (parent first) and the target."""
