@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from miner.accounting import COUNTERS
+from miner.modes import AUTO, CHOICES
 from miner.progress import slowdown_text
 from miner.service import ADDRESS_FILE, DEFAULT_CONTROL
 
@@ -61,7 +62,8 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
                    help="network whose fork rules apply (required with --gateway; default: the devnet's profile)")
     n.add_argument("--devnet-profile", default="regtest", help="network profile of the embedded devnet")
     w = p.add_argument_group("worker")
-    w.add_argument("--mode", default="auto", help="auto, off, fp8-moe, int7-moe or int7-dense")
+    w.add_argument("--mode", default=AUTO, choices=CHOICES,
+                   help="auto (the job's certificate and the network's forks decide), off, or a preferred mode")
     w.add_argument("--min-mining-tokens", type=int, default=16, help="smaller launches serve unmined")
     w.add_argument("--max-slowdown", type=slowdown_fraction, help=MAX_SLOWDOWN_HELP)
     w.add_argument("--data-dir", type=Path, help="unsent proofs and the submitted log (default: a temp dir "
@@ -251,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except ValueError as exc:
+    except (ValueError, OSError) as exc:  # bad input or an unusable file or port: a message, not a traceback
         print(f"pearl-moe {args.command}: {exc}", file=sys.stderr)
         return 2
 

@@ -18,12 +18,22 @@ def byte_tokens(text: str, vocab_size: int) -> list[int]:
     return [1 + b % (vocab_size - 1) for b in text.encode()] or [1]
 
 
-def file_prompts(path: Path, vocab_size: int) -> Iterator[list[int]]:
-    """Every non-empty line of ``path``, cycled for as long as the server runs."""
-    lines = [line for line in path.read_text().splitlines() if line.strip()]
+def prompt_lines(path: Path) -> list[str]:
+    """The non-empty lines of a prompt file; a missing, unreadable or empty file is a ValueError
+    that names it (checked before the worker starts, not at its first batch)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"cannot read the prompt file {path}: {exc}") from None
+    lines = [line for line in text.splitlines() if line.strip()]
     if not lines:
         raise ValueError(f"prompt file {path} holds no prompts")
-    for line in itertools.cycle(lines):
+    return lines
+
+
+def file_prompts(path: Path, vocab_size: int) -> Iterator[list[int]]:
+    """Every non-empty line of ``path``, cycled for as long as the server runs."""
+    for line in itertools.cycle(prompt_lines(path)):
         yield byte_tokens(line, vocab_size)
 
 

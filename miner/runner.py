@@ -34,31 +34,26 @@ def backend_factory(device: str, lagged_decode: bool = True) -> BackendFactory:
     return worker_factory(device, lagged_decode=lagged_decode)
 
 
-def _embedded_devnet(args: argparse.Namespace, stack: ExitStack) -> tuple[str, PearldClient, str]:
-    """Start the local devnet in-process; returns (gateway address, pearld client, network)."""
+def _embedded_devnet(args: argparse.Namespace, stack: ExitStack) -> tuple[str, PearldClient]:
+    """Start the local devnet in-process; returns (gateway address, pearld client)."""
     from node_client.devnet import start_devnet
 
     devnet = stack.enter_context(start_devnet(args.devnet_profile, datadir=Path(args.data_dir) / "devnet"))
     print(f"pearl-moe: embedded devnet ({args.devnet_profile}) at height {devnet.chain.height}: "
           f"pearld {devnet.pearld_url}, gateway {devnet.gateway_address}", flush=True)
-    return devnet.gateway_address, devnet.pearld_client(retries=0, timeout=5.0), args.devnet_profile
+    return devnet.gateway_address, devnet.pearld_client(retries=0, timeout=5.0)
 
 
 def run_worker(args: argparse.Namespace, stack: ExitStack) -> int:
     model = load_config(args.model)
     if args.gateway is None:
-        gateway_address, pearld, network = _embedded_devnet(args, stack)
+        network = args.network or args.devnet_profile
         max_blocks = 1 if args.max_blocks is None else args.max_blocks
+    elif args.network is None:
+        raise ValueError("--network is required with --gateway: the fork rules decide what may be mined")
     else:
-        if args.network is None:
-            raise ValueError("--network is required with --gateway: the fork rules decide what may be mined")
-        gateway_address, network, max_blocks = args.gateway, args.network, args.max_blocks
-        pearld = PearldClient(args.pearld, args.pearld_user, args.pearld_password, cafile=args.pearld_cafile,
-                              retries=0, timeout=5.0) if args.pearld else None
-    network = args.network or network
+        network, max_blocks = args.network, args.max_blocks
     get_params(network)  # an unknown network is an error now, not at the first winner
-    source = GatewaySource(gateway_address, pearld)
-    stack.callback(source.close)
     config = WorkerConfig(
         model=model, network=network, data_dir=Path(args.data_dir), weights=args.weights, seed=args.seed,
         device=args.device or ("cuda" if torch.cuda.is_available() else "cpu"),
@@ -67,6 +62,15 @@ def run_worker(args: argparse.Namespace, stack: ExitStack) -> int:
         max_slowdown=args.max_slowdown, mode=args.mode,
         duration_s=args.duration, max_blocks=max_blocks,
     )
+    config.check()  # before the devnet or any thread starts
+    if args.gateway is None:
+        gateway_address, pearld = _embedded_devnet(args, stack)
+    else:
+        gateway_address = args.gateway
+        pearld = PearldClient(args.pearld, args.pearld_user, args.pearld_password, cafile=args.pearld_cafile,
+                              retries=0, timeout=5.0) if args.pearld else None
+    source = GatewaySource(gateway_address, pearld)
+    stack.callback(source.close)
     worker = Worker(config, source, backend_factory(config.device, args.lagged_decode))
     try:
         server, port = serve(worker, args.control)

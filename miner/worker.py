@@ -22,7 +22,7 @@ from miner.completion import CompletionWorker
 from miner.cpu_fp8 import CpuFp8Backend
 from miner.cpu_int7 import CpuInt7Backend
 from miner.events import EventBus
-from miner.generation import Generator, file_prompts, generated_prompts
+from miner.generation import Generator, file_prompts, generated_prompts, prompt_lines
 from miner.governor import SlowdownGovernor, slowdown_cap_text
 from miner.jobs import Backoff, JobPoller, JobSource, MiningJob, POLL_ERRORS
 from miner.layer import MinedLayer
@@ -55,6 +55,44 @@ class WorkerConfig:
     duration_s: float | None = None
     max_blocks: int | None = None
 
+    def check(self) -> None:
+        """Refuse a configuration that could only fail later (a bad mode, a missing file, a device
+        this torch cannot use, a non-positive size), with a ValueError that names the setting,
+        before anything is started."""
+        if self.mode not in CHOICES:
+            raise ValueError(f"mode {self.mode!r} is not one of {', '.join(CHOICES)}")
+        for name in ("batch_size", "prompt_len", "max_new_tokens"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.max_new_tokens >= self.model.max_seq_len:
+            raise ValueError(f"max_new_tokens ({self.max_new_tokens}) leaves no room for a prompt in the "
+                             f"model's {self.model.max_seq_len} positions")
+        if self.min_mining_tokens < 0:
+            raise ValueError(f"min_mining_tokens must be 0 or more, got {self.min_mining_tokens}")
+        for name in ("duration_s", "max_blocks"):
+            if getattr(self, name) is not None and getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive when given, got {getattr(self, name)}")
+        if self.weights is not None and not self.weights.is_file():
+            raise ValueError(f"weights file {self.weights} does not exist")
+        if self.prompts is not None:
+            prompt_lines(self.prompts)
+        _check_device(self.device)
+
+
+def _check_device(device: str) -> None:
+    """A device string torch parses and can use here (a CUDA device needs a CUDA build and the card)."""
+    try:
+        parsed = torch.device(device)
+    except RuntimeError as exc:
+        raise ValueError(f"device {device!r} is not a torch device: {exc}") from None
+    if parsed.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {device!r}: this torch build or machine has no usable CUDA device")
+        if parsed.index is not None and parsed.index >= torch.cuda.device_count():
+            raise ValueError(f"device {device!r}: only {torch.cuda.device_count()} CUDA device(s) here")
+    elif parsed.type != "cpu":
+        raise ValueError(f"device {device!r}: the worker runs on cuda or cpu")
+
 
 BackendFactory = Callable[[Mode, int, ModelConfig], MiningBackend]
 
@@ -85,6 +123,7 @@ class Worker:
 
     def __init__(self, config: WorkerConfig, source: JobSource,
                  backend_factory: BackendFactory = cpu_backend) -> None:
+        config.check()
         self.config, self.source, self.backend_factory = config, source, backend_factory
         self.events = EventBus()
         self.stats = MiningStats()

@@ -6,6 +6,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+import torch
+
 from miner import cli
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,6 +45,50 @@ def test_run_argument_errors_are_named(tmp_path, capsys) -> None:
     assert cli.main(["run", "--gateway", "tcp://127.0.0.1:1", "--network", "no-such-net",
                      "--data-dir", str(tmp_path)]) == 2
     assert "unknown network 'no-such-net'" in capsys.readouterr().err
+
+
+def test_bad_run_settings_are_refused_before_anything_starts(tmp_path, capsys) -> None:
+    """Each is a one-line error and exit status 2, and no devnet or worker was started for it."""
+    (tmp_path / "empty.txt").write_text("\n  \n")
+    (tmp_path / "latin1.txt").write_bytes(b"caf\xe9\n")
+    cases = {
+        ("--prompts", str(tmp_path / "missing.txt")): "cannot read the prompt file",
+        ("--prompts", str(tmp_path / "empty.txt")): "holds no prompts",
+        ("--prompts", str(tmp_path / "latin1.txt")): "cannot read the prompt file",
+        ("--device", "gpu"): "is not a torch device",
+        ("--device", "mps"): "runs on cuda or cpu",
+        ("--prompt-len", "0"): "prompt_len must be positive",
+        ("--batch-size", "-3"): "batch_size must be positive",
+        ("--max-new-tokens", "512"): "leaves no room for a prompt",
+        ("--min-mining-tokens", "-1"): "min_mining_tokens must be 0 or more",
+        ("--max-blocks", "0"): "max_blocks must be positive",
+        ("--duration", "-5"): "duration_s must be positive",
+        ("--weights", str(tmp_path / "none.safetensors")): "does not exist",
+    }
+    for args, message in cases.items():
+        assert cli.main(["run", *args, "--data-dir", str(tmp_path / "data")]) == 2, args
+        err = capsys.readouterr()
+        assert message in err.err and "Traceback" not in err.err, (args, err.err)
+        assert "embedded devnet" not in err.out, args
+    assert not (tmp_path / "data" / "devnet").exists()
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["run", "--mode", "bogus"])
+    assert exit_.value.code == 2 and "invalid choice: 'bogus'" in capsys.readouterr().err
+
+
+def test_a_cuda_device_without_cuda_is_named() -> None:
+    from miner.model import load_config
+    from miner.worker import WorkerConfig
+
+    config = WorkerConfig(model=load_config("qwen3_moe"), network="regtest", data_dir=Path("unused"),
+                          device="cuda:0")
+    if torch.cuda.is_available():
+        config.device = f"cuda:{torch.cuda.device_count()}"
+        with pytest.raises(ValueError, match="CUDA device\\(s\\) here"):
+            config.check()
+    else:
+        with pytest.raises(ValueError, match="no usable CUDA device"):
+            config.check()
 
 
 def test_devnet_subcommand_is_the_node_clients_cli(tmp_path) -> None:

@@ -25,6 +25,7 @@ from miner.expert_parallel.distributed import EPContext, connect_from_env, disco
 from miner.expert_parallel.runtime import ExpertParallelWorker
 from miner.jobs import JobSource
 from miner.model import load_config
+from miner.modes import AUTO, CHOICES
 from miner.progress import ProgressDisplay
 from miner.service import ADDRESS_FILE, serve
 from miner.sources import GatewaySource
@@ -48,7 +49,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--pearld-password", default="pass")
     p.add_argument("--network", help="network whose fork rules apply (default: regtest or the devnet's)")
     p.add_argument("--devnet-profile", default="regtest")
-    p.add_argument("--mode", default="auto", help="auto, off, fp8-moe, int7-moe or int7-dense")
+    p.add_argument("--mode", default=AUTO, choices=CHOICES, help="auto (the job and the forks decide), off, or a preferred mode")
     p.add_argument("--min-mining-tokens", type=int, default=16, help="smaller launches serve unmined")
     p.add_argument("--max-slowdown", type=slowdown_fraction, help=MAX_SLOWDOWN_HELP + " (per rank)")
     p.add_argument("--backend-factory", default="miner.worker:cpu_backend",
@@ -148,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
             min_mining_tokens=args.min_mining_tokens, max_slowdown=args.max_slowdown, mode=args.mode,
             duration_s=args.duration,
             max_blocks=args.max_blocks)
+        config.check()
         if args.warmup_batches < 0 or (args.max_batches is not None and args.max_batches <= args.warmup_batches):
             raise ValueError(f"--max-batches must exceed --warmup-batches ({args.warmup_batches})")
         if factory is cpu_backend and args.mode != "off" and on_cuda(args.device):
