@@ -217,6 +217,9 @@ def cmd_control(args: argparse.Namespace) -> int:
         except argparse.ArgumentTypeError as exc:
             print(f"pearl-moe control slowdown: {exc}", file=sys.stderr)
             return 2
+    if args.action == "mode" and args.value not in CHOICES:  # the worker refuses it too; say so without a round trip
+        print(f"pearl-moe control mode: {args.value!r} is not one of {', '.join(CHOICES)}", file=sys.stderr)
+        return 2
     client = ControlClient(_control_address(args))
     try:
         if args.action == "pause":

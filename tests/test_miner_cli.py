@@ -91,6 +91,13 @@ def test_a_cuda_device_without_cuda_is_named() -> None:
             config.check()
 
 
+def test_devnet_ports_out_of_range_are_argument_errors(capsys) -> None:
+    for flag, value in (("--rpc-port", "-5"), ("--gateway-port", "70000"), ("--rpc-port", "x")):
+        with pytest.raises(SystemExit) as exit_:
+            cli.main(["devnet", flag, value])
+        assert exit_.value.code == 2 and f"argument {flag}" in capsys.readouterr().err
+
+
 def test_devnet_subcommand_is_the_node_clients_cli(tmp_path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "miner.cli", "devnet", "--datadir", str(tmp_path / "chain"), "--rpc-port", "0",

@@ -137,6 +137,12 @@ def test_cli_status_without_a_worker(capsys) -> None:
     assert "no worker answers" in capsys.readouterr().err
 
 
+def test_cli_control_names_an_unknown_mode_without_a_worker(capsys) -> None:
+    assert cli.main(["control", "mode", "int9", "--address", "127.0.0.1:1"]) == 2
+    err = capsys.readouterr().err
+    assert "'int9' is not one of auto" in err and "failed to connect" not in err
+
+
 def test_metrics_endpoint(running) -> None:
     worker, _ = running
     port = start_metrics(worker.status, 0)
