@@ -34,6 +34,13 @@ def slowdown_fraction(text: str) -> float:
     return value
 
 
+def metrics_port(text: str) -> int:
+    """argparse type of --metrics-port: -1 (off) or a TCP port."""
+    from node_client.devnet.cli import port_number
+
+    return -1 if text.strip() == "-1" else port_number(text)
+
+
 def _add_run(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="serve a MoE model and mine inside its expert GEMMs",
                        description="With no --gateway, an embedded local devnet is started and the "
@@ -69,7 +76,7 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
     w.add_argument("--data-dir", type=Path, help="unsent proofs and the submitted log (default: a temp dir "
                                                  "for the embedded devnet, ./pearl-moe-data otherwise)")
     w.add_argument("--control", default=DEFAULT_CONTROL, help="gRPC control address (port 0 = any)")
-    w.add_argument("--metrics-port", type=int, default=0, help="Prometheus port on 127.0.0.1 (0 = any, -1 = off)")
+    w.add_argument("--metrics-port", type=metrics_port, default=0, help="Prometheus port on 127.0.0.1 (0 = any, -1 = off)")
     w.add_argument("--duration", type=float, help="stop after this many seconds")
     w.add_argument("--max-blocks", type=int, help="stop after this many accepted blocks "
                                                   "(default 1 with the embedded devnet)")

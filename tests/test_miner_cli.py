@@ -91,10 +91,11 @@ def test_a_cuda_device_without_cuda_is_named() -> None:
             config.check()
 
 
-def test_devnet_ports_out_of_range_are_argument_errors(capsys) -> None:
-    for flag, value in (("--rpc-port", "-5"), ("--gateway-port", "70000"), ("--rpc-port", "x")):
+def test_ports_out_of_range_are_argument_errors(capsys) -> None:
+    for command, flag, value in (("devnet", "--rpc-port", "-5"), ("devnet", "--gateway-port", "70000"),
+                                 ("devnet", "--rpc-port", "x"), ("run", "--metrics-port", "99999")):
         with pytest.raises(SystemExit) as exit_:
-            cli.main(["devnet", flag, value])
+            cli.main([command, flag, value])
         assert exit_.value.code == 2 and f"argument {flag}" in capsys.readouterr().err
 
 

@@ -17,7 +17,7 @@ def _hex_int(text: str) -> int:
     return int(text, 16)
 
 
-def _port(text: str) -> int:
+def port_number(text: str) -> int:
     """argparse type of a TCP port: 0 (any free one) to 65535, refused here rather than by bind()."""
     try:
         port = int(text)
@@ -38,14 +38,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bits", type=_hex_int, default=None,
                         help="compact target of every block, hex (default: the network's pow limit; regtest 1e010000)")
     parser.add_argument("--host", default="127.0.0.1", help="address both servers bind (default 127.0.0.1)")
-    parser.add_argument("--rpc-port", type=_port, default=None, help="pearld RPC port (default: the network's)")
+    parser.add_argument("--rpc-port", type=port_number, default=None, help="pearld RPC port (default: the network's)")
     parser.add_argument("--rpc-user", default=DEFAULT_RPC_USER)
     parser.add_argument("--rpc-password", default=DEFAULT_RPC_PASSWORD)
     parser.add_argument("--rpc-limit-user", default=None, help="limited RPC user (may submitblock, not getblocktemplate)")
     parser.add_argument("--rpc-limit-password", default=None)
     parser.add_argument("--tls-cert", default=None, help="serve pearld RPC over TLS with this certificate (PEM)")
     parser.add_argument("--tls-key", default=None, help="the TLS certificate's key (PEM)")
-    parser.add_argument("--gateway-port", type=_port, default=DEFAULT_TCP_PORT,
+    parser.add_argument("--gateway-port", type=port_number, default=DEFAULT_TCP_PORT,
                         help=f"gateway miner RPC TCP port (default {DEFAULT_TCP_PORT}, the gateway's)")
     parser.add_argument("--gateway-socket", default=None, help="serve the gateway on this Unix socket instead of TCP")
     parser.add_argument("--payout-script", type=bytes.fromhex, default=None,
