@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kernels.grouped_gemm import persistent_ctas
 from kernels.grouped_gemm_config import Precision, select_config
 from kernels.l2_prefetch import first_wave_rows, prefetch_rows
 from proof.fp8.params import STATE_WINDOW_DEPTH, JobParams, make_job
