@@ -92,22 +92,19 @@ SCRIPT = textwrap.dedent("""
             print(peeled.asm["ptx"])
             print("PEEL-END")
     # the lagged pass's peel (clean rows, shifted, a programmatic dependent of the GEMM) and a plain one
-    # (and the lagged one that lets its dependents launch as its programs start)
-    for rows, shifted, right_only, after_gemm, first, tag in ((16, True, True, 1, 0, "EXPERTPEEL"),
-                                                              (32, False, False, 0, 0, "EXPERTPEELPLAIN"),
-                                                              (16, True, True, 1, 1, "EXPERTPEELEARLY")):
+    for rows, shifted, right_only, after_gemm in ((16, True, True, 1), (32, False, False, 0)):
         by_expert = triton.compile(ASTSource(fn=peel._expert_peel_kernel, signature={
             "acc_ptr": "*fp32", "shift_ptr": "*i32" if shifted else "*fp32", "rflat_ptr": "*i32",
             "a_peel_ptr": "*i16", "alpha_a_ptr": "*i16", "b_peel_ptr": "*i16", "alpha_b_ptr": "*i16",
             "bounds_ptr": "*i32", "out_ptr": "*i16", "n": "i32", "acc_rows": "i32", "experts": "i32",
             "first_src_ptr": "*i32", "first_dst_ptr": "*i32", "first_words": "i32", "second_src_ptr": "*i32",
             "second_dst_ptr": "*i32", "second_words": "i32", "BR": "constexpr",
-            "BN": "constexpr", "SHIFTED": "constexpr", "RIGHT_ONLY": "constexpr", "AFTER_GEMM": "constexpr",
-            "TRIGGER_FIRST": "constexpr"},
+            "BN": "constexpr", "SHIFTED": "constexpr", "RIGHT_ONLY": "constexpr", "AFTER_GEMM": "constexpr"},
             constexprs={"BR": rows, "BN": peel._EXPERT_PEEL_COLS, "SHIFTED": shifted, "RIGHT_ONLY": right_only,
-                        "AFTER_GEMM": after_gemm, "TRIGGER_FIRST": first},
+                        "AFTER_GEMM": after_gemm},
             attrs={**ALIGNED(10), **{(i,): [["tt.divisibility", 16]] for i in (12, 13, 14, 15, 16, 17)}}),
             target=target, options={"num_warps": peel._EXPERT_PEEL_WARPS, "num_stages": 1})
+        tag = "EXPERTPEEL" if right_only else "EXPERTPEELPLAIN"
         print(f"{tag}-BEGIN")
         print(by_expert.asm["ptx"])
         print(f"{tag}-END")
@@ -360,11 +357,3 @@ def test_lagged_decode_peel_waits_for_the_gemm_only_before_reading_its_output(co
     assert "ld.global" not in copy_block
     assert ptx.count("griddepcontrol.launch_dependents") == 1
     assert ptx.rindex("st.global") < ptx.index("griddepcontrol.launch_dependents")
-
-
-def test_lagged_decode_peel_can_let_its_dependents_launch_as_it_starts(compiled):
-    """`DECODE_PEEL_TRIGGERS_FIRST`: the one launch_dependents comes before any load, and the
-    waits for the GEMM stay where they were."""
-    ptx = compiled.split("EXPERTPEELEARLY-BEGIN")[1].split("EXPERTPEELEARLY-END")[0]
-    assert ptx.count("griddepcontrol.launch_dependents") == 1 and ptx.count("griddepcontrol.wait") == 2
-    assert ptx.index("griddepcontrol.launch_dependents") < ptx.index("ld.global")

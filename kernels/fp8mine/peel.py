@@ -49,13 +49,6 @@ _PEEL_SPAN = 1024  # most columns one prefill program walks
 _PEEL_MIN_PROGRAMS = 4 * 132  # keep ≥ 4 programs per H200 SM when widening spans
 _EXPERT_PEEL_COLS = 128  # decode: columns a program (one B-peel load, kept for all its expert's rows)
 _EXPERT_PEEL_WARPS = 4
-# The decode peel (after_gemm) lets the stream's next kernel launch as each of its programs STARTS
-# rather than ends: the dependent (the next lagged front, which waits for the whole peel before
-# it reads anything) can then launch once the peel's last program is resident, hiding its launch
-# latency behind the peel's last wave (the H200 timeline: 1.7–3.5 µs from the peel's end to the
-# next front's start). It cannot take the peel's own slots: no dependent launches before every
-# peel program has started.
-DECODE_PEEL_TRIGGERS_FIRST = False
 
 
 def _decoded(codes: torch.Tensor) -> torch.Tensor:
@@ -298,7 +291,7 @@ def _expert_peel_kernel(acc_ptr, shift_ptr, rflat_ptr, a_peel_ptr, alpha_a_ptr, 
                         bounds_ptr, out_ptr, n, acc_rows, experts, first_src_ptr, first_dst_ptr, first_words,
                         second_src_ptr, second_dst_ptr, second_words,
                         BR: tl.constexpr, BN: tl.constexpr, SHIFTED: tl.constexpr, RIGHT_ONLY: tl.constexpr,
-                        AFTER_GEMM: tl.constexpr = 0, TRIGGER_FIRST: tl.constexpr = 0):
+                        AFTER_GEMM: tl.constexpr = 0):
     """The decode peel: `_peel_unscale_kernel`'s arithmetic (the same dot, chained from the
     accumulator, and the same roundings) for all rows of expert program_id(0) and BN columns
     (`_peel_expert`). Programs past the experts copy two int32 word ranges (the lagged pass's
@@ -307,9 +300,8 @@ def _expert_peel_kernel(acc_ptr, shift_ptr, rflat_ptr, a_peel_ptr, alpha_a_ptr, 
     peel's first loads run while the GEMM drains; a program waits for the GEMM before it reads
     acc, the A peel (written on another stream while the GEMM runs) or the ranges (the GEMM
     writes the lanes); and every program lets the stream's next kernel launch as it ends (the
-    lagged front waits for it), or as it starts with TRIGGER_FIRST (`DECODE_PEEL_TRIGGERS_FIRST`)."""
-    if AFTER_GEMM and TRIGGER_FIRST:
-        gdc_launch_dependents()
+    lagged front waits for it; triggering as each program starts instead measured no faster:
+    docs/kernels-fp8mine.md "Twenty-eighth session")."""
     p = tl.program_id(0)
     if p < experts:
         _peel_expert(acc_ptr, shift_ptr, rflat_ptr, a_peel_ptr, alpha_a_ptr, b_peel_ptr, alpha_b_ptr, bounds_ptr,
@@ -319,7 +311,7 @@ def _expert_peel_kernel(acc_ptr, shift_ptr, rflat_ptr, a_peel_ptr, alpha_a_ptr, 
             gdc_wait()
         copy_two_ranges((p - experts) * tl.num_programs(1) + tl.program_id(1), first_src_ptr, first_dst_ptr,
                         first_words, second_src_ptr, second_dst_ptr, second_words)
-    if AFTER_GEMM and not TRIGGER_FIRST:
+    if AFTER_GEMM:
         gdc_launch_dependents()
 
 
@@ -448,7 +440,6 @@ def peel_and_unscale(acc: torch.Tensor, a_peel_: torch.Tensor, alpha_a: torch.Te
             *operands, table.bounds, out, n, acc.shape[0], experts, *ranges[0], ranges[0][0].numel(), *ranges[1],
             ranges[1][0].numel(), BR=_expert_rows(rows, experts), BN=_EXPERT_PEEL_COLS,
             SHIFTED=row_shift is not None, RIGHT_ONLY=a_left_zero, AFTER_GEMM=int(overlap),
-            TRIGGER_FIRST=int(DECODE_PEEL_TRIGGERS_FIRST),
             num_warps=_EXPERT_PEEL_WARPS, num_stages=1, **pdl_launch(overlap))  # the loop prefetches by hand
         return out.view(torch.bfloat16)
     tiles = tiles if tiles is not None else peel_tiles(table)

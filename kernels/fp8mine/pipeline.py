@@ -25,9 +25,6 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.grouped_gemm import persistent_ctas
-from kernels.grouped_gemm_config import Precision, select_config
-from kernels.l2_prefetch import first_wave_rows, prefetch_rows
 from proof.fp8.params import STATE_WINDOW_DEPTH, JobParams, make_job
 
 from . import noise, prequant, quant, transcript
@@ -67,10 +64,6 @@ LAGGED_DYNAMIC = True
 # launch, so nothing on the side stream follows the GEMM and the next launch's front depends on
 # the peel alone. False: the take kernel on the side stream after the GEMM.
 LAGGED_TAKE_IN_PEEL = True
-# At its start the side stream asks L2 for the first this-many 128-byte k-tiles of every B′ row
-# the GEMM's first wave of tiles reads (`kernels.l2_prefetch`), so that the memory system works
-# while the latency-bound front holds the serving stream. 0: no prefetch.
-LAGGED_B_PREFETCH_KTILES = 0
 # The same-launch MoE pass writes A′ straight into the GEMM's expert-order rows from the noisy
 # codes launch (top_k copies of each token row; `RoutingTable.positions`) instead of token order
 # and an index_select after it (194 µs at GLM-5 FC1 prefill on the H100, session 16). False
@@ -293,9 +286,6 @@ class MinedGemm:
             self.mined = MinedSlot.allocate(m, rows, self.b.n_e, k, self.b.experts, self.b.device, folded=fold)
             self.gemm_sms = (torch.cuda.get_device_properties(self.b.device).multi_processor_count
                              - LAGGED_SIDE_SMS) if cuda and not LAGGED_SIDE_SMEM else None
-            # the first wave follows the CuTe GEMM's tile order (and needs quack for its grid);
-            # the folding lagged GEMM is that GEMM, so without it nothing is prefetched
-            self.first_wave = self._first_wave_rows(2 * rows) if fold else 0
 
     def set_job(self, header76: bytes, ancestors: list[bytes], target: int) -> None:
         """Adopt a new template: σ̂, its ancestors (parent first) and the target."""
@@ -416,8 +406,6 @@ class MinedGemm:
         main = self._main()
         self._fork(main)
         with self._on_side():
-            if LAGGED_B_PREFETCH_KTILES and self.first_wave:
-                prefetch_rows(self.b_codes(), self.first_wave, min(self.b.k, 128 * LAGGED_B_PREFETCH_KTILES))
             ready.tail().copy_(pending.tail())
             if LAGGED_LOTTERY_FIRST:
                 self._mine_previous()
@@ -470,13 +458,6 @@ class MinedGemm:
                               side_smem=LAGGED_SIDE_SMEM, fold_into=self.ready_lanes,
                               fold_bounds=operand.ready_bounds if folds else None,
                               tile_counter=operand.tile_counter if folds and LAGGED_DYNAMIC else None)
-
-    def _first_wave_rows(self, rows: int) -> int:
-        """B′ rows the lagged GEMM over `rows` combined rows reads in its first wave of tiles."""
-        b = self.b
-        config = select_config(Precision.FP8, rows, b.experts, b.n_e, b.k)
-        ctas = persistent_ctas(config, b.device.index or 0, self.gemm_sms)
-        return first_wave_rows(b.experts, b.n_e, ctas, config.tile_n)
 
     def _mine_previous(self) -> None:
         """The lottery, payload and publish of MINED (the rows the previous launch's GEMM hashed)."""
