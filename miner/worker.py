@@ -27,6 +27,7 @@ from miner.governor import SlowdownGovernor, slowdown_cap_text
 from miner.jobs import Backoff, JobPoller, JobSource, MiningJob, POLL_ERRORS
 from miner.layer import MinedLayer
 from miner.model import ModelConfig, build_model
+from miner.model.weights import check_weights_file
 from miner.modes import AUTO, CHOICES, Mode, choose_mode, job_height
 from miner.persistence import SubmissionStore
 
@@ -72,8 +73,8 @@ class WorkerConfig:
         for name in ("duration_s", "max_blocks"):
             if getattr(self, name) is not None and getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive when given, got {getattr(self, name)}")
-        if self.weights is not None and not self.weights.is_file():
-            raise ValueError(f"weights file {self.weights} does not exist")
+        if self.weights is not None:
+            check_weights_file(self.weights)
         if self.prompts is not None:
             prompt_lines(self.prompts)
         _check_device(self.device)

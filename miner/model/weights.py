@@ -49,9 +49,14 @@ def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def load_state(path: Path) -> dict[str, torch.Tensor]:
+def check_weights_file(path: Path) -> None:
+    """A weights path that is a file (checked before the worker starts, and again at load)."""
     if not path.is_file():
         raise ValueError(f"weights file {path} does not exist")
+
+
+def load_state(path: Path) -> dict[str, torch.Tensor]:
+    check_weights_file(path)
     if path.suffix == ".safetensors":
         return read_safetensors(path)
     state = torch.load(path, map_location="cpu", weights_only=True)
