@@ -160,7 +160,7 @@ def persistent_ctas(config: GroupedGemmConfig, device_index: int, max_sms: int |
     return clusters * cluster_size
 
 
-def launch_variant(fn, x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, out: torch.Tensor,
+def launch_variant(fn, x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, out: torch.Tensor | None,
                    config: GroupedGemmConfig, epi_args, max_sms: int | None = None,
                    a_idx: torch.Tensor | None = None, c: torch.Tensor | None = None,
                    tile_counter: torch.Tensor | None = None) -> None:
@@ -169,7 +169,7 @@ def launch_variant(fn, x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, 
     int32: the row of x each output row reads, for a variant compiled with `gather`; c: the C
     operand (out's shape) of a variant compiled with a `c_dtype`; tile_counter (1,) int32, zero
     when the kernel starts (the caller's to reset: the kernel leaves it at its tile count), for
-    a variant compiled `dynamic`."""
+    a variant compiled `dynamic`; out None for a variant compiled without D (`store_d`)."""
     from quack.gemm_tvm_ffi_utils import make_scheduler_args, make_varlen_args
 
     if tile_counter is not None and (tile_counter.dtype != torch.int32 or tuple(tile_counter.shape) != (1,)

@@ -307,7 +307,7 @@ def fake_scale_arguments(cls: type, scaled: bool = True) -> Callable:
 
 def compile_variant(cls: type, precision: Precision, output: Output, config: GroupedGemmConfig,
                     epilogue: Callable, side_smem: int = 0, gather: bool = False,
-                    c_dtype: type | None = None, dynamic: bool = False) -> Callable:
+                    c_dtype: type | None = None, dynamic: bool = False, store_d: bool = True) -> Callable:
     """Compile kernel class `cls` (a GemmSm90 with its epilogue) for one config;
     `epilogue(total_M, N, E)` builds its fake epilogue arguments from the GEMM's symbolic sizes.
     gather: A's rows are read through an index (quack's gather_A: output row r reads A row
@@ -316,10 +316,12 @@ def compile_variant(cls: type, precision: Precision, output: Output, config: Gro
     epilogue sees subtile by subtile (quack's TMA-loaded C).
     dynamic: the persistent CTAs take each tile after their first from an int32 tile counter
     (quack's dynamic scheduler; `launch_variant(tile_counter=)`), so a CTA slowed by kernels
-    sharing its SM takes fewer tiles than one running alone."""
+    sharing its SM takes fewer tiles than one running alone.
+    store_d = False: no D operand at all (the epilogue writes what it produces itself; the
+    launch passes None for D)."""
     if gather and config.cluster_n != 1:
         raise ValueError(f"a gathering GEMM needs cluster_n = 1 (A is not multicast), got {config.key}")
-    ab_dtype, d_dtype = AB_DTYPES[precision], D_DTYPES[output]
+    ab_dtype, d_dtype = AB_DTYPES[precision], D_DTYPES[output] if store_d else None
     mA, mB, mD, mC, m, n, _k, num_experts = make_fake_gemm_tensors(
         ab_dtype, ab_dtype, d_dtype, c_dtype, "k", "k", "n", "n" if c_dtype else None, varlen_m=True,
         gather_A=gather)

@@ -151,6 +151,54 @@ def test_front_in_one_launch_equals_the_two_launch_path(seed, m, experts, top_k,
     assert torch.equal(got.clean_alpha.view(torch.int16), want.clean_alpha.view(torch.int16))
 
 
+@pytest.mark.parametrize("seed,m,experts,top_k,k", [(5, 8, 4, 2, 256), (6, 5, 32, 8, 2048), (7, 3, 3, 3, 96)])
+def test_serving_front_writes_the_clean_peel_and_copies(seed, m, experts, top_k, k):
+    """A serving front (`Serving`): the operand as without it, bit for bit; each token's
+    A_c′ · F_Bᵀ equal to the right half of the A peel of its clean codes (peel.a_peel with
+    E_A = 0, as the serving peel reads it); 1/α of each token; both copy ranges copied."""
+    from kernels.fp8mine.lagged import PEEL_HALF, Serving, clean_peel
+    rng = np.random.default_rng(seed)
+    x = torch.from_numpy(rng.standard_normal((m, k)).astype(np.float32) * 3).to(torch.bfloat16)
+    x[0, : k // 2] = 0  # a row with zeros, and one all zero
+    x[-1] = 0
+    ids = torch.from_numpy(rng.integers(0, experts, (m, top_k)))
+    rows = m * top_k
+    ready = _slot(m, rows, k, [0, *np.cumsum(rng.multinomial(rows, np.ones(experts) / experts)).tolist()], seed)
+    f_b = torch.from_numpy(rng.integers(0, 256, (k, PEEL_HALF), dtype=np.uint8))
+    f_b[f_b.bitwise_and(0x7F) == 0x7F] = 0  # no NaN codes
+    f_b = f_b.view(torch.float8_e4m3fn)
+    f_b_t = f_b.view(torch.uint8).t().contiguous()
+    sources = [torch.from_numpy(rng.integers(-2 ** 31, 2 ** 31 - 1, size, dtype=np.int32)) for size in (5000, 77)]
+    copies = tuple((src, torch.zeros_like(src)) for src in sources)
+    plain = lagged_front(x, ids, experts, ready)
+    got = lagged_front(x, ids, experts, ready, Serving(f_b_t, copies))
+    for name in ("rows", "clean_codes", "clean_alpha"):
+        assert torch.equal(getattr(got, name).view(torch.uint8), getattr(plain, name).view(torch.uint8)), name
+    assert torch.equal(got.table.bounds, plain.table.bounds) and torch.equal(got.ready_bounds, plain.ready_bounds)
+    want = clean_peel(plain, f_b, f_b_t)
+    assert torch.equal(want[:, :PEEL_HALF].float(), torch.zeros((m, PEEL_HALF)))
+    assert torch.equal(got.peel_right, want[:, PEEL_HALF:].float())
+    assert torch.equal(got.inv_alpha, 1.0 / plain.clean_alpha.float())
+    for src, dst in copies:
+        assert torch.equal(src, dst)
+
+
+def test_serving_front_refuses_what_it_cannot_serve():
+    from kernels.fp8mine.lagged import Serving
+    x = torch.zeros((4, 64), dtype=torch.bfloat16)
+    ready = _slot(4, 4, 64, [0, 4], seed=0)
+    f_b_t = torch.zeros((32, 64), dtype=torch.uint8)
+    with pytest.raises(LagError, match="one-launch"):
+        lagged_front(x, None, 1, ready, Serving(f_b_t))
+    ids = torch.zeros((4, 1), dtype=torch.int64)
+    ready = _slot(4, 4, 64, [0, 4, 4], seed=0)
+    with pytest.raises(LagError, match="F_B"):
+        lagged_front(x, ids, 2, ready, Serving(f_b_t[:, :32]))
+    bad = torch.zeros(3, dtype=torch.int32)
+    with pytest.raises(LagError, match="copies"):
+        lagged_front(x, ids, 2, ready, Serving(f_b_t, ((bad, torch.zeros(4, dtype=torch.int32)),)))
+
+
 def test_combined_operand_rejects_mismatched_slots():
     clean = clean_rows(torch.zeros((4, 64), dtype=torch.bfloat16), torch.zeros((4, 1), dtype=torch.int64), 2)
     with pytest.raises(LagError, match="READY must hold"):
@@ -343,10 +391,13 @@ COMPILE = textwrap.dedent("""
             "codes_ptr": "*u8", "alpha_ptr": "*i16", "ready_ptr": "*i32", "ready_bounds_ptr": "*i32",
             "rflat_ptr": "*i32", "bounds_ptr": "*i32", "out_ptr": "*u8", "out_words_ptr": "*i32",
             "out_bounds_ptr": "*i32", "ready_copy_ptr": "*i32", "counter_ptr": "*i32", "m": "i32", "capacity": "i32",
-            "EB": "constexpr", "TK": "constexpr", "CHUNK": "constexpr", "BK": "constexpr", "BW": "constexpr",
-            "RP": "constexpr", "WAIT": "constexpr"},
+            "ready_programs": "i32", "peel_programs": "i32", "f_t_ptr": "*u8", "peel_ptr": "*fp32",
+            "inv_alpha_ptr": "*fp32", **{name: "*i32" for name in ("first_src_ptr", "first_dst_ptr")},
+            "first_words": "i32", **{name: "*i32" for name in ("second_src_ptr", "second_dst_ptr")},
+            "second_words": "i32", "EB": "constexpr", "TK": "constexpr", "CHUNK": "constexpr", "BK": "constexpr",
+            "BW": "constexpr", "RP": "constexpr", "PK": "constexpr", "WAIT": "constexpr"},
             constexprs={"EB": eb, "TK": tk, "CHUNK": chunk, "BK": 8192, "BW": 2048, "RP": lagged._READY_ROWS,
-                        "WAIT": wait}),
+                        "PK": lagged._PEEL_BLOCK, "WAIT": wait}),
             target=target,
             options={"enable_fp_fusion": False, "num_warps": lagged._QUANT_WARPS})
         ptx = front.asm["ptx"]

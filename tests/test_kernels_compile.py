@@ -130,6 +130,26 @@ def test_fold_epilogue_shares_its_sms_for_the_lagged_pass(experts, rows, n, k) -
     assert not re.search(r"\b(LDL|STL)\b", sass), "registers spilled to local memory"
 
 
+@pytest.mark.parametrize("experts, rows, n, k", [(32, 32, 4096, 6144), (32, 32, 4096, 7168), (16, 32, 3072, 4096)])
+def test_serving_gemm_compiles_for_the_lagged_pass(experts, rows, n, k) -> None:
+    """The lagged decode GEMM that serves its clean rows (kernels.fp8mine.serve_epilogue), as
+    the pass launches it (shared SMs, dynamic tiles): no D, so no TMA store; one lane store per
+    64-column block a thread folds and one word store per 8-column block and row half it serves;
+    one atomic tile take; no spills."""
+    from kernels.fp8mine.fold_epilogue import fold_config
+    from kernels.fp8mine.pipeline import LAGGED_DYNAMIC, LAGGED_SIDE_SMEM
+    from kernels.fp8mine.serve_epilogue import compile_serve_gemm
+    from kernels.grouped_gemm import shared_config
+
+    config = shared_config(fold_config(experts * rows, experts, n, k), LAGGED_SIDE_SMEM)
+    sass = compile_serve_gemm(config, LAGGED_SIDE_SMEM, LAGGED_DYNAMIC).__sass__
+    assert set(re.findall(MMA_SASS[Precision.FP8], sass)) == {str(config.tile_n)}
+    assert "UTMASTG" not in sass
+    assert len(re.findall(r"\bSTG\.E\b", sass)) == 2 * config.tile_n // 64 + 2 * config.tile_n // 8
+    assert len(re.findall(r"\bATOMG\.E\.ADD\b", sass)) == int(LAGGED_DYNAMIC)
+    assert not re.search(r"\b(LDL|STL)\b", sass), "registers spilled to local memory"
+
+
 def test_fold_epilogue_refuses_other_outputs() -> None:
     """Only an fp32 or a bf16 accumulator is stored: an int32 output or out tensor is refused
     before anything compiles or launches."""

@@ -47,6 +47,11 @@ _QUANT_WARPS = 16  # the front's programs (H100, session 22, lagged pass: GLM-5 
 _ROW_STEP_WORDS = 2048  # most 4-byte words per step of a row copy (k ≤ 8192: one step)
 _READY_ROWS = 4  # READY rows a `_front_kernel` program copies (GLM-5 decode: 128 programs beside 64 token ones)
 _NORM_FLOOR = tl.constexpr(2.0 ** -32)  # an all-zero row gets a finite scale
+PEEL_HALF = 32  # a clean row's A peel: its right half, A_c′ · F_Bᵀ (the left half, β_A ⊙ E_A, is zero)
+PEEL_GROUPS = 4  # front programs a token's clean A peel is split over (GLM-5 decode: 256 beside 193 others)
+PEEL_COLUMNS = tl.constexpr(PEEL_HALF // PEEL_GROUPS)
+_HALF, _GROUPS = tl.constexpr(PEEL_HALF), tl.constexpr(PEEL_GROUPS)  # as the kernels see them
+_PEEL_BLOCK = 1024  # k a step of a clean A peel program (6 steps at k = 6144)
 # The MoE decode front launches as the programmatic dependent of the serving stream's kernel before
 # it (whatever wrote x and the ids in a model; the previous launch's peel, which lets its dependents
 # launch as its programs end, in back-to-back launches of one layer): its launch latency can then
@@ -350,6 +355,19 @@ class Operand:
     ready_bounds: torch.Tensor  # (e+1,) the READY rows' bounds rb as the operand was built (a
     # snapshot on the serving stream: the GEMM's fold reads it while the side stream refills the slot)
     tile_counter: torch.Tensor  # (1,) int32, zeroed with the bounds: the GEMM's dynamic tile scheduler
+    peel_right: torch.Tensor | None = None  # (m, 32) fp32 A_c′ · F_Bᵀ of each token (bf16 values), when the
+    inv_alpha: torch.Tensor | None = None  # front serves (`Serving`); (m,) fp32 1/α of each token
+
+
+@dataclass
+class Serving:
+    """What a front needs where its GEMM serves the clean rows itself (`serve_epilogue`): F_Bᵀ's
+    codes (32, k) for the clean rows' A peel, and up to two int32 (source, destination) word
+    ranges its launch copies before the GEMM (MINED's take: the lanes the previous GEMM folded
+    and READY's tail), as the serving peel did when there was one."""
+
+    f_b_t: torch.Tensor
+    copies: tuple[tuple[torch.Tensor, torch.Tensor], ...] = ()
 
 
 def build_operand(clean: CleanRows, ready: LagSlot) -> Operand:
@@ -367,12 +385,22 @@ def build_operand(clean: CleanRows, ready: LagSlot) -> Operand:
     return _operand(operand, bounds, ready_bounds, counter, table, clean.codes, clean.alpha)
 
 
-def lagged_front(x: torch.Tensor, topk_ids: torch.Tensor | None, experts: int, ready: LagSlot) -> Operand:
+def fuses(topk_ids: torch.Tensor | None, experts: int) -> bool:
+    """Whether `lagged_front` is one launch for this routing (MoE decode: at most 4096 routing
+    entries, `one_program_shape`), the only front that can also serve (`Serving`)."""
+    return topk_ids is not None and one_program_shape(topk_ids.numel(), experts) is not None
+
+
+def lagged_front(x: torch.Tensor, topk_ids: torch.Tensor | None, experts: int, ready: LagSlot,
+                 serving: Serving | None = None) -> Operand:
     """Everything the serving stream does before a lagged GEMM: x's routing table, clean codes
     and α, and the combined operand over `ready`'s A′ rows (the pipeline passes PENDING: it is
-    refilled only after this launch). MoE decode (`one_program_shape`: at
-    most 4096 routing entries) in ONE launch (`_front_kernel`); dense and larger routings by
-    `clean_rows` then `build_operand`."""
+    refilled only after this launch). MoE decode (`fuses`) in ONE launch (`_front_kernel`);
+    dense and larger routings by `clean_rows` then `build_operand`. serving (fused fronts
+    only): the same launch also writes each token's clean A peel and 1/α (`Operand.peel_right`,
+    `inv_alpha`) and copies `serving.copies`."""
+    if serving is not None and not fuses(topk_ids, experts):
+        raise LagError("only the one-launch MoE decode front serves its GEMM's clean rows")
     if topk_ids is None:
         return build_operand(clean_rows(x, None, experts), ready)
     routing_args(topk_ids, experts)
@@ -389,21 +417,50 @@ def lagged_front(x: torch.Tensor, topk_ids: torch.Tensor | None, experts: int, r
                          torch.empty(experts + 1, dtype=torch.int32, device=device))
     operand, bounds, ready_bounds, counter = _operand_buffers(rows, k, experts, device)
     overlap = FRONT_PDL and pdl_enabled()
-    _front_kernel[(m + 1 + triton.cdiv(rows, _READY_ROWS),)](
+    peel_right, inv_alpha, f_t, ranges = _serving_arguments(serving, m, k, device)
+    ready_programs = triton.cdiv(rows, _READY_ROWS)
+    peel_programs = m * PEEL_GROUPS if serving is not None else 0
+    copy_programs = chunks(ranges[0][0].numel()) + chunks(ranges[1][0].numel())
+    _front_kernel[(m + 1 + ready_programs + peel_programs + copy_programs,)](
         topk_ids.contiguous(), rows, experts, top_k, x.contiguous().view(torch.int16), k, codes, alpha,
         ready.a_rows.view(torch.int32), ready.bounds, table.rflat, table.bounds, operand, operand.view(torch.int32),
-        bounds, ready_bounds, counter, m, 2 * rows, EB=shape[0], TK=triton.next_power_of_2(top_k), CHUNK=shape[1],
-        BK=_quant_block(k), BW=_copy_block(k), RP=_READY_ROWS, WAIT=int(overlap), num_warps=_QUANT_WARPS,
+        bounds, ready_bounds, counter, m, 2 * rows, ready_programs, peel_programs, f_t, peel_right, inv_alpha,
+        *ranges[0], ranges[0][0].numel(), *ranges[1], ranges[1][0].numel(), EB=shape[0],
+        TK=triton.next_power_of_2(top_k), CHUNK=shape[1], BK=_quant_block(k), BW=_copy_block(k), RP=_READY_ROWS,
+        PK=min(_PEEL_BLOCK, triton.next_power_of_2(k)), WAIT=int(overlap), num_warps=_QUANT_WARPS,
         enable_fp_fusion=False, **pdl_launch(overlap))
-    return _operand(operand, bounds, ready_bounds, counter, table, codes.view(torch.float8_e4m3fn),
-                    alpha.view(torch.bfloat16))
+    operand_ = _operand(operand, bounds, ready_bounds, counter, table, codes.view(torch.float8_e4m3fn),
+                        alpha.view(torch.bfloat16))
+    if serving is not None:
+        operand_.peel_right, operand_.inv_alpha = peel_right, inv_alpha
+    return operand_
+
+
+def _serving_arguments(serving: Serving | None, m: int, k: int, device: torch.device) -> tuple:
+    """The front's serving outputs (m, 32) and (m,) fp32, F_Bᵀ's codes and two copy ranges
+    (empty stand-ins when not serving); refuses bad ranges or F_Bᵀ."""
+    none = torch.empty(0, dtype=torch.int32, device=device)
+    if serving is None:
+        return none, none, none, [(none, none)] * 2
+    if serving.f_b_t.shape != (PEEL_HALF, k) or serving.f_b_t.dtype != torch.uint8 or not serving.f_b_t.is_contiguous():
+        raise LagError(f"F_Bᵀ must be contiguous uint8 ({PEEL_HALF}, {k}), got {serving.f_b_t.dtype} "
+                       f"{tuple(serving.f_b_t.shape)}")
+    copies = list(serving.copies)
+    if len(copies) > 2 or any(t.dtype != torch.int32 or not t.is_contiguous() or src.numel() != dst.numel()
+                              for src, dst in copies for t in (src, dst)):
+        raise LagError("copies: at most two contiguous int32 (source, destination) ranges of equal length")
+    ranges = [(src.view(-1), dst.view(-1)) for src, dst in copies] + [(none, none)] * (2 - len(copies))
+    return (torch.empty((m, PEEL_HALF), dtype=torch.float32, device=device),
+            torch.empty(m, dtype=torch.float32, device=device), serving.f_b_t, ranges)
 
 
 @jit
 def _front_kernel(ids_ptr, total, experts, top_k, x_ptr, k, codes_ptr, alpha_ptr, ready_ptr, ready_bounds_ptr,
                   rflat_ptr, bounds_ptr, out_ptr, out_words_ptr, out_bounds_ptr, ready_copy_ptr, counter_ptr, m, capacity,
+                  ready_programs, peel_programs, f_t_ptr, peel_ptr, inv_alpha_ptr, first_src_ptr, first_dst_ptr,
+                  first_words, second_src_ptr, second_dst_ptr, second_words,
                   EB: tl.constexpr, TK: tl.constexpr, CHUNK: tl.constexpr, BK: tl.constexpr, BW: tl.constexpr,
-                  RP: tl.constexpr, WAIT: tl.constexpr = 0):
+                  RP: tl.constexpr, PK: tl.constexpr, WAIT: tl.constexpr = 0):
     """`lagged_front` at MoE decode, one launch. Program t < m: token t ranks its own top_k
     entries (`entries_before`: its Rflat positions, stable, no table needed), writes them into
     Rflat, quantizes x_t once (α, token-order codes) and stores the codes straight into its
@@ -412,7 +469,9 @@ def _front_kernel(ids_ptr, total, experts, top_k, x_ptr, k, codes_ptr, alpha_ptr
     combined bounds cb = rb + ct (cb[e] = capacity, as `_operand_kernel`), rb's snapshot and the
     GEMM's tile counter zeroed.
     Program m + 1 + c: READY rows [c·RP, (c + 1)·RP), row j → combined row j + ct[w] (w: its
-    expert from rb; ct[w] counted from the ids). No program waits for another, so the routing →
+    expert from rb; ct[w] counted from the ids). Serving (`Serving`), the next peel_programs:
+    token p // PEEL_GROUPS's clean A peel, one group of its columns (`_token_peel`); after them,
+    COPY_WORDS-word chunks of the two copy ranges. No program waits for another, so the routing →
     quantization → copy chain (two launches and a READY copy before) is one launch. WAIT:
     launched as the programmatic dependent of the kernel before it (which may write x or the
     ids), so every program waits for it first; what it saves is the launch's latency."""
@@ -446,6 +505,12 @@ def _front_kernel(ids_ptr, total, experts, top_k, x_ptr, k, codes_ptr, alpha_ptr
         tl.store(bounds_ptr + experts + w, total + w * 0, mask=w == 0)
         tl.store(out_bounds_ptr + experts + w, capacity + w * 0, mask=w == 0)
         tl.store(counter_ptr + w, w * 0, mask=w == 0)
+    elif p >= m + 1 + ready_programs + peel_programs:
+        copy_two_ranges(p - m - 1 - ready_programs - peel_programs, first_src_ptr, first_dst_ptr, first_words,
+                        second_src_ptr, second_dst_ptr, second_words)
+    elif p >= m + 1 + ready_programs:
+        q = p - m - 1 - ready_programs
+        _token_peel(x_ptr, k, alpha_ptr, q // _GROUPS, q % _GROUPS, f_t_ptr, peel_ptr, inv_alpha_ptr, BK, PK)
     else:
         j = (p - m - 1) * RP + tl.arange(0, RP)
         w = tl.arange(0, EB)
@@ -456,6 +521,28 @@ def _front_kernel(ids_ptr, total, experts, top_k, x_ptr, k, codes_ptr, alpha_ptr
         words = k // 4
         _copy_rows(ready_ptr + j.to(tl.int64) * words, out_words_ptr + (j + start).to(tl.int64) * words,
                    j < tl.load(ready_bounds_ptr + experts), words, BW)
+
+
+@jit
+def _token_peel(x_ptr, k, alpha_ptr, token, group, f_t_ptr, peel_ptr, inv_alpha_ptr, BK: tl.constexpr,
+                PK: tl.constexpr):
+    """Columns [group·PEEL_COLUMNS, (group + 1)·PEEL_COLUMNS) of one token's clean A peel,
+    A_c′ · F_Bᵀ: the token's e4m3 codes quantized again exactly as its own program does (which
+    also stores the same α), times F_Bᵀ's codes, summed in fp32 and rounded to bf16 (stored as
+    fp32); group 0 also stores 1/α."""
+    t = token.to(tl.int64)
+    row = x_ptr + t * k
+    scale = tl.reduce(_row_scale(row, k, alpha_ptr + t, BK), 0, tl.standard._elementwise_max)  # one value
+    cols = group * PEEL_COLUMNS + tl.arange(0, PEEL_COLUMNS)
+    sums = tl.full((PEEL_COLUMNS, PK), 0.0, tl.float32)
+    for k0 in range(0, k, PK):
+        offs, live, codes = _row_codes(row, k0, k, scale, PK)
+        a = codes.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+        f = tl.load(f_t_ptr + cols[:, None].to(tl.int64) * k + offs[None, :], mask=live[None, :], other=0)
+        sums += a[None, :] * f.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+    peel = _rne_bf16(tl.reduce(sums, 1, tl.standard._sum_combine).to(tl.int32, bitcast=True)).to(tl.float32, bitcast=True)
+    tl.store(peel_ptr + t * _HALF + cols, peel)
+    tl.store(inv_alpha_ptr + t, 1.0 / scale, mask=group == 0)
 
 
 @jit

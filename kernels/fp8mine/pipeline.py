@@ -29,7 +29,7 @@ from proof.fp8.params import STATE_WINDOW_DEPTH, JobParams, make_job
 
 from . import noise, prequant, quant, transcript
 from .hashing import constant_bytes
-from .lagged import LagSlot, MinedSlot, Operand, clean_peel, lagged_front
+from .lagged import LagSlot, MinedSlot, Operand, Serving, clean_peel, fuses, lagged_front
 from .lottery import LotteryLatch, threshold_words
 from .matmul import fold_fits, fold_in_gemm, folded_lanes, gather_in_gemm, grouped_matmul, peel_in_gemm
 from .peel import (TAIL_BYTES, a_peel, b_peel, padded_rows, peel_and_unscale, peel_tiles, reads_tiles,
@@ -64,6 +64,11 @@ LAGGED_DYNAMIC = True
 # launch, so nothing on the side stream follows the GEMM and the next launch's front depends on
 # the peel alone. False: the take kernel on the side stream after the GEMM.
 LAGGED_TAKE_IN_PEEL = True
+# Where the lagged GEMM folds and the front is one launch (MoE decode), the GEMM also serves the
+# clean rows from its epilogue (`serve_epilogue`: peel, unscale, bf16 stored in expert order) and
+# the front writes their A peel and copies MINED's take: no serving peel after the GEMM. False:
+# the folding GEMM stores a bf16 accumulator and the serving peel follows it (gpu_check times both).
+LAGGED_SERVE_IN_GEMM = True
 # The same-launch MoE pass writes A′ straight into the GEMM's expert-order rows from the noisy
 # codes launch (top_k copies of each token row; `RoutingTable.positions`) instead of token order
 # and an index_select after it (194 µs at GLM-5 FC1 prefill on the H100, session 16). False
@@ -284,6 +289,7 @@ class MinedGemm:
             fold = LAGGED_FOLD and fold_fits(2 * rows, (self.b.experts, self.b.n_e, k), self.b.device)
             self.ready_lanes = folded_lanes(rows, self.b.n_e, self.b.device) if fold else None
             self.mined = MinedSlot.allocate(m, rows, self.b.n_e, k, self.b.experts, self.b.device, folded=fold)
+            self.serve = LAGGED_SERVE_IN_GEMM and fold  # read once: a pass keeps one slot discipline
             self.gemm_sms = (torch.cuda.get_device_properties(self.b.device).multi_processor_count
                              - LAGGED_SIDE_SMS) if cuda and not LAGGED_SIDE_SMEM else None
 
@@ -404,6 +410,8 @@ class MinedGemm:
         assert self.state is not None
         state, ready, pending, mined = self.state, self.ready, self.pending, self.mined
         main = self._main()
+        if self.serves(topk_ids):
+            return self._forward_served(x, topk_ids, main)
         self._fork(main)
         with self._on_side():
             ready.tail().copy_(pending.tail())
@@ -435,6 +443,40 @@ class MinedGemm:
                 mined.take(acc if self.ready_lanes is None else self.ready_lanes, ready, table.bounds)
             self._join(main)
         return LaunchResult(out, acc, table, a, operand.table.bounds)
+
+    def serves(self, topk_ids: torch.Tensor | None) -> bool:
+        """Whether a lagged launch with this routing serves its clean rows from the GEMM's
+        epilogue (`LAGGED_SERVE_IN_GEMM` when this pass was built, the GEMM folds, and the front
+        is one launch)."""
+        return self.serve and fuses(topk_ids, self.b.experts)
+
+    def _forward_served(self, x: torch.Tensor, topk_ids: torch.Tensor,
+                        main: torch.cuda.Stream | None) -> LaunchResult:
+        """A lagged launch whose GEMM serves the clean rows. main: the front (routing, clean
+        quantization, the combined operand, each token's clean A peel, and MINED ← the lanes the
+        previous GEMM folded and READY's tail) → the serving GEMM (READY rows folded into their
+        lanes, clean rows peeled into the output). side, after the front: READY's tail ←
+        PENDING's, MINED's lottery, payload and publish, and x_t's A side into PENDING, all
+        under the GEMM; the serving stream joins it after the GEMM."""
+        from .serve_epilogue import served_grouped_gemm
+        state, ready, pending, mined = self.state, self.ready, self.pending, self.mined
+        serving = Serving(state.f_b_t, mined.folded_copies(self.ready_lanes, ready))
+        operand = lagged_front(x, topk_ids, self.b.experts, pending, serving)
+        table = operand.clean_table
+        self._fork(main)
+        with self._on_side():
+            ready.tail().copy_(pending.tail())  # READY's old tail is in MINED now (the front's copy)
+            self._mine_previous()
+            a = prepare_a(quant.prepare_rows(x), self.seed_message, self.p_a_len, state, table)
+            pending.fill(a.side.codes, a.codes, a.scales, a.pow_key, table)
+        out = torch.empty((table.rflat.shape[0], self.b.n_e), dtype=torch.bfloat16, device=x.device)
+        served_grouped_gemm(operand.rows, self.b_codes(), operand.table.bounds, self.ready_lanes,
+                            operand.ready_bounds, table.bounds, table.rflat, operand.peel_right, operand.inv_alpha,
+                            state.peel, state.inv_alpha.view(self.b.experts, self.b.n_e), out,
+                            max_sms=self.gemm_sms, side_smem=LAGGED_SIDE_SMEM,
+                            tile_counter=operand.tile_counter if LAGGED_DYNAMIC else None)
+        self._join(main)
+        return LaunchResult(out, None, table, a, operand.table.bounds)
 
     def _serving_peel(self, acc: torch.Tensor, a_peel_clean: torch.Tensor, alpha: torch.Tensor, table: RoutingTable,
                       tiles: RowTiles | None, copies: tuple = ()) -> torch.Tensor:
