@@ -395,9 +395,9 @@ COMPILE = textwrap.dedent("""
             "inv_alpha_ptr": "*fp32", **{name: "*i32" for name in ("first_src_ptr", "first_dst_ptr")},
             "first_words": "i32", **{name: "*i32" for name in ("second_src_ptr", "second_dst_ptr")},
             "second_words": "i32", "EB": "constexpr", "TK": "constexpr", "CHUNK": "constexpr", "BK": "constexpr",
-            "BW": "constexpr", "RP": "constexpr", "PK": "constexpr", "WAIT": "constexpr"},
+            "BW": "constexpr", "RP": "constexpr", "WAIT": "constexpr"},
             constexprs={"EB": eb, "TK": tk, "CHUNK": chunk, "BK": 8192, "BW": 2048, "RP": lagged._READY_ROWS,
-                        "PK": lagged._PEEL_BLOCK, "WAIT": wait}),
+                        "WAIT": wait}),
             target=target,
             options={"enable_fp_fusion": False, "num_warps": lagged._QUANT_WARPS})
         ptx = front.asm["ptx"]

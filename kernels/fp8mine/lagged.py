@@ -51,7 +51,6 @@ PEEL_HALF = 32  # a clean row's A peel: its right half, A_c′ · F_Bᵀ (the le
 PEEL_GROUPS = 4  # front programs a token's clean A peel is split over (GLM-5 decode: 256 beside 193 others)
 PEEL_COLUMNS = tl.constexpr(PEEL_HALF // PEEL_GROUPS)
 _HALF, _GROUPS = tl.constexpr(PEEL_HALF), tl.constexpr(PEEL_GROUPS)  # as the kernels see them
-_PEEL_BLOCK = 1024  # k a step of a clean A peel program (6 steps at k = 6144)
 # The MoE decode front launches as the programmatic dependent of the serving stream's kernel before
 # it (whatever wrote x and the ids in a model; the previous launch's peel, which lets its dependents
 # launch as its programs end, in back-to-back launches of one layer): its launch latency can then
@@ -427,7 +426,7 @@ def lagged_front(x: torch.Tensor, topk_ids: torch.Tensor | None, experts: int, r
         bounds, ready_bounds, counter, m, 2 * rows, ready_programs, peel_programs, f_t, peel_right, inv_alpha,
         *ranges[0], ranges[0][0].numel(), *ranges[1], ranges[1][0].numel(), EB=shape[0],
         TK=triton.next_power_of_2(top_k), CHUNK=shape[1], BK=_quant_block(k), BW=_copy_block(k), RP=_READY_ROWS,
-        PK=min(_PEEL_BLOCK, triton.next_power_of_2(k)), WAIT=int(overlap), num_warps=_QUANT_WARPS,
+        WAIT=int(overlap), num_warps=_QUANT_WARPS,
         enable_fp_fusion=False, **pdl_launch(overlap))
     operand_ = _operand(operand, bounds, ready_bounds, counter, table, codes.view(torch.float8_e4m3fn),
                         alpha.view(torch.bfloat16))
@@ -440,8 +439,9 @@ def _serving_arguments(serving: Serving | None, m: int, k: int, device: torch.de
     """The front's serving outputs (m, 32) and (m,) fp32, F_Bᵀ's codes and two copy ranges
     (empty stand-ins when not serving); refuses bad ranges or F_Bᵀ."""
     none = torch.empty(0, dtype=torch.int32, device=device)
-    if serving is None:
-        return none, none, none, [(none, none)] * 2
+    if serving is None:  # stand-ins of the same types: one compiled kernel serves both uses
+        nothing = torch.empty(0, dtype=torch.float32, device=device)
+        return nothing, nothing, torch.empty(0, dtype=torch.uint8, device=device), [(none, none)] * 2
     if serving.f_b_t.shape != (PEEL_HALF, k) or serving.f_b_t.dtype != torch.uint8 or not serving.f_b_t.is_contiguous():
         raise LagError(f"F_Bᵀ must be contiguous uint8 ({PEEL_HALF}, {k}), got {serving.f_b_t.dtype} "
                        f"{tuple(serving.f_b_t.shape)}")
@@ -460,7 +460,7 @@ def _front_kernel(ids_ptr, total, experts, top_k, x_ptr, k, codes_ptr, alpha_ptr
                   ready_programs, peel_programs, f_t_ptr, peel_ptr, inv_alpha_ptr, first_src_ptr, first_dst_ptr,
                   first_words, second_src_ptr, second_dst_ptr, second_words,
                   EB: tl.constexpr, TK: tl.constexpr, CHUNK: tl.constexpr, BK: tl.constexpr, BW: tl.constexpr,
-                  RP: tl.constexpr, PK: tl.constexpr, WAIT: tl.constexpr = 0):
+                  RP: tl.constexpr, WAIT: tl.constexpr = 0):
     """`lagged_front` at MoE decode, one launch. Program t < m: token t ranks its own top_k
     entries (`entries_before`: its Rflat positions, stable, no table needed), writes them into
     Rflat, quantizes x_t once (α, token-order codes) and stores the codes straight into its
@@ -510,7 +510,7 @@ def _front_kernel(ids_ptr, total, experts, top_k, x_ptr, k, codes_ptr, alpha_ptr
                         second_src_ptr, second_dst_ptr, second_words)
     elif p >= m + 1 + ready_programs:
         q = p - m - 1 - ready_programs
-        _token_peel(x_ptr, k, alpha_ptr, q // _GROUPS, q % _GROUPS, f_t_ptr, peel_ptr, inv_alpha_ptr, BK, PK)
+        _token_peel(x_ptr, k, alpha_ptr, q // _GROUPS, q % _GROUPS, f_t_ptr, peel_ptr, inv_alpha_ptr, BK)
     else:
         j = (p - m - 1) * RP + tl.arange(0, RP)
         w = tl.arange(0, EB)
@@ -524,24 +524,22 @@ def _front_kernel(ids_ptr, total, experts, top_k, x_ptr, k, codes_ptr, alpha_ptr
 
 
 @jit
-def _token_peel(x_ptr, k, alpha_ptr, token, group, f_t_ptr, peel_ptr, inv_alpha_ptr, BK: tl.constexpr,
-                PK: tl.constexpr):
+def _token_peel(x_ptr, k, alpha_ptr, token, group, f_t_ptr, peel_ptr, inv_alpha_ptr, BK: tl.constexpr):
     """Columns [group·PEEL_COLUMNS, (group + 1)·PEEL_COLUMNS) of one token's clean A peel,
     A_c′ · F_Bᵀ: the token's e4m3 codes quantized again exactly as its own program does (which
-    also stores the same α), times F_Bᵀ's codes, summed in fp32 and rounded to bf16 (stored as
-    fp32); group 0 also stores 1/α."""
+    also stores the same α; k ≤ BK: one step), times each F_Bᵀ row, summed in fp32 and rounded to
+    bf16 (stored as fp32); group 0 also stores 1/α. The F_Bᵀ rows' loads are independent of one
+    another, so they are all in flight at once."""
     t = token.to(tl.int64)
     row = x_ptr + t * k
     scale = tl.reduce(_row_scale(row, k, alpha_ptr + t, BK), 0, tl.standard._elementwise_max)  # one value
-    cols = group * PEEL_COLUMNS + tl.arange(0, PEEL_COLUMNS)
-    sums = tl.full((PEEL_COLUMNS, PK), 0.0, tl.float32)
-    for k0 in range(0, k, PK):
-        offs, live, codes = _row_codes(row, k0, k, scale, PK)
-        a = codes.to(tl.float8e4nv, bitcast=True).to(tl.float32)
-        f = tl.load(f_t_ptr + cols[:, None].to(tl.int64) * k + offs[None, :], mask=live[None, :], other=0)
-        sums += a[None, :] * f.to(tl.float8e4nv, bitcast=True).to(tl.float32)
-    peel = _rne_bf16(tl.reduce(sums, 1, tl.standard._sum_combine).to(tl.int32, bitcast=True)).to(tl.float32, bitcast=True)
-    tl.store(peel_ptr + t * _HALF + cols, peel)
+    offs, live, codes = _row_codes(row, 0, k, scale, BK)
+    a = codes.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+    for jj in tl.static_range(PEEL_COLUMNS):
+        j = group * PEEL_COLUMNS + jj
+        f = tl.load(f_t_ptr + j.to(tl.int64) * k + offs, mask=live, other=0).to(tl.float8e4nv, bitcast=True)
+        total = tl.reduce(a * f.to(tl.float32), 0, tl.standard._sum_combine)
+        tl.store(peel_ptr + t * _HALF + j, _rne_bf16(total.to(tl.int32, bitcast=True)).to(tl.float32, bitcast=True))
     tl.store(inv_alpha_ptr + t, 1.0 / scale, mask=group == 0)
 
 

@@ -66,8 +66,10 @@ class ServeEpilogueMixin(FoldEpilogueMixin):
     def serve_clean_rows(self, params, acc: cute.Tensor, tiled_mma, tile_coord_mnkl, tidx: Int32) -> None:
         """This thread's fragment rows that are clean rows of the tile's expert (expert-local
         row ready + i, i < the expert's clean count): each column pair peeled, unscaled and
-        stored as one word. The fragment holds columns 8·nb + 2·(lane % 4) + c, so a pair
-        (c = 0, 1) is adjacent in the output row."""
+        packed into one word, the row's words stored after all its loads (a store between
+        them would keep later loads from being issued early: the compiler cannot tell that
+        the output and the peels do not overlap). The fragment holds columns
+        8·nb + 2·(lane % 4) + c, so a pair (c = 0, 1) is adjacent in the output row."""
         tile_m, tile_n = self.cta_tile_shape_mnk[0], self.cta_tile_shape_mnk[1]
         ident = tiled_mma.get_slice(tidx).partition_C(cute.make_identity_tensor((tile_m, tile_n)))
         blocks = const_expr(cute.size(acc, mode=[0]) // 4)  # (c, h, nb): 8-column blocks
@@ -86,25 +88,34 @@ class ServeEpilogueMixin(FoldEpilogueMixin):
                         row = cutlass.min(first + i, last_row)
                         token = params.serve_rflat[row]
                         a = cute.make_rmem_tensor((PEEL_HALF,), Float32)
-                        for j in cutlass.range_constexpr(PEEL_HALF):
-                            a[j] = params.serve_a_peel[token, j]
+                        cute.autovec_copy(params.serve_a_peel[token, None], a)
                         inv_a = params.serve_inv_alpha[token]
+                        words = cute.make_rmem_tensor((blocks,), Int32)
+                        b = cute.make_rmem_tensor((_HALF_WORDS, 2), Int32)  # column c contiguous
+                        for nb in cutlass.range_constexpr(blocks):
+                            _, n = ident[(0, h, nb), mm, mn]
+                            col = cutlass.min(tile_coord_mnkl[1] * tile_n + n, n_e - 2)  # past n_e: not stored
+                            for c in cutlass.range_constexpr(2):
+                                cute.autovec_copy(params.serve_b_peel[expert, col + c, None], b[None, c])
+                            low = self._peeled(acc[(0, h, nb), mm, mn], a, b, 0) * inv_a
+                            high = self._peeled(acc[(1, h, nb), mm, mn], a, b, 1) * inv_a
+                            low = _bf16_bits(low * params.serve_inv_alpha_b[expert, col])
+                            high = _bf16_bits(high * params.serve_inv_alpha_b[expert, col + 1])
+                            words[nb] = Int32(low | (high << 16))
                         for nb in cutlass.range_constexpr(blocks):
                             _, n = ident[(0, h, nb), mm, mn]
                             col = tile_coord_mnkl[1] * tile_n + n
                             if col < n_e:
-                                low = self._peeled(params, acc[(0, h, nb), mm, mn], a, inv_a, expert, col)
-                                high = self._peeled(params, acc[(1, h, nb), mm, mn], a, inv_a, expert, col + 1)
-                                params.serve_out[row, col // 2] = Int32(low | (high << 16))
+                                params.serve_out[row, col // 2] = words[nb]
 
     @cute.jit
-    def _peeled(self, params, value: Float32, a: cute.Tensor, inv_a: Float32, expert: Int32, col: Int32) -> Uint32:
-        """bf16 bits of (value + a · B_peel[expert, col]) · inv_a · 1/α_B[expert, col]."""
+    def _peeled(self, value: Float32, a: cute.Tensor, b: cute.Tensor, c: int) -> Float32:
+        """value + a · B_peel's right half (b[:, c]: its bf16 pairs as words)."""
         for w in cutlass.range_constexpr(_HALF_WORDS):
-            word = Uint32(params.serve_b_peel[expert, col, w])
+            word = Uint32(b[w, c])
             value = value + a[2 * w] * _f32(word << 16)
             value = value + a[2 * w + 1] * _f32(word & Uint32(0xFFFF0000))
-        return _bf16_bits(value * inv_a * params.serve_inv_alpha_b[expert, col])
+        return value
 
 
 class ServeFoldSm90(MiningParamsMixin, ServeEpilogueMixin, GroupedGemmFp32AccSm90):
@@ -117,7 +128,7 @@ def fake_serve_arguments(m, n, num_experts):
     return fake_tile_words_arguments(m, n, num_experts)._replace(
         serve_bounds=make_fake_tensor(Int32, (cute.sym_int(),), leading_dim=0),
         serve_rflat=make_fake_tensor(Int32, (cute.sym_int(),), leading_dim=0),
-        serve_a_peel=make_fake_tensor(Float32, (cute.sym_int(), PEEL_HALF), leading_dim=1),
+        serve_a_peel=make_fake_tensor(Float32, (cute.sym_int(), PEEL_HALF), leading_dim=1, divisibility=4),
         serve_inv_alpha=make_fake_tensor(Float32, (cute.sym_int(),), leading_dim=0),
         serve_b_peel=make_fake_tensor(Int32, (num_experts, n, _HALF_WORDS), leading_dim=2, divisibility=4),
         serve_inv_alpha_b=make_fake_tensor(Float32, (num_experts, n), leading_dim=1),
