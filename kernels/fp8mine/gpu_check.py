@@ -650,13 +650,13 @@ def _median_us(timing) -> float:
 def _lagged_parts(gemm: MinedGemm, x: torch.Tensor, topk, result) -> dict:
     """Where the lagged pass spends its time, each stage alone (same method as `_parts`).
     Serving stream: the front (routing, clean quantization and combined operand, one launch at
-    MoE decode), then in a serving pass (`MinedGemm.serves`) the front that also writes the clean
-    A peel and copies MINED's take and the serving GEMM, else the GEMM (its tile counter's reset
+    MoE decode), then in a serving pass (`MinedGemm.serves`) the front that also copies MINED's
+    take, the clean A peel from x (side stream, beside the front) and the serving GEMM, else the GEMM (its tile counter's reset
     included: not comparable with sessions before 23), the peel of the clean rows and the peel
     carrying MINED's folded take; side stream: READY's tail ← PENDING's, the lottery over MINED
     + payload + publish, the A side and PENDING fill, and without serving the clean A peel and
     MINED ← the READY rows by the take kernel (the form where the GEMM does not fold)."""
-    from .lagged import Serving
+    from .lagged import token_peels
     from .peel import peel_and_unscale
     from .pipeline import prepare_a
     from .serve_epilogue import served_grouped_gemm
@@ -678,20 +678,22 @@ def _lagged_parts(gemm: MinedGemm, x: torch.Tensor, topk, result) -> dict:
         "side: lottery (MINED rows) + payload + publish": gemm._mine_previous,
     }
     if gemm.serves(routing):
-        serving = Serving(state.f_b_t, mined.folded_copies(gemm.ready_lanes, ready))
-        served = lagged_front(x, routing, gemm.b.experts, gemm.pending, serving)
+        take = mined.folded_copies(gemm.ready_lanes, ready)
+        served = lagged_front(x, routing, gemm.b.experts, gemm.pending, take)
+        peel_right, inv_alpha = token_peels(x, state.f_b_t)
         out = torch.empty_like(result.out)
 
         def serving_gemm():  # the front zeroes the GEMM's tile counter in the pass
             served.tile_counter.zero_()
             served_grouped_gemm(served.rows, gemm.b_codes(), served.table.bounds, gemm.ready_lanes,
-                                served.ready_bounds, table.bounds, table.rflat, served.peel_right, served.inv_alpha,
+                                served.ready_bounds, table.bounds, table.rflat, peel_right, inv_alpha,
                                 state.peel, state.inv_alpha.view(gemm.b.experts, gemm.b.n_e), out,
                                 max_sms=gemm.gemm_sms, side_smem=pipeline_module.LAGGED_SIDE_SMEM,
                                 tile_counter=served.tile_counter)
 
-        stages["front, serving: + clean A peel + MINED's take"] = lambda: lagged_front(
-            x, routing, gemm.b.experts, gemm.pending, serving)
+        stages["front + MINED's take, one launch"] = lambda: lagged_front(x, routing, gemm.b.experts,
+                                                                           gemm.pending, take)
+        stages["side: clean A peel from x (token_peels)"] = lambda: token_peels(x, state.f_b_t)
         stages["serving GEMM (READY rows folded, clean rows peeled; its tile counter zeroed first)"] = serving_gemm
         return _time_each(stages)
     a_peel_clean = clean_peel(operand, state.f_b, state.f_b_t)

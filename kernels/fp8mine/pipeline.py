@@ -29,7 +29,7 @@ from proof.fp8.params import STATE_WINDOW_DEPTH, JobParams, make_job
 
 from . import noise, prequant, quant, transcript
 from .hashing import constant_bytes
-from .lagged import LagSlot, MinedSlot, Operand, Serving, clean_peel, fuses, lagged_front
+from .lagged import LagSlot, MinedSlot, Operand, clean_peel, fuses, lagged_front, token_peels
 from .lottery import LotteryLatch, threshold_words
 from .matmul import fold_fits, fold_in_gemm, folded_lanes, gather_in_gemm, grouped_matmul, peel_in_gemm
 from .peel import (TAIL_BYTES, a_peel, b_peel, padded_rows, peel_and_unscale, peel_tiles, reads_tiles,
@@ -452,16 +452,20 @@ class MinedGemm:
 
     def _forward_served(self, x: torch.Tensor, topk_ids: torch.Tensor,
                         main: torch.cuda.Stream | None) -> LaunchResult:
-        """A lagged launch whose GEMM serves the clean rows. main: the front (routing, clean
-        quantization, the combined operand, each token's clean A peel, and MINED ← the lanes the
-        previous GEMM folded and READY's tail) → the serving GEMM (READY rows folded into their
-        lanes, clean rows peeled into the output). side, after the front: READY's tail ←
-        PENDING's, MINED's lottery, payload and publish, and x_t's A side into PENDING, all
-        under the GEMM; the serving stream joins it after the GEMM."""
+        """A lagged launch whose GEMM serves the clean rows. side, first: each token's clean A
+        peel and 1/α (`token_peels`, from x, beside the front). main: the front (routing, clean
+        quantization, the combined operand, and MINED ← the lanes the previous GEMM folded and
+        READY's tail) → the serving GEMM (READY rows folded into their lanes, clean rows peeled
+        into the output), after the peels. side, after the front: READY's tail ← PENDING's,
+        MINED's lottery, payload and publish, and x_t's A side into PENDING, under the GEMM;
+        the serving stream joins it after the GEMM."""
         from .serve_epilogue import served_grouped_gemm
         state, ready, pending, mined = self.state, self.ready, self.pending, self.mined
-        serving = Serving(state.f_b_t, mined.folded_copies(self.ready_lanes, ready))
-        operand = lagged_front(x, topk_ids, self.b.experts, pending, serving)
+        self._fork(main)
+        with self._on_side():
+            peel_right, inv_alpha = token_peels(x, state.f_b_t)
+            peels_ready = self._event()
+        operand = lagged_front(x, topk_ids, self.b.experts, pending, mined.folded_copies(self.ready_lanes, ready))
         table = operand.clean_table
         self._fork(main)
         with self._on_side():
@@ -469,9 +473,10 @@ class MinedGemm:
             self._mine_previous()
             a = prepare_a(quant.prepare_rows(x), self.seed_message, self.p_a_len, state, table)
             pending.fill(a.side.codes, a.codes, a.scales, a.pow_key, table)
+        self._wait(main, peels_ready)
         out = torch.empty((table.rflat.shape[0], self.b.n_e), dtype=torch.bfloat16, device=x.device)
         served_grouped_gemm(operand.rows, self.b_codes(), operand.table.bounds, self.ready_lanes,
-                            operand.ready_bounds, table.bounds, table.rflat, operand.peel_right, operand.inv_alpha,
+                            operand.ready_bounds, table.bounds, table.rflat, peel_right, inv_alpha,
                             state.peel, state.inv_alpha.view(self.b.experts, self.b.n_e), out,
                             max_sms=self.gemm_sms, side_smem=LAGGED_SIDE_SMEM,
                             tile_counter=operand.tile_counter if LAGGED_DYNAMIC else None)
