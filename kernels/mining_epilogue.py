@@ -23,7 +23,7 @@ from quack.gemm_default_epi import GemmDefaultEpiMixin
 @mlir_namedtuple
 class MiningEpilogueArguments(NamedTuple):
     """quack's default epilogue arguments (the peel uses the two scale vectors), then the row
-    bounds and the words, then what the serving epilogue reads and writes."""
+    bounds and the words, then where a compact store puts its rows."""
 
     alpha: Optional[Float32 | cute.Tensor] = None
     beta: Optional[Float32 | cute.Tensor] = None
@@ -39,18 +39,12 @@ class MiningEpilogueArguments(NamedTuple):
     mSFDCol: Optional[cute.Tensor] = None
     lottery_bounds: Optional[cute.Tensor] = None
     lottery_lanes: Optional[cute.Tensor] = None
-    # the lagged decode GEMM that serves its clean rows (kernels.fp8mine.serve_epilogue)
-    serve_bounds: Optional[cute.Tensor] = None
-    serve_rflat: Optional[cute.Tensor] = None
-    serve_a_peel: Optional[cute.Tensor] = None
-    serve_inv_alpha: Optional[cute.Tensor] = None
-    serve_b_peel: Optional[cute.Tensor] = None
-    serve_inv_alpha_b: Optional[cute.Tensor] = None
-    serve_out: Optional[cute.Tensor] = None
+    # the lagged fold GEMM that stores only its clean rows, compact (kernels.fp8mine.fold_epilogue)
+    compact_bounds: Optional[cute.Tensor] = None
+    compact_out: Optional[cute.Tensor] = None
 
 
-_MINING_FIELDS = ("lottery_bounds", "lottery_lanes", "serve_bounds", "serve_rflat", "serve_a_peel", "serve_inv_alpha",
-                  "serve_b_peel", "serve_inv_alpha_b", "serve_out")
+_MINING_FIELDS = ("lottery_bounds", "lottery_lanes", "compact_bounds", "compact_out")
 
 
 class MiningParamsMixin:
@@ -85,6 +79,6 @@ def fake_unscale_arguments(m, n, num_experts) -> MiningEpilogueArguments:
 
 def mining_arguments(bounds, words, **vectors) -> MiningEpilogueArguments:
     """Launch-time arguments (compile-time fields travel as None); `vectors`: the unscale's
-    mRowVecBroadcast and mColVecBroadcast, or the serving epilogue's serve_* tensors."""
+    mRowVecBroadcast and mColVecBroadcast, or the compact store's compact_bounds and compact_out."""
     return MiningEpilogueArguments(add_to_output=None, rounding_mode=None, lottery_bounds=bounds,
                                    lottery_lanes=words, **vectors)

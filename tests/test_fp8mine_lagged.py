@@ -151,56 +151,6 @@ def test_front_in_one_launch_equals_the_two_launch_path(seed, m, experts, top_k,
     assert torch.equal(got.clean_alpha.view(torch.int16), want.clean_alpha.view(torch.int16))
 
 
-@pytest.mark.parametrize("seed,m,experts,top_k,k", [(5, 8, 4, 2, 256), (6, 5, 32, 8, 2048), (7, 3, 3, 3, 96)])
-def test_front_copies_and_token_peels_for_the_serving_gemm(seed, m, experts, top_k, k):
-    """What a serving lagged launch adds: the front copies both ranges and its operand is the
-    same bit for bit; `token_peels` gives each token's A_c′ · F_Bᵀ equal to the right half of the
-    A peel of the front's clean codes (peel.a_peel with E_A = 0, what the serving peel reads) and
-    1/α of the front's α."""
-    from kernels.fp8mine.lagged import PEEL_HALF, clean_peel, token_peels
-    rng = np.random.default_rng(seed)
-    x = torch.from_numpy(rng.standard_normal((m, k)).astype(np.float32) * 3).to(torch.bfloat16)
-    x[0, : k // 2] = 0  # a row with zeros, and one all zero
-    x[-1] = 0
-    ids = torch.from_numpy(rng.integers(0, experts, (m, top_k)))
-    rows = m * top_k
-    ready = _slot(m, rows, k, [0, *np.cumsum(rng.multinomial(rows, np.ones(experts) / experts)).tolist()], seed)
-    f_b = torch.from_numpy(rng.integers(0, 256, (k, PEEL_HALF), dtype=np.uint8))
-    f_b[f_b.bitwise_and(0x7F) == 0x7F] = 0  # no NaN codes
-    f_b = f_b.view(torch.float8_e4m3fn)
-    f_b_t = f_b.view(torch.uint8).t().contiguous()
-    sources = [torch.from_numpy(rng.integers(-2 ** 31, 2 ** 31 - 1, size, dtype=np.int32)) for size in (5000, 77)]
-    copies = tuple((src, torch.zeros_like(src)) for src in sources)
-    plain = lagged_front(x, ids, experts, ready)
-    got = lagged_front(x, ids, experts, ready, copies)
-    for name in ("rows", "clean_codes", "clean_alpha"):
-        assert torch.equal(getattr(got, name).view(torch.uint8), getattr(plain, name).view(torch.uint8)), name
-    assert torch.equal(got.table.bounds, plain.table.bounds) and torch.equal(got.ready_bounds, plain.ready_bounds)
-    for src, dst in copies:
-        assert torch.equal(src, dst)
-    want = clean_peel(plain, f_b, f_b_t)
-    assert torch.equal(want[:, :PEEL_HALF].float(), torch.zeros((m, PEEL_HALF)))
-    peel_right, inv_alpha = token_peels(x, f_b_t)
-    assert torch.equal(peel_right, want[:, PEEL_HALF:].float())
-    assert torch.equal(inv_alpha, 1.0 / plain.clean_alpha.float())
-
-
-def test_front_copies_and_token_peels_refuse_bad_input():
-    from kernels.fp8mine.lagged import token_peels
-    x = torch.zeros((4, 64), dtype=torch.bfloat16)
-    copy = ((torch.zeros(4, dtype=torch.int32), torch.zeros(4, dtype=torch.int32)),)
-    with pytest.raises(LagError, match="one-launch"):
-        lagged_front(x, None, 1, _slot(4, 4, 64, [0, 4], seed=0), copy)
-    ids = torch.zeros((4, 1), dtype=torch.int64)
-    bad = ((torch.zeros(3, dtype=torch.int32), torch.zeros(4, dtype=torch.int32)),)
-    with pytest.raises(LagError, match="copies"):
-        lagged_front(x, ids, 2, _slot(4, 4, 64, [0, 4, 4], seed=0), bad)
-    with pytest.raises(LagError, match="F_B"):
-        token_peels(x, torch.zeros((32, 32), dtype=torch.uint8))
-    with pytest.raises(LagError, match="one step"):
-        token_peels(torch.zeros((1, 16384), dtype=torch.bfloat16), torch.zeros((32, 16384), dtype=torch.uint8))
-
-
 def test_combined_operand_rejects_mismatched_slots():
     clean = clean_rows(torch.zeros((4, 64), dtype=torch.bfloat16), torch.zeros((4, 1), dtype=torch.int64), 2)
     with pytest.raises(LagError, match="READY must hold"):
@@ -387,21 +337,14 @@ COMPILE = textwrap.dedent("""
     triton.compile(ASTSource(fn=lagged._clean_kernel, signature={
         "x_ptr": "*i16", "k": "i32", "codes_ptr": "*u8", "alpha_ptr": "*i16", "BK": "constexpr"},
         constexprs={"BK": 8192}), target=target, options={"enable_fp_fusion": False, "num_warps": lagged._QUANT_WARPS})
-    peels = triton.compile(ASTSource(fn=lagged._token_peel_kernel, signature={
-        "x_ptr": "*i16", "k": "i32", "f_t_ptr": "*u8", "peel_ptr": "*fp32", "inv_alpha_ptr": "*fp32",
-        "BK": "constexpr"}, constexprs={"BK": 8192}), target=target,
-        options={"enable_fp_fusion": False, "num_warps": lagged._PEEL_WARPS})
-    print("PEEL-LOCAL", ".local" in peels.asm["ptx"])
     for ids, eb, tk, chunk, wait in (("*i64", 32, 8, 512, 1), ("*i32", 256, 4, 64, 0)):
         front = triton.compile(ASTSource(fn=lagged._front_kernel, signature={
             "ids_ptr": ids, "total": "i32", "experts": "i32", "top_k": "i32", "x_ptr": "*i16", "k": "i32",
             "codes_ptr": "*u8", "alpha_ptr": "*i16", "ready_ptr": "*i32", "ready_bounds_ptr": "*i32",
             "rflat_ptr": "*i32", "bounds_ptr": "*i32", "out_ptr": "*u8", "out_words_ptr": "*i32",
             "out_bounds_ptr": "*i32", "ready_copy_ptr": "*i32", "counter_ptr": "*i32", "m": "i32", "capacity": "i32",
-            "ready_programs": "i32", **{name: "*i32" for name in ("first_src_ptr", "first_dst_ptr")},
-            "first_words": "i32", **{name: "*i32" for name in ("second_src_ptr", "second_dst_ptr")},
-            "second_words": "i32", "EB": "constexpr", "TK": "constexpr", "CHUNK": "constexpr", "BK": "constexpr",
-            "BW": "constexpr", "RP": "constexpr", "WAIT": "constexpr"},
+            "EB": "constexpr", "TK": "constexpr", "CHUNK": "constexpr", "BK": "constexpr", "BW": "constexpr",
+            "RP": "constexpr", "WAIT": "constexpr"},
             constexprs={"EB": eb, "TK": tk, "CHUNK": chunk, "BK": 8192, "BW": 2048, "RP": lagged._READY_ROWS,
                         "WAIT": wait}),
             target=target,
@@ -430,7 +373,6 @@ def test_lagged_kernels_compile_for_sm90():
     assert done.returncode == 0, done.stderr[-3000:]
     assert "PAIR-LOADS 128" in done.stdout  # the lottery keeps the fold's 8-byte loads
     assert "FRONT-LOCAL True" not in done.stdout
-    assert "PEEL-LOCAL False" in done.stdout  # the clean A peel keeps a whole row in registers
     assert "FRONT-WAIT 1 1 True" in done.stdout and "FRONT-WAIT 0 0 False" in done.stdout
 
 

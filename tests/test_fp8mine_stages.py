@@ -543,6 +543,12 @@ def test_grouped_matmul_is_the_model_per_expert():
     with pytest.raises(MatmulError, match="multiple of 32"):
         grouped_matmul(torch.zeros(2, 48, dtype=torch.float8_e4m3fn),
                        torch.zeros(1, 2, 48, dtype=torch.float8_e4m3fn), table)
+    a_codes, b_codes = torch.from_numpy(a).view(torch.float8_e4m3fn), torch.from_numpy(b).view(torch.float8_e4m3fn)
+    with pytest.raises(MatmulError, match="pass fold_into and fold_bounds"):  # a compact store keeps unfolded rows
+        grouped_matmul(a_codes, b_codes, table, compact=table)
+    with pytest.raises(MatmulError, match="CUDA"):
+        grouped_matmul(a_codes, b_codes, table, fold_into=torch.zeros(2, 1, 16, dtype=torch.int32),
+                       fold_bounds=table.bounds, compact=table)
 
 
 def test_gemm_implementation_is_chosen_once_and_can_be_forced(monkeypatch, caplog):

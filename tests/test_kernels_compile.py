@@ -131,18 +131,17 @@ def test_fold_epilogue_shares_its_sms_for_the_lagged_pass(experts, rows, n, k) -
 
 
 @pytest.mark.parametrize("experts, rows, n, k", [(32, 32, 4096, 6144), (32, 32, 4096, 7168), (16, 32, 3072, 4096)])
-def test_serving_gemm_compiles_for_the_lagged_pass(experts, rows, n, k) -> None:
-    """The lagged decode GEMM that serves its clean rows (kernels.fp8mine.serve_epilogue), as
-    the pass launches it (shared SMs, dynamic tiles): no D, so no TMA store; one lane store per
-    64-column block a thread folds and one word store per 8-column block and row half it serves;
-    one atomic tile take; no spills."""
-    from kernels.fp8mine.fold_epilogue import fold_config
+def test_compact_fold_epilogue_compiles_for_the_lagged_pass(experts, rows, n, k) -> None:
+    """The lagged pass's folding GEMM that stores only its clean rows, compact
+    (`LAGGED_COMPACT_ACC`), as launched: no D, so no TMA store; one lane store per 64-column
+    block a thread folds and one word store per 8-column block and row half it keeps; one
+    atomic tile take; no spills."""
+    from kernels.fp8mine.fold_epilogue import compile_fold_gemm, fold_config
     from kernels.fp8mine.pipeline import LAGGED_DYNAMIC, LAGGED_SIDE_SMEM
-    from kernels.fp8mine.serve_epilogue import compile_serve_gemm
     from kernels.grouped_gemm import shared_config
 
     config = shared_config(fold_config(experts * rows, experts, n, k), LAGGED_SIDE_SMEM)
-    sass = compile_serve_gemm(config, LAGGED_SIDE_SMEM, LAGGED_DYNAMIC).__sass__
+    sass = compile_fold_gemm(config, Output.BF16, LAGGED_SIDE_SMEM, LAGGED_DYNAMIC, compact=True).__sass__
     assert set(re.findall(MMA_SASS[Precision.FP8], sass)) == {str(config.tile_n)}
     assert "UTMASTG" not in sass
     assert len(re.findall(r"\bSTG\.E\b", sass)) == 2 * config.tile_n // 64 + 2 * config.tile_n // 8
@@ -151,8 +150,8 @@ def test_serving_gemm_compiles_for_the_lagged_pass(experts, rows, n, k) -> None:
 
 
 def test_fold_epilogue_refuses_other_outputs() -> None:
-    """Only an fp32 or a bf16 accumulator is stored: an int32 output or out tensor is refused
-    before anything compiles or launches."""
+    """Only an fp32 or a bf16 accumulator is stored (compact: bf16 only): an int32 output or out
+    tensor is refused before anything compiles or launches."""
     import torch
 
     from kernels.fp8mine.fold_epilogue import compile_fold_gemm, fold_config, folded_grouped_gemm
@@ -166,6 +165,13 @@ def test_fold_epilogue_refuses_other_outputs() -> None:
     lanes = torch.zeros(64, 2, 16, dtype=torch.int32)
     with pytest.raises(ValueError, match="float32 or bfloat16"):
         folded_grouped_gemm(a, b, bounds, torch.zeros(256, 128, dtype=torch.int32), lanes)
+    with pytest.raises(ValueError, match="compact: bf16"):
+        compile_fold_gemm(config, Output.FP32, compact=True)
+    with pytest.raises(ValueError, match="with lottery_bounds"):
+        folded_grouped_gemm(a, b, bounds, torch.zeros(8, 128, dtype=torch.bfloat16), lanes, compact_bounds=bounds)
+    with pytest.raises(ValueError, match="compact out"):
+        folded_grouped_gemm(a, b, bounds, torch.zeros(8, 128, dtype=torch.float32), lanes, lottery_bounds=bounds,
+                            compact_bounds=bounds)
 
 
 # and the INT7 transcript and peel GEMMs' own prefill tiles (measured faster there than the

@@ -26,6 +26,7 @@ import cutlass
 import cutlass.cute as cute
 import torch
 from cutlass import Float32, Int32, Uint32, const_expr
+from quack.compile_utils import make_fake_tensor
 from cutlass._mlir_helpers.arith import bitcast
 from cutlass.cutlass_dsl import T
 
@@ -91,6 +92,64 @@ class Fp32FoldSm90(MiningParamsMixin, FoldEpilogueMixin, GroupedGemmFp32AccSm90)
     with the lottery's fold in the epilogue."""
 
 
+def _bf16_bits(x: Float32) -> Uint32:
+    """x + 0 (a zero as +0, as the stored accumulator) rounded to nearest-even bf16: its 16 bits
+    (finite values)."""
+    u = _u32(x + Float32(0.0))
+    return (u + Uint32(0x7FFF) + ((u >> 16) & Uint32(1))) >> 16
+
+
+class CompactStoreMixin(FoldEpilogueMixin):
+    """epi_visit_acc: the fold of each expert's first (lottery) rows, then the bf16 accumulator
+    of the rows after them, stored from registers at their compact positions: expert-local row
+    lottery_w + i (i < compact_bounds[w + 1] − compact_bounds[w]) → compact row
+    compact_bounds[w] + i. The lagged pass's READY rows are folded and never stored, and its
+    clean rows land where the serving peel reads them without a row shift; the kernel has no
+    D (a whole-tile TMA store would write both)."""
+
+    @cute.jit
+    def epi_visit_acc(self, params, acc: cute.Tensor, tiled_mma, tile_coord_mnkl, tidx: Int32) -> None:
+        self.fold_tiles(params, acc, tiled_mma, tile_coord_mnkl, tidx)
+        self.store_compact(params, acc, tiled_mma, tile_coord_mnkl, tidx)
+
+    @cute.jit
+    def store_compact(self, params, acc: cute.Tensor, tiled_mma, tile_coord_mnkl, tidx: Int32) -> None:
+        """A thread's fragment columns 8·nb + 2·(lane % 4) + c: each (c = 0, 1) pair is one
+        word of the bf16 row."""
+        tile_m, tile_n = self.cta_tile_shape_mnk[0], self.cta_tile_shape_mnk[1]
+        ident = tiled_mma.get_slice(tidx).partition_C(cute.make_identity_tensor((tile_m, tile_n)))
+        blocks = const_expr(cute.size(acc, mode=[0]) // 4)  # (c, h, nb): 8-column blocks
+        expert = tile_coord_mnkl[3]
+        skipped = params.lottery_bounds[expert + 1] - params.lottery_bounds[expert]
+        first = params.compact_bounds[expert]
+        kept = params.compact_bounds[expert + 1] - first
+        n = 2 * cute.size(params.compact_out, mode=[1])
+        for mm in cutlass.range_constexpr(cute.size(acc, mode=[1])):
+            for mn in cutlass.range_constexpr(cute.size(acc, mode=[2])):
+                for h in cutlass.range_constexpr(2):
+                    m, _ = ident[(0, h, 0), mm, mn]
+                    i = tile_coord_mnkl[0] * tile_m + m - skipped
+                    if (i >= 0) & (i < kept):
+                        for nb in cutlass.range_constexpr(blocks):
+                            _, col = ident[(0, h, nb), mm, mn]
+                            col = tile_coord_mnkl[1] * tile_n + col
+                            if col < n:  # a cluster's CTA may sit past n_e
+                                low = _bf16_bits(acc[(0, h, nb), mm, mn])
+                                high = _bf16_bits(acc[(1, h, nb), mm, mn])
+                                params.compact_out[first + i, col // 2] = Int32(low | (high << 16))
+
+
+class CompactFoldSm90(MiningParamsMixin, CompactStoreMixin, GroupedGemmFp32AccSm90):
+    """The fold of the lottery rows and the compact bf16 store of the rest (no D)."""
+
+
+def _fake_compact_arguments(m, n, num_experts):
+    """`fake_tile_words_arguments` plus the compact store's bounds and int32 view of its rows."""
+    return fake_tile_words_arguments(m, n, num_experts)._replace(
+        compact_bounds=make_fake_tensor(Int32, (cute.sym_int(),), leading_dim=0),
+        compact_out=make_fake_tensor(Int32, (cute.sym_int(), cute.sym_int()), leading_dim=1))
+
+
 def fits(config: GroupedGemmConfig, n: int) -> bool:
     """Whether the fold epilogue supports this config at this N (else the lottery reads the
     accumulator): whole 64-column blocks in each warpgroup's columns and in n_e, at most
@@ -111,18 +170,22 @@ def fold_config(rows: int, experts: int, n: int, k: int) -> GroupedGemmConfig | 
 
 @functools.lru_cache(maxsize=None)
 def compile_fold_gemm(config: GroupedGemmConfig, output: Output = Output.FP32, side_smem: int = 0,
-                      dynamic: bool = False) -> Callable:
+                      dynamic: bool = False, compact: bool = False) -> Callable:
     """The fp8 grouped GEMM with the fold epilogue, for sm_90a (fake tensors), storing the raw
     accumulator as fp32 (`output` FP32) or rounded to bf16 (BF16: the lanes are folded from the
     fp32 values first, so only what the peel reads is rounded). side_smem > 0: the variant that
     shares every SM with side-stream kernels (`grouped_gemm_sm90.sharing`; cooperative configs
     with one consumer warpgroup), as the lagged decode pass runs it; dynamic: tiles taken from a
-    tile counter (`compile_variant`'s), as it runs beside the side stream's kernels."""
-    if output not in _ACC_OUTPUTS.values():
-        raise ValueError(f"the fold GEMM stores fp32 or bf16, not {output.value}")
-    cls = sharing(Fp32FoldSm90, side_smem) if side_smem else Fp32FoldSm90
-    return compile_variant(cls, Precision.FP8, output, config, fake_tile_words_arguments, side_smem,
-                           dynamic=dynamic)
+    tile counter (`compile_variant`'s), as it runs beside the side stream's kernels. compact:
+    the variant that stores only the rows after each expert's lottery rows, in bf16, compact
+    (`CompactStoreMixin`; output BF16)."""
+    if output not in _ACC_OUTPUTS.values() or (compact and output is not Output.BF16):
+        raise ValueError(f"the fold GEMM stores fp32 or bf16 (compact: bf16), not {output.value}")
+    base = CompactFoldSm90 if compact else Fp32FoldSm90
+    cls = sharing(base, side_smem) if side_smem else base
+    return compile_variant(cls, Precision.FP8, output, config,
+                           _fake_compact_arguments if compact else fake_tile_words_arguments, side_smem,
+                           dynamic=dynamic, store_d=not compact)
 
 
 def checked_config(config: GroupedGemmConfig | None, rows: int, b_shape: tuple, gather: bool,
@@ -141,7 +204,8 @@ def checked_config(config: GroupedGemmConfig | None, rows: int, b_shape: tuple, 
 def folded_grouped_gemm(a: torch.Tensor, b: torch.Tensor, bounds: torch.Tensor, out: torch.Tensor,
                         lanes: torch.Tensor, config: GroupedGemmConfig | None = None,
                         lottery_bounds: torch.Tensor | None = None, max_sms: int | None = None,
-                        side_smem: int = 0, tile_counter: torch.Tensor | None = None) -> torch.Tensor:
+                        side_smem: int = 0, tile_counter: torch.Tensor | None = None,
+                        compact_bounds: torch.Tensor | None = None) -> torch.Tensor:
     """out = the raw window-promoted accumulator (as `grouped_gemm` without scales): fp32, or
     rounded to nearest-even bf16 when out is bf16 (half the bytes, for a caller that only peels
     it); and every whole 4×64 tile's 16 lanes, folded from the fp32 values either way, into
@@ -158,17 +222,28 @@ def folded_grouped_gemm(a: torch.Tensor, b: torch.Tensor, bounds: torch.Tensor, 
     cooperative twin). tile_counter: (1,) int32, zero at the launch: the persistent CTAs take
     their tiles from it (`launch_variant`'s), so the kernel left alone on the SMs it shares takes
     more of them; the caller zeroes it before every launch.
+    compact_bounds (e+1,), with lottery_bounds: out (kept rows, n) bf16 receives only the rows
+    after each expert's lottery rows, expert w's row lottery_w + i at out row compact_bounds[w] + i
+    (the lagged pass: its clean rows, where the serving peel reads them); the lottery rows are
+    folded and not stored, and nothing else of the accumulator is written.
     """
     n = b.shape[1]
     rows = a.shape[0]
     config = shared_config(checked_config(config, rows, tuple(b.shape), False), side_smem)
-    if out.dtype not in _ACC_OUTPUTS or out.shape != (rows, n):
+    if compact_bounds is not None:
+        if lottery_bounds is None or compact_bounds.shape != lottery_bounds.shape or compact_bounds.dtype != torch.int32:
+            raise ValueError("compact_bounds come with lottery_bounds of the same shape (int32)")
+        if out.dtype != torch.bfloat16 or out.dim() != 2 or out.shape[1] != n or not out.is_contiguous():
+            raise ValueError(f"a compact out must be contiguous bfloat16 (rows, {n}), got {out.dtype} {tuple(out.shape)}")
+    elif out.dtype not in _ACC_OUTPUTS or out.shape != (rows, n):
         raise ValueError(f"out must be float32 or bfloat16 ({rows}, {n}), got {out.dtype} {tuple(out.shape)}")
     lane_rows = rows // 4 if lottery_bounds is None else lanes.shape[0]
     if lanes.dtype != torch.int32 or lanes.shape != (lane_rows, n // _BLOCK_COLS, 16):
         raise ValueError(f"lanes must be int32 ({lane_rows}, {n // _BLOCK_COLS}, 16), "
                          f"got {lanes.dtype} {tuple(lanes.shape)}")
-    launch_variant(compile_fold_gemm(config, _ACC_OUTPUTS[out.dtype], side_smem, tile_counter is not None), a, b,
-                   bounds, out, config, mining_arguments(bounds if lottery_bounds is None else lottery_bounds, lanes),
-                   max_sms=max_sms, tile_counter=tile_counter)
+    compact = compact_bounds is not None
+    epi = mining_arguments(bounds if lottery_bounds is None else lottery_bounds, lanes,
+                           **({"compact_bounds": compact_bounds, "compact_out": out.view(torch.int32)} if compact else {}))
+    launch_variant(compile_fold_gemm(config, _ACC_OUTPUTS[out.dtype], side_smem, tile_counter is not None, compact),
+                   a, b, bounds, None if compact else out, config, epi, max_sms=max_sms, tile_counter=tile_counter)
     return out

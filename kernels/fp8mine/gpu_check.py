@@ -316,7 +316,7 @@ def _output_diff(got: torch.Tensor, want: torch.Tensor) -> dict:
 @contextlib.contextmanager
 def _switched(switch: str, value: bool):
     """A module switch (matmul's FOLD_IN_EPILOGUE, PEEL_IN_EPILOGUE, GATHER_IN_GEMM,
-    BF16_FOLDED_ACC; pipeline's A_IN_EXPERT_ORDER, LAGGED_FOLD) set to `value` for the block: the other
+    BF16_FOLDED_ACC; pipeline's A_IN_EXPERT_ORDER, LAGGED_FOLD, LAGGED_COMPACT_ACC) set to `value` for the block: the other
     variant, for comparisons and timing."""
     module = _switch_module(switch)
     before = getattr(module, switch)
@@ -419,9 +419,7 @@ def _ready_target(gemm: MinedGemm, x_a, topk_a, x_b, topk_b) -> tuple[tuple, byt
     MINED) → the lowest tile, its ticket and the target at which only it wins."""
     first = gemm.forward(x_a, topk_a)
     gemm.forward(x_b, topk_b)
-    # a serving pass takes the lanes into MINED in the next launch's front: they are still the GEMM's
-    lanes = gemm.ready_lanes if gemm.serves(topk_b) else gemm.mined.acc
-    return _lowest_ticket(gemm, first.table, lanes, first.a.pow_key)
+    return _lowest_ticket(gemm, first.table, gemm.mined.acc, first.a.pow_key)
 
 
 def _lowest_ticket(gemm: MinedGemm, table: RoutingTable, acc: torch.Tensor,
@@ -467,7 +465,7 @@ def _check_graph_lagged() -> dict:
     graph.replay()
     torch.cuda.synchronize()
     out["replay 2 publishes nothing"] = gemm.latch.poll() is None
-    replayed = (None if captured.acc is None else captured.acc.clone(), captured.out.clone())
+    replayed = (captured.acc.clone(), captured.out.clone())
     graph.replay()
     torch.cuda.synchronize()
     out["replay 3 winner"] = _winner_report(take_winner(gemm), planted, ticket, header, target)
@@ -650,21 +648,24 @@ def _median_us(timing) -> float:
 def _lagged_parts(gemm: MinedGemm, x: torch.Tensor, topk, result) -> dict:
     """Where the lagged pass spends its time, each stage alone (same method as `_parts`).
     Serving stream: the front (routing, clean quantization and combined operand, one launch at
-    MoE decode), then in a serving pass (`MinedGemm.serves`) the front that also copies MINED's
-    take, the clean A peel from x (side stream, beside the front) and the serving GEMM, else the GEMM (its tile counter's reset
-    included: not comparable with sessions before 23), the peel of the clean rows and the peel
-    carrying MINED's folded take; side stream: READY's tail ← PENDING's, the lottery over MINED
-    + payload + publish, the A side and PENDING fill, and without serving the clean A peel and
-    MINED ← the READY rows by the take kernel (the form where the GEMM does not fold)."""
-    from .lagged import token_peels
+    MoE decode), GEMM (its tile counter's reset included: this stage is not comparable with
+    sessions before 23), peel of the clean rows, and the peel carrying MINED's folded take (the
+    pass's form); side stream: READY's tail ← PENDING's, clean A peel, the lottery over MINED +
+    payload + publish, the A side and PENDING fill, MINED ← the READY rows by the take kernel
+    (the form where the GEMM does not fold)."""
     from .peel import peel_and_unscale
     from .pipeline import prepare_a
-    from .serve_epilogue import served_grouped_gemm
     state, table, ready, mined = gemm.state, result.table, gemm.ready, gemm.mined
     routing = topk if gemm.moe else None
     operand = lagged_front(x, routing, gemm.b.experts, gemm.pending)
+    a_peel_clean = clean_peel(operand, state.f_b, state.f_b_t)
+    shift = None if gemm.compact_acc else ready.bounds[1:]  # the clean rows compact, or among READY's
     b_peel = state.peel.view(gemm.b.experts, gemm.b.n_e, -1)
     alpha_b = state.side.alpha.view(gemm.b.experts, gemm.b.n_e)
+
+    def gemm_alone():  # the front zeroes the GEMM's tile counter in the pass
+        operand.tile_counter.zero_()
+        gemm._combined_gemm(operand)
 
     def side_a():
         a = prepare_a(quant.prepare_rows(x), gemm.seed_message, gemm.p_a_len, state, table if gemm.moe else None)
@@ -674,46 +675,19 @@ def _lagged_parts(gemm: MinedGemm, x: torch.Tensor, topk, result) -> dict:
         "front: routing + clean quantization + combined operand": lambda: lagged_front(x, routing, gemm.b.experts,
                                                                                        gemm.pending),
         "side: READY tail <- PENDING tail": lambda: ready.tail().copy_(gemm.pending.tail()),
-        "side: A side + PENDING fill": side_a,
-        "side: lottery (MINED rows) + payload + publish": gemm._mine_previous,
-    }
-    if gemm.serves(routing):
-        take = mined.folded_copies(gemm.ready_lanes, ready)
-        served = lagged_front(x, routing, gemm.b.experts, gemm.pending, take)
-        peel_right, inv_alpha = token_peels(x, state.f_b_t)
-        out = torch.empty_like(result.out)
-
-        def serving_gemm():  # the front zeroes the GEMM's tile counter in the pass
-            served.tile_counter.zero_()
-            served_grouped_gemm(served.rows, gemm.b_codes(), served.table.bounds, gemm.ready_lanes,
-                                served.ready_bounds, table.bounds, table.rflat, peel_right, inv_alpha,
-                                state.peel, state.inv_alpha.view(gemm.b.experts, gemm.b.n_e), out,
-                                max_sms=gemm.gemm_sms, side_smem=pipeline_module.LAGGED_SIDE_SMEM,
-                                tile_counter=served.tile_counter)
-
-        stages["front + MINED's take, one launch"] = lambda: lagged_front(x, routing, gemm.b.experts,
-                                                                           gemm.pending, take)
-        stages["side: clean A peel from x (token_peels)"] = lambda: token_peels(x, state.f_b_t)
-        stages["serving GEMM (READY rows folded, clean rows peeled; its tile counter zeroed first)"] = serving_gemm
-        return _time_each(stages)
-    a_peel_clean = clean_peel(operand, state.f_b, state.f_b_t)
-
-    def gemm_alone():  # the front zeroes the GEMM's tile counter in the pass
-        operand.tile_counter.zero_()
-        gemm._combined_gemm(operand)
-
-    stages.update({
         "GEMM (combined rows; its tile counter zeroed first)": gemm_alone,
         "peel + unscale (clean rows)": lambda: peel_and_unscale(result.acc, a_peel_clean, operand.clean_alpha,
-                                                                b_peel, alpha_b, table, row_shift=ready.bounds[1:],
+                                                                b_peel, alpha_b, table, row_shift=shift,
                                                                 a_left_zero=True),
         "side: clean A peel": lambda: clean_peel(operand, state.f_b, state.f_b_t),
+        "side: A side + PENDING fill": side_a,
+        "side: lottery (MINED rows) + payload + publish": gemm._mine_previous,
         "side: MINED <- READY rows (after the GEMM)": lambda: mined.take(
             result.acc if gemm.ready_lanes is None else gemm.ready_lanes, ready, table.bounds),
-    })
+    }
     if gemm.ready_lanes is not None:  # the pass's form: the take's copies ride the serving peel
         stages["peel + unscale (clean rows) + MINED's folded take, one launch"] = lambda: peel_and_unscale(
-            result.acc, a_peel_clean, operand.clean_alpha, b_peel, alpha_b, table, row_shift=ready.bounds[1:],
+            result.acc, a_peel_clean, operand.clean_alpha, b_peel, alpha_b, table, row_shift=shift,
             a_left_zero=True, copies=mined.folded_copies(gemm.ready_lanes, ready))
     return _time_each(stages)
 
@@ -774,15 +748,12 @@ def check_timing() -> dict:
                 entry["lagged output rel err vs bf16"] = _reference_error(lagged_result.out, x, weights,
                                                                           lagged_result.table)
                 methods["mined lagged"] = [lambda: lag.forward(x, topk)]
-                if lag.serves(topk):  # the same pass with a bf16 accumulator and the serving peel after the GEMM
-                    with _switched("LAGGED_SERVE_IN_GEMM", False):
+                if lag.compact_acc:  # the same pass storing the whole tiles' bf16 accumulator (READY rows too)
+                    with _switched("LAGGED_COMPACT_ACC", False):
                         lag_raw = MinedGemm(weights, m=tokens, top_k=top_k, layer_id=1, lagged=True)
                     lag_raw.set_job(header, synthetic_chain()[1], 0)
                     lag_raw.forward(x, topk)
-                    peeled = lag_raw.forward(x, topk)
-                    entry["lagged output rel err vs bf16, serving peel"] = _reference_error(
-                        peeled.out, x, weights, peeled.table)
-                    methods["mined lagged, serving peel"] = [lambda: lag_raw.forward(x, topk)]
+                    methods["mined lagged, whole tiles stored"] = [lambda: lag_raw.forward(x, topk)]
             timings = time_methods(methods, target_ms=20.0, replays=5)
             mined_us, base_us = _median_us(timings["mined"]), _median_us(timings["unmined"])
             entry.update({"GEMM implementation": gemm_impl(), "unmined": label,
@@ -805,9 +776,9 @@ def check_timing() -> dict:
                 entry.update({"mined_pass_lagged_us": lagged_us, "lagged graph": timings["mined lagged"].graph,
                               "lagged slowdown": lagged_us / base_us})
                 best = min(best, ("mined lagged", lagged_us), key=lambda kv: kv[1])
-                if "mined lagged, serving peel" in timings:
-                    entry["mined lagged with the serving peel median us"] = _median_us(
-                        timings["mined lagged, serving peel"])
+                if "mined lagged, whole tiles stored" in timings:
+                    entry["mined lagged with whole tiles stored median us"] = _median_us(
+                        timings["mined lagged, whole tiles stored"])
             entry["acceptance"] = (f"{best[0]} {best[1]:.1f} us vs unmined {base_us:.1f} us: "
                                    f"{best[1] / base_us:.3f}x (target <= 1.10x; mined {mined_us:.1f} us"
                                    + (f", lagged {entry['mined_pass_lagged_us']:.1f} us)" if lag is not None else ")"))
@@ -816,7 +787,7 @@ def check_timing() -> dict:
             if lag is not None:
                 entry["lagged parts median us"] = _lagged_parts(lag, x, topk, lagged_result)
                 lag.b.slots = [None, None]
-                if "mined lagged, serving peel" in methods:
+                if "mined lagged, whole tiles stored" in methods:
                     lag_raw.b.slots = [None, None]
             gemm.b.slots = [None, None]
         except Exception as exc:

@@ -47,11 +47,6 @@ _QUANT_WARPS = 16  # the front's programs (H100, session 22, lagged pass: GLM-5 
 _ROW_STEP_WORDS = 2048  # most 4-byte words per step of a row copy (k ≤ 8192: one step)
 _READY_ROWS = 4  # READY rows a `_front_kernel` program copies (GLM-5 decode: 128 programs beside 64 token ones)
 _NORM_FLOOR = tl.constexpr(2.0 ** -32)  # an all-zero row gets a finite scale
-PEEL_HALF = 32  # a clean row's A peel: its right half, A_c′ · F_Bᵀ (the left half, β_A ⊙ E_A, is zero)
-PEEL_GROUPS = 4  # programs a token's clean A peel is split over (GLM-5 decode: 256 in one wave)
-PEEL_COLUMNS = tl.constexpr(PEEL_HALF // PEEL_GROUPS)
-_HALF, _GROUPS = tl.constexpr(PEEL_HALF), tl.constexpr(PEEL_GROUPS)  # as the kernels see them
-_PEEL_WARPS = 8  # a clean A peel program: 16 elements a thread at k ≤ 4096, 32 at 8192
 # The MoE decode front launches as the programmatic dependent of the serving stream's kernel before
 # it (whatever wrote x and the ids in a model; the previous launch's peel, which lets its dependents
 # launch as its programs end, in back-to-back launches of one layer): its launch latency can then
@@ -241,17 +236,9 @@ def _take_kernel(acc_ptr, ready_bounds_ptr, clean_bounds_ptr, mined_ptr, rows, n
 
 @jit
 def _row_scale(x_ptr, k, alpha_ptr, BK: tl.constexpr):
-    """`_row_alpha`, also stored (bf16 bits) at alpha_ptr."""
-    alpha = _row_alpha(x_ptr, k, BK)
-    lane = tl.arange(0, BK)
-    tl.store(alpha_ptr + lane, (alpha.to(tl.int32, bitcast=True) >> 16).to(tl.int16), mask=lane == 0)
-    return alpha
-
-
-@jit
-def _row_alpha(x_ptr, k, BK: tl.constexpr):
-    """The per-token scale of one bf16 row (x_ptr: its int16 bits), α = bf16(448 / max(|x|, 2^-32)),
-    as an f32 (BK,) vector for `_row_codes`. k ≤ BK: one load (the codes pass re-reads it from L1)."""
+    """The per-token scale of one bf16 row (x_ptr: its int16 bits), α = bf16(448 / max(|x|, 2^-32)):
+    stored (bf16 bits) at alpha_ptr and returned as an f32 (BK,) vector for `_row_codes`. k ≤ BK:
+    one load (the codes pass re-reads it from L1)."""
     peak = tl.full((BK,), 0.0, tl.float32)
     for k0 in range(0, k, BK):
         offs = k0 + tl.arange(0, BK)
@@ -259,6 +246,8 @@ def _row_alpha(x_ptr, k, BK: tl.constexpr):
     amax = tl.maximum(tl.reduce(peak, 0, tl.standard._elementwise_max), _NORM_FLOOR)
     alpha = _rne_bf16(tl.math.div_rn(tl.full((BK,), 448.0, tl.float32), tl.full((BK,), 0.0, tl.float32) + amax)
                       .to(tl.int32, bitcast=True))
+    lane = tl.arange(0, BK)
+    tl.store(alpha_ptr + lane, (alpha >> 16).to(tl.int16), mask=lane == 0)
     return alpha.to(tl.float32, bitcast=True)
 
 
@@ -281,44 +270,6 @@ def _clean_kernel(x_ptr, k, codes_ptr, alpha_ptr, BK: tl.constexpr):
     for k0 in range(0, k, BK):
         offs, live, codes = _row_codes(x_ptr + token * k, k0, k, scale, BK)
         tl.store(codes_ptr + token * k + offs, codes, mask=live)
-
-
-@jit
-def _token_peel_kernel(x_ptr, k, f_t_ptr, peel_ptr, inv_alpha_ptr, BK: tl.constexpr):
-    """Program p: columns [g·PEEL_COLUMNS, (g + 1)·PEEL_COLUMNS) of token p // PEEL_GROUPS's clean
-    A peel, A_c′ · F_Bᵀ (g = p % PEEL_GROUPS): its e4m3 codes quantized exactly as the front
-    quantizes them (k ≤ BK: one step), times each F_Bᵀ row, summed in fp32 and rounded to bf16
-    (stored as fp32); g = 0 also stores 1/α. The F_Bᵀ rows' loads are independent of one
-    another, so they are all in flight at once."""
-    t = (tl.program_id(0) // _GROUPS).to(tl.int64)
-    group = tl.program_id(0) % _GROUPS
-    row = x_ptr + t * k
-    scale = tl.reduce(_row_alpha(row, k, BK), 0, tl.standard._elementwise_max)  # one value
-    offs, live, codes = _row_codes(row, 0, k, scale, BK)
-    a = codes.to(tl.float8e4nv, bitcast=True).to(tl.float32)
-    for jj in tl.static_range(PEEL_COLUMNS):
-        j = group * PEEL_COLUMNS + jj
-        f = tl.load(f_t_ptr + j.to(tl.int64) * k + offs, mask=live, other=0).to(tl.float8e4nv, bitcast=True)
-        total = tl.reduce(a * f.to(tl.float32), 0, tl.standard._sum_combine)
-        tl.store(peel_ptr + t * _HALF + j, _rne_bf16(total.to(tl.int32, bitcast=True)).to(tl.float32, bitcast=True))
-    tl.store(inv_alpha_ptr + t, 1.0 / scale, mask=group == 0)
-
-
-def token_peels(x: torch.Tensor, f_b_t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each token's clean A peel A_c′ · F_Bᵀ ((m, 32) fp32, bf16 values) and 1/α ((m,) fp32),
-    from x itself (no wait for the front's codes: the lagged pass runs it on its side stream
-    beside the front, for the GEMM that serves the clean rows). f_b_t: F_Bᵀ's codes (32, k)."""
-    _clean_args(x)
-    m, k = x.shape
-    if k > _QUANT_BLOCK:
-        raise LagError(f"the clean A peel takes a row in one step: k ≤ {_QUANT_BLOCK}, got {k}")
-    if f_b_t.shape != (PEEL_HALF, k) or f_b_t.dtype != torch.uint8 or not f_b_t.is_contiguous():
-        raise LagError(f"F_Bᵀ must be contiguous uint8 ({PEEL_HALF}, {k}), got {f_b_t.dtype} {tuple(f_b_t.shape)}")
-    peel = torch.empty((m, PEEL_HALF), dtype=torch.float32, device=x.device)
-    inv_alpha = torch.empty(m, dtype=torch.float32, device=x.device)
-    _token_peel_kernel[(m * PEEL_GROUPS,)](x.contiguous().view(torch.int16), k, f_b_t, peel, inv_alpha,
-                                           BK=_quant_block(k), num_warps=_PEEL_WARPS, enable_fp_fusion=False)
-    return peel, inv_alpha
 
 
 @dataclass
@@ -416,23 +367,12 @@ def build_operand(clean: CleanRows, ready: LagSlot) -> Operand:
     return _operand(operand, bounds, ready_bounds, counter, table, clean.codes, clean.alpha)
 
 
-def fuses(topk_ids: torch.Tensor | None, experts: int) -> bool:
-    """Whether `lagged_front` is one launch for this routing (MoE decode: at most 4096 routing
-    entries, `one_program_shape`), the only front that also copies (`copies`)."""
-    return topk_ids is not None and one_program_shape(topk_ids.numel(), experts) is not None
-
-
-def lagged_front(x: torch.Tensor, topk_ids: torch.Tensor | None, experts: int, ready: LagSlot,
-                 copies: tuple[tuple[torch.Tensor, torch.Tensor], ...] = ()) -> Operand:
+def lagged_front(x: torch.Tensor, topk_ids: torch.Tensor | None, experts: int, ready: LagSlot) -> Operand:
     """Everything the serving stream does before a lagged GEMM: x's routing table, clean codes
     and α, and the combined operand over `ready`'s A′ rows (the pipeline passes PENDING: it is
-    refilled only after this launch). MoE decode (`fuses`) in ONE launch (`_front_kernel`);
-    dense and larger routings by `clean_rows` then `build_operand`. copies (fused fronts only):
-    up to two int32 (source, destination) word ranges that more programs of the same launch
-    copy (MINED's take where the GEMM serves the clean rows and no serving peel follows it to
-    carry the take)."""
-    if copies and not fuses(topk_ids, experts):
-        raise LagError("only the one-launch MoE decode front copies")
+    refilled only after this launch). MoE decode (`one_program_shape`: at
+    most 4096 routing entries) in ONE launch (`_front_kernel`); dense and larger routings by
+    `clean_rows` then `build_operand`."""
     if topk_ids is None:
         return build_operand(clean_rows(x, None, experts), ready)
     routing_args(topk_ids, experts)
@@ -449,35 +389,19 @@ def lagged_front(x: torch.Tensor, topk_ids: torch.Tensor | None, experts: int, r
                          torch.empty(experts + 1, dtype=torch.int32, device=device))
     operand, bounds, ready_bounds, counter = _operand_buffers(rows, k, experts, device)
     overlap = FRONT_PDL and pdl_enabled()
-    ranges = _copy_ranges(copies, device)
-    ready_programs = triton.cdiv(rows, _READY_ROWS)
-    copy_programs = chunks(ranges[0][0].numel()) + chunks(ranges[1][0].numel())
-    _front_kernel[(m + 1 + ready_programs + copy_programs,)](
+    _front_kernel[(m + 1 + triton.cdiv(rows, _READY_ROWS),)](
         topk_ids.contiguous(), rows, experts, top_k, x.contiguous().view(torch.int16), k, codes, alpha,
         ready.a_rows.view(torch.int32), ready.bounds, table.rflat, table.bounds, operand, operand.view(torch.int32),
-        bounds, ready_bounds, counter, m, 2 * rows, ready_programs, *ranges[0], ranges[0][0].numel(), *ranges[1], ranges[1][0].numel(), EB=shape[0],
-        TK=triton.next_power_of_2(top_k), CHUNK=shape[1], BK=_quant_block(k), BW=_copy_block(k), RP=_READY_ROWS,
-        WAIT=int(overlap), num_warps=_QUANT_WARPS,
+        bounds, ready_bounds, counter, m, 2 * rows, EB=shape[0], TK=triton.next_power_of_2(top_k), CHUNK=shape[1],
+        BK=_quant_block(k), BW=_copy_block(k), RP=_READY_ROWS, WAIT=int(overlap), num_warps=_QUANT_WARPS,
         enable_fp_fusion=False, **pdl_launch(overlap))
     return _operand(operand, bounds, ready_bounds, counter, table, codes.view(torch.float8_e4m3fn),
                     alpha.view(torch.bfloat16))
 
 
-def _copy_ranges(copies: tuple[tuple[torch.Tensor, torch.Tensor], ...], device: torch.device) -> list:
-    """Two flat int32 (source, destination) ranges (empty stand-ins for the missing); refuses
-    more than two, or ranges not contiguous int32 of equal length."""
-    if len(copies) > 2 or any(t.dtype != torch.int32 or not t.is_contiguous() or src.numel() != dst.numel()
-                              for src, dst in copies for t in (src, dst)):
-        raise LagError("copies: at most two contiguous int32 (source, destination) ranges of equal length")
-    none = torch.empty(0, dtype=torch.int32, device=device)
-    return [(src.view(-1), dst.view(-1)) for src, dst in copies] + [(none, none)] * (2 - len(copies))
-
-
 @jit
 def _front_kernel(ids_ptr, total, experts, top_k, x_ptr, k, codes_ptr, alpha_ptr, ready_ptr, ready_bounds_ptr,
                   rflat_ptr, bounds_ptr, out_ptr, out_words_ptr, out_bounds_ptr, ready_copy_ptr, counter_ptr, m, capacity,
-                  ready_programs, first_src_ptr, first_dst_ptr, first_words, second_src_ptr, second_dst_ptr,
-                  second_words,
                   EB: tl.constexpr, TK: tl.constexpr, CHUNK: tl.constexpr, BK: tl.constexpr, BW: tl.constexpr,
                   RP: tl.constexpr, WAIT: tl.constexpr = 0):
     """`lagged_front` at MoE decode, one launch. Program t < m: token t ranks its own top_k
@@ -488,8 +412,7 @@ def _front_kernel(ids_ptr, total, experts, top_k, x_ptr, k, codes_ptr, alpha_ptr
     combined bounds cb = rb + ct (cb[e] = capacity, as `_operand_kernel`), rb's snapshot and the
     GEMM's tile counter zeroed.
     Program m + 1 + c: READY rows [c·RP, (c + 1)·RP), row j → combined row j + ct[w] (w: its
-    expert from rb; ct[w] counted from the ids). After them: COPY_WORDS-word chunks of the two
-    copy ranges (`lagged_front(copies=)`). No program waits for another, so the routing →
+    expert from rb; ct[w] counted from the ids). No program waits for another, so the routing →
     quantization → copy chain (two launches and a READY copy before) is one launch. WAIT:
     launched as the programmatic dependent of the kernel before it (which may write x or the
     ids), so every program waits for it first; what it saves is the launch's latency."""
@@ -523,9 +446,6 @@ def _front_kernel(ids_ptr, total, experts, top_k, x_ptr, k, codes_ptr, alpha_ptr
         tl.store(bounds_ptr + experts + w, total + w * 0, mask=w == 0)
         tl.store(out_bounds_ptr + experts + w, capacity + w * 0, mask=w == 0)
         tl.store(counter_ptr + w, w * 0, mask=w == 0)
-    elif p >= m + 1 + ready_programs:
-        copy_two_ranges(p - m - 1 - ready_programs, first_src_ptr, first_dst_ptr, first_words, second_src_ptr,
-                        second_dst_ptr, second_words)
     else:
         j = (p - m - 1) * RP + tl.arange(0, RP)
         w = tl.arange(0, EB)

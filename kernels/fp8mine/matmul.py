@@ -171,7 +171,7 @@ def folded_lanes(rows: int, n: int, device: torch.device) -> torch.Tensor:
 def grouped_matmul(a: torch.Tensor, b: torch.Tensor, table: RoutingTable,
                    impl: str | None = None, max_sms: int | None = None, side_smem: int = 0,
                    fold_into: torch.Tensor | None = None, fold_bounds: torch.Tensor | None = None,
-                   tile_counter: torch.Tensor | None = None) -> torch.Tensor:
+                   tile_counter: torch.Tensor | None = None, compact: RoutingTable | None = None) -> torch.Tensor:
     """out[rows of w] = a[rows of w] · b[w]ᵀ accumulated as the Hopper model; (rows, n) fp32.
 
     a: (rows, k) e4m3 in expert order (rows = table.rflat length); b: (e, n, k) e4m3.
@@ -185,7 +185,9 @@ def grouped_matmul(a: torch.Tensor, b: torch.Tensor, table: RoutingTable,
     first rows, into their own compact layout (`fold_epilogue.folded_grouped_gemm`'s
     lottery_bounds; fold_into then holds fold_bounds[e] // 4 entries). tile_counter: with
     fold_into, (1,) int32 zeroed before the launch: the folding GEMM's tiles are taken from it
-    (`fold_epilogue.folded_grouped_gemm`).
+    (`fold_epilogue.folded_grouped_gemm`). compact: with fold_bounds, only the rows after each
+    expert's folded ones are stored, bf16, compact by this table's bounds: (its rows, n) (the
+    lagged pass's clean rows; `folded_grouped_gemm(compact_bounds=)`).
     """
     _check(a, b)
     experts, n, k = b.shape
@@ -194,14 +196,19 @@ def grouped_matmul(a: torch.Tensor, b: torch.Tensor, table: RoutingTable,
                           f"operands {experts} / {a.shape[0]}")
     if tile_counter is not None and fold_into is None:
         raise MatmulError("tile_counter schedules the folding GEMM only (pass fold_into)")
+    if compact is not None and fold_bounds is None:
+        raise MatmulError("a compact store keeps the rows after the folded ones (pass fold_into and fold_bounds)")
     if a.device.type != "cuda":
+        if compact is not None:
+            raise MatmulError("a compact store needs the folding CuTe GEMM (CUDA)")
         return _model_grouped(a, b, table)
     impl = impl or gemm_impl()
     if impl not in IMPLS:
         raise MatmulError(f"impl must be one of {IMPLS}, got {impl!r}")
     rows = table.rflat.shape[0]
-    folded_bf16 = fold_into is not None and BF16_FOLDED_ACC
-    out = torch.empty((rows, n), dtype=torch.bfloat16 if folded_bf16 else torch.float32, device=a.device)
+    folded_bf16 = fold_into is not None and (BF16_FOLDED_ACC or compact is not None)
+    out = torch.empty((rows if compact is None else compact.rflat.shape[0], n),
+                      dtype=torch.bfloat16 if folded_bf16 else torch.float32, device=a.device)
     if fold_into is not None:
         if not fold_in_gemm(rows, b, impl):
             raise MatmulError(f"no fold epilogue for {rows} rows × {tuple(b.shape)} (impl {impl})")
@@ -209,7 +216,8 @@ def grouped_matmul(a: torch.Tensor, b: torch.Tensor, table: RoutingTable,
         from kernels.grouped_gemm import tma_operand
         return folded_grouped_gemm(tma_operand(a), tma_operand(b), table.bounds, out, fold_into,
                                    lottery_bounds=fold_bounds, max_sms=max_sms, side_smem=side_smem,
-                                   tile_counter=tile_counter)
+                                   tile_counter=tile_counter,
+                                   compact_bounds=None if compact is None else compact.bounds)
     if impl == "cute":
         return _cute_grouped(a, b, table, out, max_sms, side_smem)
     block_m, block_n, warps = tile_config(a.shape[0], experts)

@@ -29,7 +29,7 @@ from proof.fp8.params import STATE_WINDOW_DEPTH, JobParams, make_job
 
 from . import noise, prequant, quant, transcript
 from .hashing import constant_bytes
-from .lagged import LagSlot, MinedSlot, Operand, clean_peel, fuses, lagged_front, token_peels
+from .lagged import LagSlot, MinedSlot, Operand, clean_peel, lagged_front
 from .lottery import LotteryLatch, threshold_words
 from .matmul import fold_fits, fold_in_gemm, folded_lanes, gather_in_gemm, grouped_matmul, peel_in_gemm
 from .peel import (TAIL_BYTES, a_peel, b_peel, padded_rows, peel_and_unscale, peel_tiles, reads_tiles,
@@ -55,6 +55,11 @@ LAGGED_LOTTERY_FIRST = False
 # next launch's lottery reads them (`run_folded`). False keeps the fp32 accumulator and its row
 # copy (gpu_check times both).
 LAGGED_FOLD = True
+# That folding GEMM stores only the clean rows' bf16 accumulator, compact (where the serving peel
+# reads them without a row shift), from registers: READY rows are folded and never stored, and the
+# GEMM has no D. H100, session 29, GLM-5 decode, the GEMM alone: without D 264.5 µs against 273.9
+# with the bf16 D of all 2R rows. False: the whole tile's bf16 accumulator through TMA.
+LAGGED_COMPACT_ACC = True
 # That folding GEMM takes its tiles from a counter (quack's dynamic persistent scheduler; the front
 # zeroes `Operand.tile_counter`) instead of a fixed share a CTA: the CTAs whose SMs the side
 # stream's kernels share run slower and take fewer tiles, rather than the whole GEMM waiting for
@@ -64,11 +69,6 @@ LAGGED_DYNAMIC = True
 # launch, so nothing on the side stream follows the GEMM and the next launch's front depends on
 # the peel alone. False: the take kernel on the side stream after the GEMM.
 LAGGED_TAKE_IN_PEEL = True
-# Where the lagged GEMM folds and the front is one launch (MoE decode), the GEMM also serves the
-# clean rows from its epilogue (`serve_epilogue`: peel, unscale, bf16 stored in expert order) and
-# the front writes their A peel and copies MINED's take: no serving peel after the GEMM. False:
-# the folding GEMM stores a bf16 accumulator and the serving peel follows it (gpu_check times both).
-LAGGED_SERVE_IN_GEMM = True
 # The same-launch MoE pass writes A′ straight into the GEMM's expert-order rows from the noisy
 # codes launch (top_k copies of each token row; `RoutingTable.positions`) instead of token order
 # and an index_select after it (194 µs at GLM-5 FC1 prefill on the H100, session 16). False
@@ -238,7 +238,8 @@ class LaunchResult:
     read it); None where the GEMM peeled in its epilogue (`matmul.peel_in_gemm`: none is stored).
 
     Lagged passes: `acc` is the combined accumulator and `operand_bounds` its bounds (e+1,):
-    expert w's rows start with the READY (previous launch's) rows, then this launch's clean rows.
+    expert w's rows start with the READY (previous launch's) rows, then this launch's clean rows;
+    where the GEMM stores compact (`MinedGemm.compact_acc`), only the clean rows, in `table`'s order.
     `a` is this launch's A side (mined by the next launch)."""
 
     out: torch.Tensor
@@ -289,7 +290,7 @@ class MinedGemm:
             fold = LAGGED_FOLD and fold_fits(2 * rows, (self.b.experts, self.b.n_e, k), self.b.device)
             self.ready_lanes = folded_lanes(rows, self.b.n_e, self.b.device) if fold else None
             self.mined = MinedSlot.allocate(m, rows, self.b.n_e, k, self.b.experts, self.b.device, folded=fold)
-            self.serve = LAGGED_SERVE_IN_GEMM and fold  # read once: a pass keeps one slot discipline
+            self.compact_acc = LAGGED_COMPACT_ACC and fold  # read once: the peel must read what the GEMM stored
             self.gemm_sms = (torch.cuda.get_device_properties(self.b.device).multi_processor_count
                              - LAGGED_SIDE_SMS) if cuda and not LAGGED_SIDE_SMEM else None
 
@@ -410,8 +411,6 @@ class MinedGemm:
         assert self.state is not None
         state, ready, pending, mined = self.state, self.ready, self.pending, self.mined
         main = self._main()
-        if self.serves(topk_ids):
-            return self._forward_served(x, topk_ids, main)
         self._fork(main)
         with self._on_side():
             ready.tail().copy_(pending.tail())
@@ -444,54 +443,16 @@ class MinedGemm:
             self._join(main)
         return LaunchResult(out, acc, table, a, operand.table.bounds)
 
-    def serves(self, topk_ids: torch.Tensor | None) -> bool:
-        """Whether a lagged launch with this routing serves its clean rows from the GEMM's
-        epilogue (`LAGGED_SERVE_IN_GEMM` when this pass was built, the GEMM folds, and the front
-        is one launch)."""
-        return self.serve and fuses(topk_ids, self.b.experts)
-
-    def _forward_served(self, x: torch.Tensor, topk_ids: torch.Tensor,
-                        main: torch.cuda.Stream | None) -> LaunchResult:
-        """A lagged launch whose GEMM serves the clean rows. side, first: each token's clean A
-        peel and 1/α (`token_peels`, from x, beside the front). main: the front (routing, clean
-        quantization, the combined operand, and MINED ← the lanes the previous GEMM folded and
-        READY's tail) → the serving GEMM (READY rows folded into their lanes, clean rows peeled
-        into the output), after the peels. side, after the front: READY's tail ← PENDING's,
-        MINED's lottery, payload and publish, and x_t's A side into PENDING, under the GEMM;
-        the serving stream joins it after the GEMM."""
-        from .serve_epilogue import served_grouped_gemm
-        state, ready, pending, mined = self.state, self.ready, self.pending, self.mined
-        self._fork(main)
-        with self._on_side():
-            peel_right, inv_alpha = token_peels(x, state.f_b_t)
-            peels_ready = self._event()
-        operand = lagged_front(x, topk_ids, self.b.experts, pending, mined.folded_copies(self.ready_lanes, ready))
-        table = operand.clean_table
-        self._fork(main)
-        with self._on_side():
-            ready.tail().copy_(pending.tail())  # READY's old tail is in MINED now (the front's copy)
-            self._mine_previous()
-            a = prepare_a(quant.prepare_rows(x), self.seed_message, self.p_a_len, state, table)
-            pending.fill(a.side.codes, a.codes, a.scales, a.pow_key, table)
-        self._wait(main, peels_ready)
-        out = torch.empty((table.rflat.shape[0], self.b.n_e), dtype=torch.bfloat16, device=x.device)
-        served_grouped_gemm(operand.rows, self.b_codes(), operand.table.bounds, self.ready_lanes,
-                            operand.ready_bounds, table.bounds, table.rflat, peel_right, inv_alpha,
-                            state.peel, state.inv_alpha.view(self.b.experts, self.b.n_e), out,
-                            max_sms=self.gemm_sms, side_smem=LAGGED_SIDE_SMEM,
-                            tile_counter=operand.tile_counter if LAGGED_DYNAMIC else None)
-        self._join(main)
-        return LaunchResult(out, None, table, a, operand.table.bounds)
-
     def _serving_peel(self, acc: torch.Tensor, a_peel_clean: torch.Tensor, alpha: torch.Tensor, table: RoutingTable,
                       tiles: RowTiles | None, copies: tuple = ()) -> torch.Tensor:
-        """The serving peel of a lagged launch's clean rows (READY's row counts shift them), the
-        GEMM's programmatic dependent, also copying `copies` (MINED's folded take)."""
+        """The serving peel of a lagged launch's clean rows (compact, or shifted by READY's row
+        counts in the combined accumulator), the GEMM's programmatic dependent, also copying
+        `copies` (MINED's folded take)."""
         state = self.state
         return peel_and_unscale(acc, a_peel_clean, alpha, state.peel.view(self.b.experts, self.b.n_e, -1),
                                 state.side.alpha.view(self.b.experts, self.b.n_e), table,
-                                row_shift=self.ready.bounds[1:], tiles=tiles, a_left_zero=True, after_gemm=True,
-                                copies=copies)
+                                row_shift=None if self.compact_acc else self.ready.bounds[1:], tiles=tiles,
+                                a_left_zero=True, after_gemm=True, copies=copies)
 
     def _combined_gemm(self, operand: Operand) -> torch.Tensor:
         """The lagged GEMM over the combined operand, sharing its SMs with the side stream;
@@ -504,7 +465,8 @@ class MinedGemm:
         return grouped_matmul(operand.rows, self.b_codes(), operand.table, max_sms=self.gemm_sms,
                               side_smem=LAGGED_SIDE_SMEM, fold_into=self.ready_lanes,
                               fold_bounds=operand.ready_bounds if folds else None,
-                              tile_counter=operand.tile_counter if folds and LAGGED_DYNAMIC else None)
+                              tile_counter=operand.tile_counter if folds and LAGGED_DYNAMIC else None,
+                              compact=operand.clean_table if self.compact_acc else None)
 
     def _mine_previous(self) -> None:
         """The lottery, payload and publish of MINED (the rows the previous launch's GEMM hashed)."""
