@@ -12,7 +12,10 @@ lanes store one tile's message as 64 contiguous bytes.
 Why the compression is not here too: drawing the tickets in the epilogue as well (a shuffle
 transpose, then one lane per tile compressing, or four lanes sharing a compression) cost the
 GLM-5 prefill GEMM 194-200 µs on the H200 (docs/kernels-fp8mine.md "Ninth session"): the
-consumer warps hold the tensor cores idle through ~1000 dependent operations a tile.
+consumer warps hold the tensor cores idle through ~1000 dependent operations a tile. The same
+holds for the lagged pass's serving peel: done in this epilogue with CUDA-core FMAs it cost the
+decode GEMM ~90 µs on an H100 (its loads wait on a saturated DRAM; "Twenty-ninth session"), so
+the lagged GEMM only stores its clean rows compact here (`CompactStoreMixin`) for the peel pass.
 
 The host side checks what the kernel assumes (`fits`). This module imports cutlass and quack at
 import time, like kernels.grouped_gemm_sm90.
