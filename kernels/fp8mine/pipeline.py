@@ -57,8 +57,9 @@ LAGGED_LOTTERY_FIRST = False
 LAGGED_FOLD = True
 # That folding GEMM stores only the clean rows' bf16 accumulator, compact (where the serving peel
 # reads them without a row shift), from registers: READY rows are folded and never stored, and the
-# GEMM has no D. H100, session 29, GLM-5 decode, the GEMM alone: without D 264.5 µs against 273.9
-# with the bf16 D of all 2R rows. False: the whole tile's bf16 accumulator through TMA.
+# GEMM has no D. H100, session 29, the GEMM alone: 272.9 against 275.3 µs with the bf16 D of all 2R
+# rows (GLM-5 decode), 314.5 against 316.4 (DeepSeek-V3); the served outputs bitwise equal. False:
+# the whole tiles' bf16 accumulator through TMA (gpu_check times both).
 LAGGED_COMPACT_ACC = True
 # That folding GEMM takes its tiles from a counter (quack's dynamic persistent scheduler; the front
 # zeroes `Operand.tile_counter`) instead of a fixed share a CTA: the CTAs whose SMs the side
