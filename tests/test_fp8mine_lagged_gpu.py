@@ -27,11 +27,14 @@ def _routings(tokens: int, top_k: int, experts: int, seed: int) -> list[torch.Te
     """Four launches' routings: uniform; random distinct experts per token, four experts empty;
     every token on expert 0 (its 64 clean rows plus the READY ones span two 64-row tiles);
     uniform again."""
+    from kernels.fp8mine.gpu_check import _uniform_topk
+
     gen = torch.Generator().manual_seed(seed)
-    uniform = (torch.arange(tokens)[:, None] * top_k + torch.arange(top_k)[None, :]) % experts
-    spread = torch.stack([torch.randperm(experts - 4, generator=gen)[:top_k] for _ in range(tokens)])
-    hot = torch.cat([torch.zeros((tokens, 1), dtype=torch.int64), spread[:, 1:] % (experts - 1) + 1], dim=1)
-    return [r.cuda() for r in (uniform, spread, hot, uniform.roll(5, 0))]
+    uniform = _uniform_topk(tokens, top_k, experts)
+    spread = torch.stack([torch.randperm(experts - 4, generator=gen)[:top_k] for _ in range(tokens)]).cuda()
+    hot = torch.cat([torch.zeros((tokens, 1), dtype=torch.int64, device="cuda"), spread[:, 1:] % (experts - 1) + 1],
+                    dim=1)
+    return [uniform, spread, hot, uniform.roll(5, 0)]
 
 
 def test_the_compact_store_serves_and_folds_as_the_whole_tile_store():

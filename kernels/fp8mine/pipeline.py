@@ -53,7 +53,7 @@ LAGGED_LOTTERY_FIRST = False
 # straight into their compact layout) and stores a bf16 accumulator, which only the clean rows'
 # peel reads; MINED's take then copies those lanes, not the READY rows' fp32 accumulator, and the
 # next launch's lottery reads them (`run_folded`). False keeps the fp32 accumulator and its row
-# copy (gpu_check times both).
+# copy (timed against it in session 22; gpu_check times LAGGED_COMPACT_ACC's two forms instead).
 LAGGED_FOLD = True
 # That folding GEMM stores only the clean rows' bf16 accumulator, compact (where the serving peel
 # reads them without a row shift), from registers: READY rows are folded and never stored, and the
