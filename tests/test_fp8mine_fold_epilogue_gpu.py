@@ -125,3 +125,35 @@ def test_tile_counter_schedule_keeps_the_bits_of_the_static_one() -> None:
         out, lanes = launch(counter, max_sms)
         assert torch.equal(out, want_out) and torch.equal(lanes, want_lanes)
         assert int(counter) > 0  # the CTAs took tiles from it
+
+
+def test_compact_store_keeps_the_whole_tile_stores_bits_nan_included() -> None:
+    """The compact store (`compact_bounds`, the lagged pass's clean rows) writes each kept row as
+    the whole-tile bf16 store (TMA, F2FP) does, bit for bit, with NaN codes planted in some rows
+    of A so that WGMMA's canonical NaN reaches the store (the integer rounding it replaced
+    stored it as −0); the folded lanes are the whole-tile kernel's."""
+    from kernels.fp8mine.fold_epilogue import folded_grouped_gemm
+    from kernels.fp8mine.pipeline import LAGGED_SIDE_SMEM
+
+    config = GroupedGemmConfig.from_key("64x128x128_c1x1_pp")
+    a, b = _operands(7)
+    nan_rows = torch.tensor([20, 60, 200, 300, 425], device="cuda")  # kept rows of experts 0, 2 and 3
+    a.view(torch.uint8)[torch.cat([nan_rows, torch.tensor([40], device="cuda")]), 5] = 0xFF  # e4m3 −NaN; 40 is folded
+    bounds = _table().bounds
+    ready = torch.tensor([16, 0, 20, 33, 6])  # each expert's first rows are folded, the rest kept
+    lottery_bounds = torch.cat([torch.zeros(1), ready.cumsum(0)]).to(torch.int32).cuda()
+    kept = torch.tensor(SIZES) - ready
+    compact_bounds = torch.cat([torch.zeros(1), kept.cumsum(0)]).to(torch.int32).cuda()
+    results = []
+    for compact in (False, True):
+        out = torch.empty((int(kept.sum()) if compact else a.shape[0], N), dtype=torch.bfloat16, device="cuda")
+        lanes = torch.full((int(ready.sum()) // 4, N // 64, 16), -1, dtype=torch.int32, device="cuda")
+        folded_grouped_gemm(a, b, bounds, out, lanes, config, lottery_bounds=lottery_bounds, side_smem=LAGGED_SIDE_SMEM,
+                            compact_bounds=compact_bounds if compact else None)
+        results.append((out.view(torch.int16), lanes))
+    (whole, whole_lanes), (compact, compact_lanes) = results
+    starts = _table().bounds.tolist()
+    rows = torch.cat([torch.arange(starts[w] + int(ready[w]), starts[w + 1]) for w in range(len(SIZES))]).cuda()
+    assert torch.equal(compact, whole[rows])
+    assert torch.equal(compact_lanes, whole_lanes)
+    assert torch.isnan(compact.view(torch.bfloat16)).any(dim=1).sum() == len(nan_rows)

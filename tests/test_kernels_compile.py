@@ -134,8 +134,9 @@ def test_fold_epilogue_shares_its_sms_for_the_lagged_pass(experts, rows, n, k) -
 def test_compact_fold_epilogue_compiles_for_the_lagged_pass(experts, rows, n, k) -> None:
     """The lagged pass's folding GEMM that stores only its clean rows, compact
     (`LAGGED_COMPACT_ACC`), as launched: no D, so no TMA store; one lane store per 64-column
-    block a thread folds and one word store per 8-column block and row half it keeps; one
-    atomic tile take; no spills."""
+    block a thread folds and one word store per 8-column block and row half it keeps, each word
+    rounded by the hardware conversion (F2FP, as the TMA store's: a NaN stays NaN); one atomic
+    tile take; no spills."""
     from kernels.fp8mine.fold_epilogue import compile_fold_gemm, fold_config
     from kernels.fp8mine.pipeline import LAGGED_DYNAMIC, LAGGED_SIDE_SMEM
     from kernels.grouped_gemm import shared_config
@@ -145,6 +146,7 @@ def test_compact_fold_epilogue_compiles_for_the_lagged_pass(experts, rows, n, k)
     assert set(re.findall(MMA_SASS[Precision.FP8], sass)) == {str(config.tile_n)}
     assert "UTMASTG" not in sass
     assert len(re.findall(r"\bSTG\.E\b", sass)) == 2 * config.tile_n // 64 + 2 * config.tile_n // 8
+    assert len(re.findall(r"\bF2FP\.BF16\.F32\.PACK_AB\b", sass)) == 2 * config.tile_n // 8
     assert len(re.findall(r"\bATOMG\.E\.ADD\b", sass)) == int(LAGGED_DYNAMIC)
     assert not re.search(r"\b(LDL|STL)\b", sass), "registers spilled to local memory"
 

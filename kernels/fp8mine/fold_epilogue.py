@@ -30,8 +30,9 @@ import cutlass.cute as cute
 import torch
 from cutlass import Float32, Int32, Uint32, const_expr
 from quack.compile_utils import make_fake_tensor
+from cutlass._mlir.dialects import llvm
 from cutlass._mlir_helpers.arith import bitcast
-from cutlass.cutlass_dsl import T
+from cutlass.cutlass_dsl import T, dsl_user_op
 
 from kernels.grouped_gemm import launch_variant, shared_config
 from kernels.grouped_gemm_config import GroupedGemmConfig, Output, Precision, select_config
@@ -95,11 +96,15 @@ class Fp32FoldSm90(MiningParamsMixin, FoldEpilogueMixin, GroupedGemmFp32AccSm90)
     with the lottery's fold in the epilogue."""
 
 
-def _bf16_bits(x: Float32) -> Uint32:
-    """x + 0 (a zero as +0, as the stored accumulator) rounded to nearest-even bf16: its 16 bits
-    (finite values)."""
-    u = _u32(x + Float32(0.0))
-    return (u + Uint32(0x7FFF) + ((u >> 16) & Uint32(1))) >> 16
+@dsl_user_op
+def _bf16x2_word(low: Float32, high: Float32, *, loc=None, ip=None) -> Int32:
+    """low + 0 and high + 0 (a zero as +0, as the stored accumulator) rounded to nearest-even
+    bf16 by the hardware conversion (F2FP, the TMA store's), packed low | high << 16. The
+    hardware form, not integer rounding: a NaN stays the canonical bf16 NaN (integer RNE carried
+    WGMMA's 0x7FFFFFFF into the sign bit and stored −0)."""
+    args = [(Float32(v) + Float32(0.0)).ir_value(loc=loc, ip=ip) for v in (high, low)]
+    return Int32(llvm.inline_asm(T.i32(), args, "cvt.rn.bf16x2.f32 $0, $1, $2;", "=r,f,f",
+                                 has_side_effects=False, is_align_stack=False))
 
 
 class CompactStoreMixin(FoldEpilogueMixin):
@@ -137,9 +142,8 @@ class CompactStoreMixin(FoldEpilogueMixin):
                             _, col = ident[(0, h, nb), mm, mn]
                             col = tile_coord_mnkl[1] * tile_n + col
                             if col < n:  # a cluster's CTA may sit past n_e
-                                low = _bf16_bits(acc[(0, h, nb), mm, mn])
-                                high = _bf16_bits(acc[(1, h, nb), mm, mn])
-                                params.compact_out[first + i, col // 2] = Int32(low | (high << 16))
+                                params.compact_out[first + i, col // 2] = _bf16x2_word(
+                                    acc[(0, h, nb), mm, mn], acc[(1, h, nb), mm, mn])
 
 
 class CompactFoldSm90(MiningParamsMixin, CompactStoreMixin, GroupedGemmFp32AccSm90):
