@@ -42,9 +42,11 @@ class MiningEpilogueArguments(NamedTuple):
     # the lagged fold GEMM that stores only its clean rows, compact (kernels.fp8mine.fold_epilogue)
     compact_bounds: Optional[cute.Tensor] = None
     compact_out: Optional[cute.Tensor] = None
+    # ... and counts each expert's finished tiles, for a peel that polls them
+    expert_done: Optional[cute.Tensor] = None
 
 
-_MINING_FIELDS = ("lottery_bounds", "lottery_lanes", "compact_bounds", "compact_out")
+_MINING_FIELDS = ("lottery_bounds", "lottery_lanes", "compact_bounds", "compact_out", "expert_done")
 
 
 class MiningParamsMixin:
@@ -79,6 +81,7 @@ def fake_unscale_arguments(m, n, num_experts) -> MiningEpilogueArguments:
 
 def mining_arguments(bounds, words, **vectors) -> MiningEpilogueArguments:
     """Launch-time arguments (compile-time fields travel as None); `vectors`: the unscale's
-    mRowVecBroadcast and mColVecBroadcast, or the compact store's compact_bounds and compact_out."""
+    mRowVecBroadcast and mColVecBroadcast, or the compact store's compact_bounds and compact_out
+    (and its expert_done counters)."""
     return MiningEpilogueArguments(add_to_output=None, rounding_mode=None, lottery_bounds=bounds,
                                    lottery_lanes=words, **vectors)

@@ -91,20 +91,23 @@ SCRIPT = textwrap.dedent("""
             print("PEEL-BEGIN")
             print(peeled.asm["ptx"])
             print("PEEL-END")
-    # the lagged pass's peel (clean rows, shifted, a programmatic dependent of the GEMM) and a plain one
-    for rows, shifted, right_only, after_gemm in ((16, True, True, 1), (32, False, False, 0)):
+    # the lagged pass's peel (clean rows, shifted, a programmatic dependent of the GEMM), a plain
+    # one, and the lagged pass's polling peel (compact bf16 accumulator, `LAGGED_PEEL_POLLS`)
+    for rows, acc, shifted, right_only, after_gemm, poll, tag in (
+            (16, "*fp32", True, True, 1, 0, "EXPERTPEEL"), (32, "*fp32", False, False, 0, 0, "EXPERTPEELPLAIN"),
+            (16, "*bf16", False, True, 1, 1, "EXPERTPEELPOLL")):
         by_expert = triton.compile(ASTSource(fn=peel._expert_peel_kernel, signature={
-            "acc_ptr": "*fp32", "shift_ptr": "*i32" if shifted else "*fp32", "rflat_ptr": "*i32",
+            "acc_ptr": acc, "shift_ptr": "*i32" if shifted else acc, "rflat_ptr": "*i32",
             "a_peel_ptr": "*i16", "alpha_a_ptr": "*i16", "b_peel_ptr": "*i16", "alpha_b_ptr": "*i16",
             "bounds_ptr": "*i32", "out_ptr": "*i16", "n": "i32", "acc_rows": "i32", "experts": "i32",
             "first_src_ptr": "*i32", "first_dst_ptr": "*i32", "first_words": "i32", "second_src_ptr": "*i32",
-            "second_dst_ptr": "*i32", "second_words": "i32", "BR": "constexpr",
-            "BN": "constexpr", "SHIFTED": "constexpr", "RIGHT_ONLY": "constexpr", "AFTER_GEMM": "constexpr"},
+            "second_dst_ptr": "*i32", "second_words": "i32", "done_ptr": "*i32", "gemm_bounds_ptr": "*i32",
+            "tile_m": "i32", "col_tiles": "i32", "BR": "constexpr", "BN": "constexpr", "SHIFTED": "constexpr",
+            "RIGHT_ONLY": "constexpr", "AFTER_GEMM": "constexpr", "POLL": "constexpr"},
             constexprs={"BR": rows, "BN": peel._EXPERT_PEEL_COLS, "SHIFTED": shifted, "RIGHT_ONLY": right_only,
-                        "AFTER_GEMM": after_gemm},
-            attrs={**ALIGNED(10), **{(i,): [["tt.divisibility", 16]] for i in (12, 13, 14, 15, 16, 17)}}),
+                        "AFTER_GEMM": after_gemm, "POLL": poll},
+            attrs={**ALIGNED(10), **{(i,): [["tt.divisibility", 16]] for i in (12, 13, 14, 15, 16, 17, 18, 19)}}),
             target=target, options={"num_warps": peel._EXPERT_PEEL_WARPS, "num_stages": 1})
-        tag = "EXPERTPEEL" if right_only else "EXPERTPEELPLAIN"
         print(f"{tag}-BEGIN")
         print(by_expert.asm["ptx"])
         print(f"{tag}-END")
@@ -337,6 +340,24 @@ def test_decode_peel_dot_chains_from_the_accumulator(compiled):
     assert mma and len(mma) % 4 == 0 and "wgmma" not in ptx
     assert not re.search(r"\badd(\.rn)?\.f32", ptx) and not re.search(r"\bfma\.rn\.f32", ptx)
     assert set(re.findall(r"st\.global[\w.]*", ptx)) == {"st.global.v4.b32"}
+
+
+def test_polling_peel_reads_an_expert_after_acquiring_its_tile_count(compiled):
+    """The polling peel (`LAGGED_PEEL_POLLS`): an expert's program issues its bounds, Rflat and
+    B-peel loads, then acquire-loads its expert's finished-tile count (gpu scope; one thread,
+    shared with the rest through shared memory) in a loop, and only then its first accumulator
+    (evict-first) load; the copy programs wait for the whole GEMM
+    first, and every program waits for it once more before it lets the next kernel launch."""
+    ptx = compiled.split("EXPERTPEELPOLL-BEGIN")[1].split("EXPERTPEELPOLL-END")[0]
+    acquire = [m.start() for m in re.finditer(r"ld\.global\.gpu\.acquire\.b32", ptx)]  # Triton's atomic add of 0
+    first_acc = ptx.index("evict_first")
+    assert len(acquire) == 2 and acquire[-1] < first_acc  # before and inside the spin loop
+    before_poll = ptx[:acquire[0]]
+    assert len(re.findall(r"ld\.global", before_poll)) >= 4 and "griddepcontrol.wait" not in before_poll
+    assert ptx.count("griddepcontrol.wait") == 3  # the count never arrived; the copy programs; the end
+    assert ptx.count("griddepcontrol.launch_dependents") == 1
+    assert ptx.rindex("griddepcontrol.wait") < ptx.index("griddepcontrol.launch_dependents")
+    assert ptx.rindex("st.global") < ptx.index("griddepcontrol.launch_dependents")
 
 
 def test_lagged_decode_peel_waits_for_the_gemm_only_before_reading_its_output(compiled):

@@ -87,8 +87,9 @@ def test_combined_operand_matches_literal_reference(experts, top_k, ready_counts
 
 @pytest.fixture(autouse=True)
 def _stale_tile_counter(monkeypatch):
-    """Operand buffers come back with a nonzero tile counter, so a kernel that does not zero it
-    fails the operand checks (a fresh allocation often holds zero by chance)."""
+    """Operand buffers come back with nonzero counters (the tile counter and each expert's
+    finished tiles), so a kernel that does not zero them fails the operand checks (a fresh
+    allocation often holds zero by chance)."""
     from kernels.fp8mine import lagged
     allocate = lagged._operand_buffers
 
@@ -114,6 +115,7 @@ def _assert_operand(got, x: torch.Tensor, table: RoutingTable, ready: LagSlot) -
     assert got.table.bounds.tolist() == [r + c for r, c in zip(rb, ct)][:-1] + [2 * rows]  # the end: all rows
     assert torch.equal(got.ready_bounds, ready.bounds)  # the snapshot the folding GEMM reads
     assert got.tile_counter.tolist() == [0]  # zeroed for the GEMM's dynamic scheduler
+    assert got.expert_done.tolist() == [0] * table.experts  # and for a polling peel
     assert torch.equal(got.rows.view(torch.uint8)[:len(want_rows)], torch.stack(want_rows))
     for token, alpha in want_alpha.items():
         assert got.clean_alpha[token].view(torch.int16) == alpha.view(torch.int16)
@@ -145,6 +147,7 @@ def test_front_in_one_launch_equals_the_two_launch_path(seed, m, experts, top_k,
     assert torch.equal(got.rows.view(torch.uint8)[:used], want.rows.view(torch.uint8)[:used])
     assert torch.equal(got.table.bounds, want.table.bounds) and torch.equal(got.ready_bounds, want.ready_bounds)
     assert got.tile_counter.tolist() == want.tile_counter.tolist() == [0]
+    assert got.expert_done.tolist() == want.expert_done.tolist() == [0] * experts
     assert torch.equal(got.clean_table.rflat, want.clean_table.rflat)
     assert torch.equal(got.clean_table.bounds, want.clean_table.bounds)
     assert torch.equal(got.clean_codes.view(torch.uint8), want.clean_codes.view(torch.uint8))
@@ -274,6 +277,28 @@ def test_serving_peel_carries_the_folded_take():
     with pytest.raises(ValueError, match="decode peel only"):
         peel_and_unscale(torch.zeros((304, n)), *wide_peels, wide,
                          copies=mined.folded_copies(lanes, ready))
+
+
+def test_polling_peel_is_refused_where_it_cannot_poll():
+    """`peel_and_unscale(poll=)` (`LAGGED_PEEL_POLLS`) only after its GEMM, with int32 counts (e,)
+    and the GEMM's bounds (e+1,), and only on the decode peel. Without PDL (here, the
+    interpreter) the peel runs after the GEMM anyway and its output is the plain peel's."""
+    from kernels.fp8mine.peel import TilePoll
+    table, a_peel, alpha_a, b_peel, alpha_b = _peel_inputs([5, 0, 11, 8], n=384, seed=9)
+    acc = torch.randn((24, 384)) * 1000
+    done, bounds = torch.zeros(4, dtype=torch.int32), torch.tensor([0, 10, 10, 30, 48], dtype=torch.int32)
+    args = (acc, a_peel, alpha_a, b_peel, alpha_b, table)
+    want = peel_and_unscale(*args)
+    got = peel_and_unscale(*args, after_gemm=True, poll=TilePoll(done, bounds, 64, 128))
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+    for bad, after in ((TilePoll(done, bounds, 64, 128), False), (TilePoll(done[:3], bounds, 64, 128), True),
+                       (TilePoll(done.long(), bounds, 64, 128), True), (TilePoll(done, bounds[:4], 64, 128), True)):
+        with pytest.raises(ValueError, match="poll"):
+            peel_and_unscale(*args, after_gemm=after, poll=bad)
+    wide, *wide_peels = _peel_inputs([80, 70, 64, 90], n=384, seed=1)  # prefill-sized: the row-tile peel
+    with pytest.raises(ValueError, match="decode peel only"):
+        peel_and_unscale(torch.zeros((304, 384)), *wide_peels, wide, after_gemm=True,
+                         poll=TilePoll(done, bounds, 64, 128))
 
 
 def test_slot_views_are_disjoint_and_one_copy_moves_a_launch():

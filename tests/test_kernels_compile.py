@@ -151,6 +151,33 @@ def test_compact_fold_epilogue_compiles_for_the_lagged_pass(experts, rows, n, k)
     assert not re.search(r"\b(LDL|STL)\b", sass), "registers spilled to local memory"
 
 
+def test_compact_fold_epilogue_counts_its_tiles_for_a_polling_peel() -> None:
+    """`LAGGED_PEEL_POLLS`: the compact-storing lagged GEMM that also counts each expert's
+    finished tiles: after its stores, one gpu-scope release reduction a tile (behind a fence),
+    and one more launch_dependents (PREEXIT) than the same kernel without counts, from its first
+    tile on; the same stores, no spills. Counting is refused without the compact store and on a
+    pingpong or clustered config."""
+    from kernels.fp8mine.fold_epilogue import compile_fold_gemm, fold_config, launch_config, signals
+    from kernels.fp8mine.pipeline import LAGGED_DYNAMIC, LAGGED_SIDE_SMEM
+    from kernels.grouped_gemm import shared_config
+
+    config = shared_config(fold_config(32 * 32, 32, 4096, 6144), LAGGED_SIDE_SMEM)
+    assert launch_config(32 * 32, (32, 4096, 6144), LAGGED_SIDE_SMEM) == config and signals(config)
+    plain, counting = (compile_fold_gemm(config, Output.BF16, LAGGED_SIDE_SMEM, LAGGED_DYNAMIC, compact=True,
+                                         signal=signal).__sass__ for signal in (False, True))
+    assert re.findall(r"\bREDG\S*", counting) == ["REDG.E.ADD.S32.STRONG.GPU"] and "REDG" not in plain
+    assert "MEMBAR.ALL.GPU" in counting and "MEMBAR.ALL.GPU" not in plain
+    assert counting.count("PREEXIT") == plain.count("PREEXIT") + 1
+    assert len(re.findall(r"\bSTG\.E\b", counting)) == len(re.findall(r"\bSTG\.E\b", plain))
+    assert not re.search(r"\b(LDL|STL)\b", counting), "registers spilled to local memory"
+    with pytest.raises(ValueError, match="tile counts"):
+        compile_fold_gemm(config, Output.BF16, LAGGED_SIDE_SMEM, signal=True)
+    for other in (GroupedGemmConfig(64, 128, 128, pingpong=True), GroupedGemmConfig(128, 128, 128, cluster_m=2)):
+        assert not signals(other)
+        with pytest.raises(ValueError, match="tile counts"):
+            compile_fold_gemm(other, Output.BF16, compact=True, signal=True)
+
+
 def test_fold_epilogue_refuses_other_outputs() -> None:
     """Only an fp32 or a bf16 accumulator is stored (compact: bf16 only): an int32 output or out
     tensor is refused before anything compiles or launches."""

@@ -33,6 +33,7 @@ from quack.compile_utils import make_fake_tensor
 from cutlass._mlir.dialects import llvm
 from cutlass._mlir_helpers.arith import bitcast
 from cutlass.cutlass_dsl import T, dsl_user_op
+from cutlass.experimental import primitives as prims
 
 from kernels.grouped_gemm import launch_variant, shared_config
 from kernels.grouped_gemm_config import GroupedGemmConfig, Output, Precision, select_config
@@ -113,12 +114,31 @@ class CompactStoreMixin(FoldEpilogueMixin):
     lottery_w + i (i < compact_bounds[w + 1] − compact_bounds[w]) → compact row
     compact_bounds[w] + i. The lagged pass's READY rows are folded and never stored, and its
     clean rows land where the serving peel reads them without a row shift; the kernel has no
-    D (a whole-tile TMA store would write both)."""
+    D (a whole-tile TMA store would write both). With expert_done (E,) int32, zero at the
+    launch: each finished tile adds one to its expert's count (`signal_tile_done`), and the
+    kernel lets its programmatic dependent launch from its first tile on, so a peel that polls
+    the counts (`peel.peel_and_unscale(poll=)`) serves each expert while the GEMM goes on."""
 
     @cute.jit
     def epi_visit_acc(self, params, acc: cute.Tensor, tiled_mma, tile_coord_mnkl, tidx: Int32) -> None:
+        if const_expr(params.expert_done is not None):
+            # the polling peel (the next kernel) may launch once every CTA has begun a tile
+            prims.griddepcontrol(prims.GridDepAction.LAUNCH_DEPENDENTS)
         self.fold_tiles(params, acc, tiled_mma, tile_coord_mnkl, tidx)
         self.store_compact(params, acc, tiled_mma, tile_coord_mnkl, tidx)
+        if const_expr(params.expert_done is not None):
+            self.signal_tile_done(params, tile_coord_mnkl, tidx)
+
+    @cute.jit
+    def signal_tile_done(self, params, tile_coord_mnkl, tidx: Int32) -> None:
+        """expert_done[w] += 1 for this tile of expert w, once every epilogue thread's stores are
+        issued (the epilogue's CTA barrier, then one gpu-scope fence and release reduction), so
+        that a peel polling the count with acquire loads reads the finished rows."""
+        self.epilogue_barrier.arrive_and_wait()
+        if tidx == 0:
+            cute.arch.fence_acq_rel_gpu()
+            cute.arch.red(params.expert_done.iterator + tile_coord_mnkl[3], Int32(1), op="add", dtype="s32",
+                          sem="release", scope="gpu")
 
     @cute.jit
     def store_compact(self, params, acc: cute.Tensor, tiled_mma, tile_coord_mnkl, tidx: Int32) -> None:
@@ -157,6 +177,12 @@ def _fake_compact_arguments(m, n, num_experts):
         compact_out=make_fake_tensor(Int32, (cute.sym_int(), cute.sym_int()), leading_dim=1))
 
 
+def _fake_signalling_arguments(m, n, num_experts):
+    """`_fake_compact_arguments` plus the per-expert finished-tile counts."""
+    return _fake_compact_arguments(m, n, num_experts)._replace(
+        expert_done=make_fake_tensor(Int32, (cute.sym_int(),), leading_dim=0))
+
+
 def fits(config: GroupedGemmConfig, n: int) -> bool:
     """Whether the fold epilogue supports this config at this N (else the lottery reads the
     accumulator): whole 64-column blocks in each warpgroup's columns and in n_e, at most
@@ -177,7 +203,7 @@ def fold_config(rows: int, experts: int, n: int, k: int) -> GroupedGemmConfig | 
 
 @functools.lru_cache(maxsize=None)
 def compile_fold_gemm(config: GroupedGemmConfig, output: Output = Output.FP32, side_smem: int = 0,
-                      dynamic: bool = False, compact: bool = False) -> Callable:
+                      dynamic: bool = False, compact: bool = False, signal: bool = False) -> Callable:
     """The fp8 grouped GEMM with the fold epilogue, for sm_90a (fake tensors), storing the raw
     accumulator as fp32 (`output` FP32) or rounded to bf16 (BF16: the lanes are folded from the
     fp32 values first, so only what the peel reads is rounded). side_smem > 0: the variant that
@@ -185,14 +211,31 @@ def compile_fold_gemm(config: GroupedGemmConfig, output: Output = Output.FP32, s
     with one consumer warpgroup), as the lagged decode pass runs it; dynamic: tiles taken from a
     tile counter (`compile_variant`'s), as it runs beside the side stream's kernels. compact:
     the variant that stores only the rows after each expert's lottery rows, in bf16, compact
-    (`CompactStoreMixin`; output BF16)."""
+    (`CompactStoreMixin`; output BF16). signal (with compact): each finished tile counted in
+    its expert's expert_done entry, for a peel that polls them; cooperative configs without
+    clusters only (a tile's epilogue threads then include thread 0, and no CTA of a cluster
+    sits past n_e, where its tile would be counted too)."""
     if output not in _ACC_OUTPUTS.values() or (compact and output is not Output.BF16):
         raise ValueError(f"the fold GEMM stores fp32 or bf16 (compact: bf16), not {output.value}")
+    if signal and not (compact and signals(config)):
+        raise ValueError(f"tile counts come with the compact store, on a cooperative config without clusters "
+                         f"(got {config.key}, compact {compact})")
     base = CompactFoldSm90 if compact else Fp32FoldSm90
     cls = sharing(base, side_smem) if side_smem else base
-    return compile_variant(cls, Precision.FP8, output, config,
-                           _fake_compact_arguments if compact else fake_tile_words_arguments, side_smem,
-                           dynamic=dynamic, store_d=not compact)
+    fake = _fake_signalling_arguments if signal else _fake_compact_arguments if compact else fake_tile_words_arguments
+    return compile_variant(cls, Precision.FP8, output, config, fake, side_smem, dynamic=dynamic,
+                           store_d=not compact)
+
+
+def launch_config(rows: int, b_shape: tuple, side_smem: int = 0) -> GroupedGemmConfig:
+    """The config `folded_grouped_gemm`'s default launch over `rows` A rows runs: its tile shape
+    is how a peel polling expert_done counts an expert's tiles."""
+    return shared_config(checked_config(None, rows, b_shape, False), side_smem)
+
+
+def signals(config: GroupedGemmConfig) -> bool:
+    """Whether the compact store can count finished tiles at this config (`compile_fold_gemm`)."""
+    return not config.pingpong and config.cluster_m == config.cluster_n == 1
 
 
 def checked_config(config: GroupedGemmConfig | None, rows: int, b_shape: tuple, gather: bool,
@@ -212,7 +255,8 @@ def folded_grouped_gemm(a: torch.Tensor, b: torch.Tensor, bounds: torch.Tensor, 
                         lanes: torch.Tensor, config: GroupedGemmConfig | None = None,
                         lottery_bounds: torch.Tensor | None = None, max_sms: int | None = None,
                         side_smem: int = 0, tile_counter: torch.Tensor | None = None,
-                        compact_bounds: torch.Tensor | None = None) -> torch.Tensor:
+                        compact_bounds: torch.Tensor | None = None,
+                        expert_done: torch.Tensor | None = None) -> torch.Tensor:
     """out = the raw window-promoted accumulator (as `grouped_gemm` without scales): fp32, or
     rounded to nearest-even bf16 when out is bf16 (half the bytes, for a caller that only peels
     it); and every whole 4×64 tile's 16 lanes, folded from the fp32 values either way, into
@@ -233,6 +277,11 @@ def folded_grouped_gemm(a: torch.Tensor, b: torch.Tensor, bounds: torch.Tensor, 
     after each expert's lottery rows, expert w's row lottery_w + i at out row compact_bounds[w] + i
     (the lagged pass: its clean rows, where the serving peel reads them); the lottery rows are
     folded and not stored, and nothing else of the accumulator is written.
+    expert_done (e,) int32, with compact_bounds, zero at the launch (the caller's to reset): each
+    finished tile of expert w adds one to expert_done[w] after its rows are stored, and the
+    kernel's programmatic dependent may launch from every CTA's first tile on (a peel that
+    polls the counts, `peel.peel_and_unscale(poll=)`). Expert w has
+    ceil(rows_w / tile_m) · ceil(n / tile_n) tiles (`launch_config`).
     """
     n = b.shape[1]
     rows = a.shape[0]
@@ -244,13 +293,21 @@ def folded_grouped_gemm(a: torch.Tensor, b: torch.Tensor, bounds: torch.Tensor, 
             raise ValueError(f"a compact out must be contiguous bfloat16 (rows, {n}), got {out.dtype} {tuple(out.shape)}")
     elif out.dtype not in _ACC_OUTPUTS or out.shape != (rows, n):
         raise ValueError(f"out must be float32 or bfloat16 ({rows}, {n}), got {out.dtype} {tuple(out.shape)}")
+    if expert_done is not None:
+        if compact_bounds is None or expert_done.shape != (b.shape[0],) or expert_done.dtype != torch.int32:
+            raise ValueError(f"expert_done comes with compact_bounds: int32 ({b.shape[0]},)")
+        if not signals(config):
+            raise ValueError(f"{config.key} cannot count its tiles (pingpong or clustered)")
     lane_rows = rows // 4 if lottery_bounds is None else lanes.shape[0]
     if lanes.dtype != torch.int32 or lanes.shape != (lane_rows, n // _BLOCK_COLS, 16):
         raise ValueError(f"lanes must be int32 ({lane_rows}, {n // _BLOCK_COLS}, 16), "
                          f"got {lanes.dtype} {tuple(lanes.shape)}")
     compact = compact_bounds is not None
+    signal = expert_done is not None
     epi = mining_arguments(bounds if lottery_bounds is None else lottery_bounds, lanes,
-                           **({"compact_bounds": compact_bounds, "compact_out": out.view(torch.int32)} if compact else {}))
-    launch_variant(compile_fold_gemm(config, _ACC_OUTPUTS[out.dtype], side_smem, tile_counter is not None, compact),
+                           **({"compact_bounds": compact_bounds, "compact_out": out.view(torch.int32)} if compact else {}),
+                           **({"expert_done": expert_done} if signal else {}))
+    launch_variant(compile_fold_gemm(config, _ACC_OUTPUTS[out.dtype], side_smem, tile_counter is not None, compact,
+                                     signal),
                    a, b, bounds, None if compact else out, config, epi, max_sms=max_sms, tile_counter=tile_counter)
     return out

@@ -314,8 +314,8 @@ def _operand_kernel(codes_ptr, rflat_ptr, clean_bounds_ptr, ready_ptr, ready_bou
     cb[w] ≤ row, no dependent search). Program 0 also writes the combined bounds cb = rb + ct,
     except cb[e] = capacity: the last expert's group runs to the operand's end (rows past the
     used ones are never read back), so the GEMM's offsets[e] = total rows holds even when
-    nothing is READY; the snapshot of rb (`Operand.ready_bounds`); and the GEMM's tile counter
-    zeroed (`Operand.tile_counter`)."""
+    nothing is READY; the snapshot of rb (`Operand.ready_bounds`); and the GEMM's counters
+    zeroed (`Operand.tile_counter`, `Operand.expert_done`)."""
     i = tl.program_id(0)
     w = tl.arange(0, EB)
     edge = w <= experts
@@ -324,7 +324,7 @@ def _operand_kernel(codes_ptr, rflat_ptr, clean_bounds_ptr, ready_ptr, ready_bou
     cb = rb + ct
     tl.store(bounds_ptr + w, tl.where(w == experts, capacity, cb), mask=edge & (w * 0 + i == 0))
     tl.store(ready_copy_ptr + w, rb, mask=edge & (w * 0 + i == 0))
-    tl.store(counter_ptr + w, w * 0, mask=(w == 0) & (w * 0 + i == 0))
+    tl.store(counter_ptr + w, w * 0, mask=edge & (w * 0 + i == 0))
     if i < tl.reduce(tl.where(w == experts, cb, 0), 0, tl.standard._sum_combine):
         expert = tl.reduce(((w >= 1) & (w < experts) & (cb <= i)).to(tl.int32), 0, tl.standard._sum_combine)
         ready_start = tl.reduce(tl.where(w == expert, rb, 0), 0, tl.standard._sum_combine)
@@ -350,6 +350,8 @@ class Operand:
     ready_bounds: torch.Tensor  # (e+1,) the READY rows' bounds rb as the operand was built (a
     # snapshot on the serving stream: the GEMM's fold reads it while the side stream refills the slot)
     tile_counter: torch.Tensor  # (1,) int32, zeroed with the bounds: the GEMM's dynamic tile scheduler
+    expert_done: torch.Tensor  # (e,) int32, zeroed with them: the GEMM's finished tiles an expert
+    # (`fold_epilogue.folded_grouped_gemm(expert_done=)`), for a peel that polls them
 
 
 def build_operand(clean: CleanRows, ready: LagSlot) -> Operand:
@@ -410,7 +412,7 @@ def _front_kernel(ids_ptr, total, experts, top_k, x_ptr, k, codes_ptr, alpha_ptr
     combined rows (Rflat position i of expert w → combined row i + rb[w + 1]; out_ptr and
     out_words_ptr: the operand as bytes and as int32 words). Program m: the bounds ct, the
     combined bounds cb = rb + ct (cb[e] = capacity, as `_operand_kernel`), rb's snapshot and the
-    GEMM's tile counter zeroed.
+    GEMM's counters zeroed.
     Program m + 1 + c: READY rows [c·RP, (c + 1)·RP), row j → combined row j + ct[w] (w: its
     expert from rb; ct[w] counted from the ids). No program waits for another, so the routing →
     quantization → copy chain (two launches and a READY copy before) is one launch. WAIT:
@@ -445,7 +447,8 @@ def _front_kernel(ids_ptr, total, experts, top_k, x_ptr, k, codes_ptr, alpha_ptr
         tl.store(out_bounds_ptr + w, rb + ct, mask=w < experts)
         tl.store(bounds_ptr + experts + w, total + w * 0, mask=w == 0)
         tl.store(out_bounds_ptr + experts + w, capacity + w * 0, mask=w == 0)
-        tl.store(counter_ptr + w, w * 0, mask=w == 0)
+        tl.store(counter_ptr + w, w * 0, mask=w < experts)
+        tl.store(counter_ptr + experts + w, w * 0, mask=w == 0)
     else:
         j = (p - m - 1) * RP + tl.arange(0, RP)
         w = tl.arange(0, EB)
@@ -478,18 +481,18 @@ def _operand_args(ready: LagSlot, rows: int, k: int, experts: int) -> None:
 def _operand_buffers(rows: int, k: int, experts: int,
                      device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The combined operand (2·rows, k) uint8 (rows past the used ones are never written), its
-    bounds, the READY bounds' snapshot (each (e+1,)) and the GEMM's tile counter (1,): 16-byte
-    aligned views of one buffer."""
+    bounds, the READY bounds' snapshot (each (e+1,)) and the GEMM's counters (e+1,): the tile
+    counter, then each expert's finished tiles; 16-byte aligned views of one buffer."""
     edges = -(-(experts + 1) // 4) * 4
     bounds = torch.empty((3, edges), dtype=torch.int32, device=device)
     return (torch.empty((2 * rows, k), dtype=torch.uint8, device=device), bounds[0, :experts + 1],
-            bounds[1, :experts + 1], bounds[2, :1])
+            bounds[1, :experts + 1], bounds[2, :experts + 1])
 
 
-def _operand(rows: torch.Tensor, bounds: torch.Tensor, ready_bounds: torch.Tensor, counter: torch.Tensor,
+def _operand(rows: torch.Tensor, bounds: torch.Tensor, ready_bounds: torch.Tensor, counters: torch.Tensor,
              table: RoutingTable, codes: torch.Tensor, alpha: torch.Tensor) -> Operand:
     return Operand(rows.view(torch.float8_e4m3fn), RoutingTable(_rows(rows.shape[0], rows.device), bounds), table,
-                   codes, alpha, ready_bounds, counter)
+                   codes, alpha, ready_bounds, counters[:1], counters[1:])
 
 
 def _copy_block(k: int) -> int:

@@ -171,7 +171,8 @@ def folded_lanes(rows: int, n: int, device: torch.device) -> torch.Tensor:
 def grouped_matmul(a: torch.Tensor, b: torch.Tensor, table: RoutingTable,
                    impl: str | None = None, max_sms: int | None = None, side_smem: int = 0,
                    fold_into: torch.Tensor | None = None, fold_bounds: torch.Tensor | None = None,
-                   tile_counter: torch.Tensor | None = None, compact: RoutingTable | None = None) -> torch.Tensor:
+                   tile_counter: torch.Tensor | None = None, compact: RoutingTable | None = None,
+                   expert_done: torch.Tensor | None = None) -> torch.Tensor:
     """out[rows of w] = a[rows of w] · b[w]ᵀ accumulated as the Hopper model; (rows, n) fp32.
 
     a: (rows, k) e4m3 in expert order (rows = table.rflat length); b: (e, n, k) e4m3.
@@ -187,7 +188,9 @@ def grouped_matmul(a: torch.Tensor, b: torch.Tensor, table: RoutingTable,
     fold_into, (1,) int32 zeroed before the launch: the folding GEMM's tiles are taken from it
     (`fold_epilogue.folded_grouped_gemm`). compact: with fold_bounds, only the rows after each
     expert's folded ones are stored, bf16, compact by this table's bounds: (its rows, n) (the
-    lagged pass's clean rows; `folded_grouped_gemm(compact_bounds=)`).
+    lagged pass's clean rows; `folded_grouped_gemm(compact_bounds=)`). expert_done: with compact,
+    (e,) int32 zeroed before the launch: each expert's finished tiles counted for a peel that
+    polls them (`folded_grouped_gemm(expert_done=)`).
     """
     _check(a, b)
     experts, n, k = b.shape
@@ -196,6 +199,8 @@ def grouped_matmul(a: torch.Tensor, b: torch.Tensor, table: RoutingTable,
                           f"operands {experts} / {a.shape[0]}")
     if tile_counter is not None and fold_into is None:
         raise MatmulError("tile_counter schedules the folding GEMM only (pass fold_into)")
+    if expert_done is not None and compact is None:
+        raise MatmulError("expert_done counts the compact store's tiles (pass compact)")
     if compact is not None and fold_bounds is None:
         raise MatmulError("a compact store keeps the rows after the folded ones (pass fold_into and fold_bounds)")
     if a.device.type != "cuda":
@@ -217,7 +222,8 @@ def grouped_matmul(a: torch.Tensor, b: torch.Tensor, table: RoutingTable,
         return folded_grouped_gemm(tma_operand(a), tma_operand(b), table.bounds, out, fold_into,
                                    lottery_bounds=fold_bounds, max_sms=max_sms, side_smem=side_smem,
                                    tile_counter=tile_counter,
-                                   compact_bounds=None if compact is None else compact.bounds)
+                                   compact_bounds=None if compact is None else compact.bounds,
+                                   expert_done=expert_done)
     if impl == "cute":
         return _cute_grouped(a, b, table, out, max_sms, side_smem)
     block_m, block_n, warps = tile_config(a.shape[0], experts)

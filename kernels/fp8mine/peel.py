@@ -49,6 +49,7 @@ _PEEL_SPAN = 1024  # most columns one prefill program walks
 _PEEL_MIN_PROGRAMS = 4 * 132  # keep ≥ 4 programs per H200 SM when widening spans
 _EXPERT_PEEL_COLS = 128  # decode: columns a program (one B-peel load, kept for all its expert's rows)
 _EXPERT_PEEL_WARPS = 4
+_POLL_SPINS = tl.constexpr(1 << 14)  # acquire loads (~1 µs each) an expert's peel program tries before it waits for the whole GEMM
 
 
 def _decoded(codes: torch.Tensor) -> torch.Tensor:
@@ -203,6 +204,17 @@ def b_peel(side: NoisySide, noise: torch.Tensor, f_a: torch.Tensor) -> torch.Ten
     return torch.cat([left, right], dim=1)
 
 
+class TilePoll(NamedTuple):
+    """What a decode peel polls instead of waiting for its whole GEMM (`peel_and_unscale(poll=)`):
+    the GEMM's per-expert finished-tile counts (`fold_epilogue.folded_grouped_gemm(expert_done=)`),
+    its row bounds (e+1,) and tile shape, from which each expert's tile count follows."""
+
+    done: torch.Tensor  # (e,) int32
+    bounds: torch.Tensor  # (e+1,) int32: the GEMM's, not the peel's
+    tile_m: int
+    tile_n: int
+
+
 class PeelShape(NamedTuple):
     """Launch shape of the peel pass: columns per step, steps per program, pipeline stages of
     the step loop (accumulator and B-peel tiles prefetched by cp.async), warps."""
@@ -289,11 +301,11 @@ def _acc_block(acc_ptr, rows, row_end, shift, acc_rows, cols, live_c, n):
 @jit
 def _expert_peel_kernel(acc_ptr, shift_ptr, rflat_ptr, a_peel_ptr, alpha_a_ptr, b_peel_ptr, alpha_b_ptr,
                         bounds_ptr, out_ptr, n, acc_rows, experts, first_src_ptr, first_dst_ptr, first_words,
-                        second_src_ptr, second_dst_ptr, second_words,
+                        second_src_ptr, second_dst_ptr, second_words, done_ptr, gemm_bounds_ptr, tile_m, col_tiles,
                         BR: tl.constexpr, BN: tl.constexpr, SHIFTED: tl.constexpr, RIGHT_ONLY: tl.constexpr,
-                        AFTER_GEMM: tl.constexpr = 0):
+                        AFTER_GEMM: tl.constexpr = 0, POLL: tl.constexpr = 0):
     """The decode peel: `_peel_unscale_kernel`'s arithmetic (the same dot, chained from the
-    accumulator, and the same roundings) for all rows of expert program_id(0) and BN columns
+    accumulator, and the same roundings) for all rows of one expert and BN columns
     (`_peel_expert`). Programs past the experts copy two int32 word ranges (the lagged pass's
     take of MINED, `word_copy.copy_two_ranges`), so nothing on another stream has to follow the
     GEMM. AFTER_GEMM: launched as the programmatic dependent of the GEMM that writes acc, so the
@@ -301,24 +313,56 @@ def _expert_peel_kernel(acc_ptr, shift_ptr, rflat_ptr, a_peel_ptr, alpha_a_ptr, 
     acc, the A peel (written on another stream while the GEMM runs) or the ranges (the GEMM
     writes the lanes); and every program lets the stream's next kernel launch as it ends (the
     lagged front waits for it; triggering as each program starts instead measured no faster:
-    docs/kernels-fp8mine.md "Twenty-eighth session")."""
-    p = tl.program_id(0)
+    docs/kernels-fp8mine.md "Twenty-eighth session").
+    POLL (with AFTER_GEMM): the GEMM counts each expert's finished tiles in done_ptr and lets
+    this kernel launch from its first tiles on; an expert's program waits for its expert's count
+    only (`_wait_for_tiles`), so the experts the GEMM has finished are served while it goes on.
+    The grid is then (column tiles, experts + copy programs), so programs start expert by expert,
+    in the order the GEMM's tiles finish; every program still waits for the whole GEMM before it
+    ends, so the next kernel (which may reset the counts and the GEMM's tile counter) never
+    starts before the GEMM is over."""
+    if POLL:
+        p, c = tl.program_id(1), tl.program_id(0)
+        col_programs = tl.num_programs(0)
+    else:
+        p, c = tl.program_id(0), tl.program_id(1)
+        col_programs = tl.num_programs(1)
     if p < experts:
         _peel_expert(acc_ptr, shift_ptr, rflat_ptr, a_peel_ptr, alpha_a_ptr, b_peel_ptr, alpha_b_ptr, bounds_ptr,
-                     out_ptr, n, acc_rows, p, BR, BN, SHIFTED, RIGHT_ONLY, AFTER_GEMM)
+                     out_ptr, n, acc_rows, p, c, done_ptr, gemm_bounds_ptr, tile_m, col_tiles, BR, BN, SHIFTED,
+                     RIGHT_ONLY, AFTER_GEMM, POLL)
     else:
         if AFTER_GEMM:
             gdc_wait()
-        copy_two_ranges((p - experts) * tl.num_programs(1) + tl.program_id(1), first_src_ptr, first_dst_ptr,
+        copy_two_ranges((p - experts) * col_programs + c, first_src_ptr, first_dst_ptr,
                         first_words, second_src_ptr, second_dst_ptr, second_words)
     if AFTER_GEMM:
+        if POLL:
+            gdc_wait()
         gdc_launch_dependents()
 
 
 @jit
+def _wait_for_tiles(done_ptr, gemm_bounds_ptr, expert, tile_m, col_tiles):
+    """Spin (acquire loads) until `expert`'s finished-tile count reaches its tile count in the
+    GEMM, ceil(rows / tile_m) · col_tiles over the GEMM's bounds; after _POLL_SPINS tries wait for
+    the whole GEMM instead, so a count that never arrives costs time, never a wrong read."""
+    rows = tl.load(gemm_bounds_ptr + expert + 1) - tl.load(gemm_bounds_ptr + expert)
+    expected = (rows + tile_m - 1) // tile_m * col_tiles
+    seen = tl.atomic_add(done_ptr + expert, 0, sem="acquire", scope="gpu")
+    spins = 0
+    while (seen < expected) & (spins < _POLL_SPINS):
+        seen = tl.atomic_add(done_ptr + expert, 0, sem="acquire", scope="gpu")
+        spins += 1
+    if seen < expected:
+        gdc_wait()
+
+
+@jit
 def _peel_expert(acc_ptr, shift_ptr, rflat_ptr, a_peel_ptr, alpha_a_ptr, b_peel_ptr, alpha_b_ptr, bounds_ptr, out_ptr,
-                 n, acc_rows, expert, BR: tl.constexpr, BN: tl.constexpr, SHIFTED: tl.constexpr,
-                 RIGHT_ONLY: tl.constexpr, AFTER_GEMM: tl.constexpr):
+                 n, acc_rows, expert, col_tile, done_ptr, gemm_bounds_ptr, tile_m, col_tiles, BR: tl.constexpr,
+                 BN: tl.constexpr, SHIFTED: tl.constexpr, RIGHT_ONLY: tl.constexpr, AFTER_GEMM: tl.constexpr,
+                 POLL: tl.constexpr):
     """One decode peel program: all rows of `expert`, BN columns. Why a kernel apart: at decode
     an expert has ~16 rows, so the row-tile kernel's 32-row tiles computed half their cells
     masked, paid a tile-map load before the expert's bounds, and a program walked 4 column steps
@@ -328,14 +372,15 @@ def _peel_expert(acc_ptr, shift_ptr, rflat_ptr, a_peel_ptr, alpha_a_ptr, b_peel_
     Rflat entries loaded one block ahead (106 registers at 16 × 128: 4 programs an SM). An
     expert with no rows reads nothing. Dependent loads: (bounds, shift) → (B peel, α_B, Rflat,
     first accumulator tile) → A-peel rows and α_A (no branch on the bounds, so the shift load is
-    not sunk behind them). AFTER_GEMM: that chain's first links run before the wait for the GEMM."""
+    not sunk behind them). AFTER_GEMM: that chain's first links run before the wait for the GEMM
+    (POLL: for this expert's tiles of it)."""
     row_start = tl.load(bounds_ptr + expert)
     row_end = tl.load(bounds_ptr + expert + 1)
     if SHIFTED:
         shift = tl.load(shift_ptr + expert).to(tl.int64)
     else:
         shift = 0
-    cols = tl.program_id(1) * BN + tl.arange(0, BN)
+    cols = col_tile * BN + tl.arange(0, BN)
     live_c = cols < n
     used_c = cols < tl.where(row_start < row_end, n, 0)  # an expert with no rows reads no B peel
     if RIGHT_ONLY:
@@ -347,7 +392,9 @@ def _peel_expert(acc_ptr, shift_ptr, rflat_ptr, a_peel_ptr, alpha_a_ptr, b_peel_
     token = tl.load(rflat_ptr + rows, mask=rows < row_end, other=0)
     b = _bf16_of_bits(b_peel_ptr, b_rows[:, None] * 64 + j, used_c[:, None])
     inv_b = 1.0 / tl.where(used_c, _bf16_of_bits(alpha_b_ptr, b_rows, used_c), 1.0)
-    if AFTER_GEMM:
+    if POLL:
+        _wait_for_tiles(done_ptr, gemm_bounds_ptr, expert, tile_m, col_tiles)
+    elif AFTER_GEMM:
         gdc_wait()
     acc = _acc_block(acc_ptr, rows, row_end, shift, acc_rows, cols, live_c, n)
     for _ in range(row_start, row_end, BR):
@@ -388,7 +435,8 @@ def peel_and_unscale(acc: torch.Tensor, a_peel_: torch.Tensor, alpha_a: torch.Te
                      row_shift: torch.Tensor | None = None,
                      tiles: RowTiles | None = None, a_left_zero: bool = False,
                      after_gemm: bool = False,
-                     copies: tuple[tuple[torch.Tensor, torch.Tensor], ...] = ()) -> torch.Tensor:
+                     copies: tuple[tuple[torch.Tensor, torch.Tensor], ...] = (),
+                     poll: TilePoll | None = None) -> torch.Tensor:
     """out[i, j] = (acc[i, j] + A_peel[t] · B_peel[w, j]) / (α_A[t] α_B[w, j]) as BF16, t = Rflat[i].
 
     acc (rows, n_e) fp32, or bf16 (the fold GEMM's rounded accumulator), in expert order;
@@ -407,6 +455,10 @@ def peel_and_unscale(acc: torch.Tensor, a_peel_: torch.Tensor, alpha_a: torch.Te
     copies: up to two int32 (source, destination) word ranges that more programs of the same
     launch copy (decode only; after_gemm: read after the GEMM, which may write them), e.g. the
     lagged pass's take of MINED, so that no other stream's kernel has to follow the GEMM.
+    poll (decode, after_gemm): the GEMM counts each expert's finished tiles and lets the peel
+    launch early; each expert's rows are peeled once that expert's count is complete, while the
+    GEMM goes on (`_expert_peel_kernel`'s POLL). Without PDL (an interpreter, or compiled
+    without it) the peel runs after the GEMM and the counts are complete when it reads them.
     """
     rows, n = table.rflat.shape[0], acc.shape[1]
     experts = table.experts
@@ -415,8 +467,11 @@ def peel_and_unscale(acc: torch.Tensor, a_peel_: torch.Tensor, alpha_a: torch.Te
         raise ValueError(f"copies: at most two contiguous int32 (source, destination) ranges of equal length "
                          f"on {acc.device}")
     ranges = [(src.view(-1), dst.view(-1)) for src, dst in copies]
-    if ranges and reads_tiles(table):
-        raise ValueError("copies ride the decode peel only (experts averaging fewer than 64 rows)")
+    if (ranges or poll is not None) and reads_tiles(table):
+        raise ValueError("copies and polls ride the decode peel only (experts averaging fewer than 64 rows)")
+    if poll is not None and (not after_gemm or poll.done.shape != (experts,) or poll.done.dtype != torch.int32
+                             or poll.bounds.shape != (experts + 1,) or poll.bounds.dtype != torch.int32):
+        raise ValueError(f"poll: after the GEMM, int32 done ({experts},) and bounds ({experts + 1},)")
     none = torch.empty(0, dtype=torch.int32, device=acc.device)
     ranges += [(none, none)] * (2 - len(ranges))
     if b_peel_.shape != (experts, n, 64) or alpha_b.shape != (experts, n) or a_peel_.shape[1] != 64:
@@ -436,11 +491,15 @@ def peel_and_unscale(acc: torch.Tensor, a_peel_: torch.Tensor, alpha_a: torch.Te
         overlap = after_gemm and pdl_enabled()
         col_tiles = triton.cdiv(n, _EXPERT_PEEL_COLS)
         copy_rows = triton.cdiv(chunks(ranges[0][0].numel()) + chunks(ranges[1][0].numel()), col_tiles)
-        _expert_peel_kernel[(experts + copy_rows, col_tiles)](
+        polls = poll is not None and overlap
+        grid = (col_tiles, experts + copy_rows) if polls else (experts + copy_rows, col_tiles)
+        done, gemm_bounds, tile_m, tile_n = poll if polls else (none, none, 1, 1)
+        _expert_peel_kernel[grid](
             *operands, table.bounds, out, n, acc.shape[0], experts, *ranges[0], ranges[0][0].numel(), *ranges[1],
-            ranges[1][0].numel(), BR=_expert_rows(rows, experts), BN=_EXPERT_PEEL_COLS,
-            SHIFTED=row_shift is not None, RIGHT_ONLY=a_left_zero, AFTER_GEMM=int(overlap),
-            num_warps=_EXPERT_PEEL_WARPS, num_stages=1, **pdl_launch(overlap))  # the loop prefetches by hand
+            ranges[1][0].numel(), done, gemm_bounds, tile_m, triton.cdiv(n, tile_n), BR=_expert_rows(rows, experts),
+            BN=_EXPERT_PEEL_COLS, SHIFTED=row_shift is not None, RIGHT_ONLY=a_left_zero, AFTER_GEMM=int(overlap),
+            POLL=int(polls), num_warps=_EXPERT_PEEL_WARPS, num_stages=1,
+            **pdl_launch(overlap))  # the loop prefetches by hand
         return out.view(torch.bfloat16)
     tiles = tiles if tiles is not None else peel_tiles(table)
     shape = peel_shape(tiles.row_start.shape[0], n, acc.element_size())

@@ -32,7 +32,7 @@ from .hashing import constant_bytes
 from .lagged import LagSlot, MinedSlot, Operand, clean_peel, lagged_front
 from .lottery import LotteryLatch, threshold_words
 from .matmul import fold_fits, fold_in_gemm, folded_lanes, gather_in_gemm, grouped_matmul, peel_in_gemm
-from .peel import (TAIL_BYTES, a_peel, b_peel, padded_rows, peel_and_unscale, peel_tiles, reads_tiles,
+from .peel import (TAIL_BYTES, TilePoll, a_peel, b_peel, padded_rows, peel_and_unscale, peel_tiles, reads_tiles,
                    transposed_codes, write_tails)
 from .routing import RoutingTable, RowTiles, dense_table, routing_table, row_tiles
 
@@ -70,6 +70,11 @@ LAGGED_DYNAMIC = True
 # launch, so nothing on the side stream follows the GEMM and the next launch's front depends on
 # the peel alone. False: the take kernel on the side stream after the GEMM.
 LAGGED_TAKE_IN_PEEL = True
+# The compact-storing GEMM counts each expert's finished tiles and lets the serving peel launch
+# from its first tiles on; the peel serves each expert once its count is complete, while the GEMM
+# goes on, instead of waiting for the whole GEMM (`peel.TilePoll`). Written in session 30 without
+# a device run: off until a GPU test and a same-run timing keep it.
+LAGGED_PEEL_POLLS = False
 # The same-launch MoE pass writes A′ straight into the GEMM's expert-order rows from the noisy
 # codes launch (top_k copies of each token row; `RoutingTable.positions`) instead of token order
 # and an index_select after it (194 µs at GLM-5 FC1 prefill on the H100, session 16). False
@@ -292,8 +297,16 @@ class MinedGemm:
             self.ready_lanes = folded_lanes(rows, self.b.n_e, self.b.device) if fold else None
             self.mined = MinedSlot.allocate(m, rows, self.b.n_e, k, self.b.experts, self.b.device, folded=fold)
             self.compact_acc = LAGGED_COMPACT_ACC and fold  # read once: the peel must read what the GEMM stored
+            self.poll_tiles = self._poll_tiles(2 * rows, k) if self.compact_acc and LAGGED_PEEL_POLLS else None
             self.gemm_sms = (torch.cuda.get_device_properties(self.b.device).multi_processor_count
                              - LAGGED_SIDE_SMS) if cuda and not LAGGED_SIDE_SMEM else None
+
+    def _poll_tiles(self, rows: int, k: int) -> tuple[int, int] | None:
+        """(tile_m, tile_n) of the lagged GEMM over `rows` combined rows where it can count its
+        finished tiles for a polling peel (`LAGGED_PEEL_POLLS`), else None."""
+        from .fold_epilogue import launch_config, signals
+        config = launch_config(rows, (self.b.experts, self.b.n_e, k), LAGGED_SIDE_SMEM)
+        return (config.tile_m, config.tile_n) if signals(config) else None
 
     def set_job(self, header76: bytes, ancestors: list[bytes], target: int) -> None:
         """Adopt a new template: σ̂, its ancestors (parent first) and the target."""
@@ -430,7 +443,8 @@ class MinedGemm:
             a = prepare_a(quant.prepare_rows(x), self.seed_message, self.p_a_len, state, table if self.moe else None)
             pending.fill(a.side.codes, a.codes, a.scales, a.pow_key, table)
         acc = self._combined_gemm(operand)
-        peel_args = (acc, a_peel_clean, operand.clean_alpha, table, clean_tiles)
+        poll = None if self.poll_tiles is None else TilePoll(operand.expert_done, operand.table.bounds, *self.poll_tiles)
+        peel_args = (acc, a_peel_clean, operand.clean_alpha, table, clean_tiles, poll)
         if take_in_peel:
             self._join(main)  # the side stream's work ends with PENDING's fill, long before the GEMM's end
             out = self._serving_peel(*peel_args, copies=mined.folded_copies(self.ready_lanes, ready))
@@ -445,15 +459,15 @@ class MinedGemm:
         return LaunchResult(out, acc, table, a, operand.table.bounds)
 
     def _serving_peel(self, acc: torch.Tensor, a_peel_clean: torch.Tensor, alpha: torch.Tensor, table: RoutingTable,
-                      tiles: RowTiles | None, copies: tuple = ()) -> torch.Tensor:
+                      tiles: RowTiles | None, poll: TilePoll | None, copies: tuple = ()) -> torch.Tensor:
         """The serving peel of a lagged launch's clean rows (compact, or shifted by READY's row
         counts in the combined accumulator), the GEMM's programmatic dependent, also copying
-        `copies` (MINED's folded take)."""
+        `copies` (MINED's folded take); poll: serving each expert as the GEMM finishes it."""
         state = self.state
         return peel_and_unscale(acc, a_peel_clean, alpha, state.peel.view(self.b.experts, self.b.n_e, -1),
                                 state.side.alpha.view(self.b.experts, self.b.n_e), table,
                                 row_shift=None if self.compact_acc else self.ready.bounds[1:], tiles=tiles,
-                                a_left_zero=True, after_gemm=True, copies=copies)
+                                a_left_zero=True, after_gemm=True, copies=copies, poll=poll)
 
     def _combined_gemm(self, operand: Operand) -> torch.Tensor:
         """The lagged GEMM over the combined operand, sharing its SMs with the side stream;
@@ -467,7 +481,8 @@ class MinedGemm:
                               side_smem=LAGGED_SIDE_SMEM, fold_into=self.ready_lanes,
                               fold_bounds=operand.ready_bounds if folds else None,
                               tile_counter=operand.tile_counter if folds and LAGGED_DYNAMIC else None,
-                              compact=operand.clean_table if self.compact_acc else None)
+                              compact=operand.clean_table if self.compact_acc else None,
+                              expert_done=None if self.poll_tiles is None else operand.expert_done)
 
     def _mine_previous(self) -> None:
         """The lottery, payload and publish of MINED (the rows the previous launch's GEMM hashed)."""
