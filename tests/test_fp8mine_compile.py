@@ -102,7 +102,7 @@ SCRIPT = textwrap.dedent("""
             "bounds_ptr": "*i32", "out_ptr": "*i16", "n": "i32", "acc_rows": "i32", "experts": "i32",
             "first_src_ptr": "*i32", "first_dst_ptr": "*i32", "first_words": "i32", "second_src_ptr": "*i32",
             "second_dst_ptr": "*i32", "second_words": "i32", "done_ptr": "*i32", "gemm_bounds_ptr": "*i32",
-            "tile_m": "i32", "col_tiles": "i32", "BR": "constexpr", "BN": "constexpr", "SHIFTED": "constexpr",
+            "tile_m": "i32", "gemm_col_tiles": "i32", "BR": "constexpr", "BN": "constexpr", "SHIFTED": "constexpr",
             "RIGHT_ONLY": "constexpr", "AFTER_GEMM": "constexpr", "POLL": "constexpr"},
             constexprs={"BR": rows, "BN": peel._EXPERT_PEEL_COLS, "SHIFTED": shifted, "RIGHT_ONLY": right_only,
                         "AFTER_GEMM": after_gemm, "POLL": poll},

@@ -301,7 +301,7 @@ def _acc_block(acc_ptr, rows, row_end, shift, acc_rows, cols, live_c, n):
 @jit
 def _expert_peel_kernel(acc_ptr, shift_ptr, rflat_ptr, a_peel_ptr, alpha_a_ptr, b_peel_ptr, alpha_b_ptr,
                         bounds_ptr, out_ptr, n, acc_rows, experts, first_src_ptr, first_dst_ptr, first_words,
-                        second_src_ptr, second_dst_ptr, second_words, done_ptr, gemm_bounds_ptr, tile_m, col_tiles,
+                        second_src_ptr, second_dst_ptr, second_words, done_ptr, gemm_bounds_ptr, tile_m, gemm_col_tiles,
                         BR: tl.constexpr, BN: tl.constexpr, SHIFTED: tl.constexpr, RIGHT_ONLY: tl.constexpr,
                         AFTER_GEMM: tl.constexpr = 0, POLL: tl.constexpr = 0):
     """The decode peel: `_peel_unscale_kernel`'s arithmetic (the same dot, chained from the
@@ -329,7 +329,7 @@ def _expert_peel_kernel(acc_ptr, shift_ptr, rflat_ptr, a_peel_ptr, alpha_a_ptr, 
         col_programs = tl.num_programs(1)
     if p < experts:
         _peel_expert(acc_ptr, shift_ptr, rflat_ptr, a_peel_ptr, alpha_a_ptr, b_peel_ptr, alpha_b_ptr, bounds_ptr,
-                     out_ptr, n, acc_rows, p, c, done_ptr, gemm_bounds_ptr, tile_m, col_tiles, BR, BN, SHIFTED,
+                     out_ptr, n, acc_rows, p, c, done_ptr, gemm_bounds_ptr, tile_m, gemm_col_tiles, BR, BN, SHIFTED,
                      RIGHT_ONLY, AFTER_GEMM, POLL)
     else:
         if AFTER_GEMM:
@@ -343,12 +343,12 @@ def _expert_peel_kernel(acc_ptr, shift_ptr, rflat_ptr, a_peel_ptr, alpha_a_ptr, 
 
 
 @jit
-def _wait_for_tiles(done_ptr, gemm_bounds_ptr, expert, tile_m, col_tiles):
+def _wait_for_tiles(done_ptr, gemm_bounds_ptr, expert, tile_m, gemm_col_tiles):
     """Spin (acquire loads) until `expert`'s finished-tile count reaches its tile count in the
-    GEMM, ceil(rows / tile_m) · col_tiles over the GEMM's bounds; after _POLL_SPINS tries wait for
+    GEMM, ceil(rows / tile_m) · gemm_col_tiles over the GEMM's bounds; after _POLL_SPINS tries wait for
     the whole GEMM instead, so a count that never arrives costs time, never a wrong read."""
     rows = tl.load(gemm_bounds_ptr + expert + 1) - tl.load(gemm_bounds_ptr + expert)
-    expected = (rows + tile_m - 1) // tile_m * col_tiles
+    expected = (rows + tile_m - 1) // tile_m * gemm_col_tiles
     seen = tl.atomic_add(done_ptr + expert, 0, sem="acquire", scope="gpu")
     spins = 0
     while (seen < expected) & (spins < _POLL_SPINS):
@@ -360,7 +360,7 @@ def _wait_for_tiles(done_ptr, gemm_bounds_ptr, expert, tile_m, col_tiles):
 
 @jit
 def _peel_expert(acc_ptr, shift_ptr, rflat_ptr, a_peel_ptr, alpha_a_ptr, b_peel_ptr, alpha_b_ptr, bounds_ptr, out_ptr,
-                 n, acc_rows, expert, col_tile, done_ptr, gemm_bounds_ptr, tile_m, col_tiles, BR: tl.constexpr,
+                 n, acc_rows, expert, col_tile, done_ptr, gemm_bounds_ptr, tile_m, gemm_col_tiles, BR: tl.constexpr,
                  BN: tl.constexpr, SHIFTED: tl.constexpr, RIGHT_ONLY: tl.constexpr, AFTER_GEMM: tl.constexpr,
                  POLL: tl.constexpr):
     """One decode peel program: all rows of `expert`, BN columns. Why a kernel apart: at decode
@@ -393,7 +393,7 @@ def _peel_expert(acc_ptr, shift_ptr, rflat_ptr, a_peel_ptr, alpha_a_ptr, b_peel_
     b = _bf16_of_bits(b_peel_ptr, b_rows[:, None] * 64 + j, used_c[:, None])
     inv_b = 1.0 / tl.where(used_c, _bf16_of_bits(alpha_b_ptr, b_rows, used_c), 1.0)
     if POLL:
-        _wait_for_tiles(done_ptr, gemm_bounds_ptr, expert, tile_m, col_tiles)
+        _wait_for_tiles(done_ptr, gemm_bounds_ptr, expert, tile_m, gemm_col_tiles)
     elif AFTER_GEMM:
         gdc_wait()
     acc = _acc_block(acc_ptr, rows, row_end, shift, acc_rows, cols, live_c, n)
