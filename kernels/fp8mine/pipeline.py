@@ -443,7 +443,8 @@ class MinedGemm:
             a = prepare_a(quant.prepare_rows(x), self.seed_message, self.p_a_len, state, table if self.moe else None)
             pending.fill(a.side.codes, a.codes, a.scales, a.pow_key, table)
         acc = self._combined_gemm(operand)
-        poll = None if self.poll_tiles is None else TilePoll(operand.expert_done, operand.table.bounds, *self.poll_tiles)
+        polls = self.poll_tiles is not None and not reads_tiles(table)  # the decode peel polls; a row-tile one waits
+        poll = TilePoll(operand.expert_done, operand.table.bounds, *self.poll_tiles) if polls else None
         peel_args = (acc, a_peel_clean, operand.clean_alpha, table, clean_tiles, poll)
         if take_in_peel:
             self._join(main)  # the side stream's work ends with PENDING's fill, long before the GEMM's end
