@@ -227,10 +227,12 @@ def compile_fold_gemm(config: GroupedGemmConfig, output: Output = Output.FP32, s
                            store_d=not compact)
 
 
-def launch_config(rows: int, b_shape: tuple, side_smem: int = 0) -> GroupedGemmConfig:
-    """The config `folded_grouped_gemm`'s default launch over `rows` A rows runs: its tile shape
-    is how a peel polling expert_done counts an expert's tiles."""
-    return shared_config(checked_config(None, rows, b_shape, False), side_smem)
+def launch_config(rows: int, b_shape: tuple, side_smem: int = 0,
+                  config: GroupedGemmConfig | None = None) -> GroupedGemmConfig:
+    """The config `folded_grouped_gemm` runs over `rows` A rows (`config`, default the
+    selector's, checked, then its shared-SM form): its tile shape is how a peel polling
+    expert_done counts an expert's tiles."""
+    return shared_config(checked_config(config, rows, tuple(b_shape), False), side_smem)
 
 
 def signals(config: GroupedGemmConfig) -> bool:
@@ -285,7 +287,7 @@ def folded_grouped_gemm(a: torch.Tensor, b: torch.Tensor, bounds: torch.Tensor, 
     """
     n = b.shape[1]
     rows = a.shape[0]
-    config = shared_config(checked_config(config, rows, tuple(b.shape), False), side_smem)
+    config = launch_config(rows, b.shape, side_smem, config)
     if compact_bounds is not None:
         if lottery_bounds is None or compact_bounds.shape != lottery_bounds.shape or compact_bounds.dtype != torch.int32:
             raise ValueError("compact_bounds come with lottery_bounds of the same shape (int32)")

@@ -432,10 +432,11 @@ class MinedGemm:
                 self._mine_previous()
         operand = lagged_front(x, topk_ids if self.moe else None, self.b.experts, pending)
         table = operand.clean_table
-        take_in_peel = LAGGED_TAKE_IN_PEEL and self.ready_lanes is not None and not reads_tiles(table)
+        decode_peel = not reads_tiles(table)  # the peel by expert (else by row tiles)
+        take_in_peel = LAGGED_TAKE_IN_PEEL and self.ready_lanes is not None and decode_peel
         self._fork(main)
         with self._on_side():
-            clean_tiles = peel_tiles(table) if reads_tiles(table) else None
+            clean_tiles = None if decode_peel else peel_tiles(table)
             a_peel_clean = clean_peel(operand, state.f_b, state.f_b_t)
             peel_ready = None if take_in_peel else self._event()
             if not LAGGED_LOTTERY_FIRST:
@@ -443,7 +444,7 @@ class MinedGemm:
             a = prepare_a(quant.prepare_rows(x), self.seed_message, self.p_a_len, state, table if self.moe else None)
             pending.fill(a.side.codes, a.codes, a.scales, a.pow_key, table)
         acc = self._combined_gemm(operand)
-        polls = self.poll_tiles is not None and not reads_tiles(table)  # the decode peel polls; a row-tile one waits
+        polls = self.poll_tiles is not None and decode_peel  # a row-tile peel waits for the whole GEMM
         poll = TilePoll(operand.expert_done, operand.table.bounds, *self.poll_tiles) if polls else None
         peel_args = (acc, a_peel_clean, operand.clean_alpha, table, clean_tiles, poll)
         if take_in_peel:
