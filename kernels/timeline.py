@@ -60,3 +60,10 @@ def summarize(spans: list[KernelSpan]) -> dict[str, dict[str, float]]:
     rows = {name: {"count": len(times), "median_us": round(statistics.median(times), 2)}
             for name, times in by_name.items()}
     return dict(sorted(rows.items(), key=lambda kv: -kv[1]["median_us"]))
+
+
+def timeline_entry(spans: list[KernelSpan]) -> dict[str, object]:
+    """A recorded timeline as the GPU checks report it: the per-kernel summary, then every span as
+    [start µs, µs, stream, name] (the gaps between launches are read from the spans)."""
+    return {"kernels": summarize(spans),
+            "spans (start us, us, stream, name)": [[s.start_us, s.duration_us, s.stream, s.name] for s in spans]}

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from kernels.timeline import KernelSpan, kernel_timeline, summarize
+from kernels.timeline import KernelSpan, kernel_timeline, summarize, timeline_entry
 
 
 def test_summary_counts_each_kernel_and_takes_its_median_longest_first():
@@ -16,6 +16,14 @@ def test_summary_counts_each_kernel_and_takes_its_median_longest_first():
     assert summary["lottery"] == {"count": 2, "median_us": 6.0}
     assert summary["front"] == {"count": 3, "median_us": 7.0}
     assert summarize([]) == {}
+
+
+def test_a_reported_timeline_keeps_every_span_in_order_beside_its_summary():
+    spans = [KernelSpan(0.0, 6.8, 7, "front"), KernelSpan(7.1, 284.0, 7, "gemm"), KernelSpan(8.0, 3.0, 9, "lottery")]
+    entry = timeline_entry(spans)
+    assert entry["kernels"] == summarize(spans)
+    assert entry["spans (start us, us, stream, name)"] == [[0.0, 6.8, 7, "front"], [7.1, 284.0, 7, "gemm"],
+                                                          [8.0, 3.0, 9, "lottery"]]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without a GPU")

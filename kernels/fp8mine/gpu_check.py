@@ -18,8 +18,9 @@ Sections (each runs on its own; a failure is recorded and the next section still
   (both GEMM implementations), each stage of the A side alone ("A side stages"), and the layer
   output's error against a bf16 reference; on the decode shapes also the lagged pass
   (`mined_pass_lagged_us`, its parts and output error; the acceptance line uses the better pass);
-- timeline: the kernels of graph replays (`kernels.timeline`) of the lagged decode pass and the
-  prefill pass at GLM-5 FC1 shapes, with each kernel's median duration: which stream waits on what.
+- timeline: the kernels of graph replays (`kernels.timeline`) of the lagged decode pass (and of
+  each LAGGED_SWITCHES variant of it) and the prefill pass at GLM-5 FC1 shapes, with each kernel's
+  median duration: which stream waits on what.
 JSON (results.json) and markdown (results.md) go to DIR.
 """
 from __future__ import annotations
@@ -813,16 +814,19 @@ def check_timing() -> dict:
 
 
 def check_timeline() -> dict:
-    """Kernel timelines of four lagged decode replays and two prefill replays (GLM-5 FC1)."""
-    from kernels.timeline import kernel_timeline, summarize
+    """Kernel timelines of four lagged decode replays, each LAGGED_SWITCHES variant's beside them
+    (where its kernels end against the GEMM's), and two prefill replays (GLM-5 FC1)."""
+    from kernels.timeline import kernel_timeline, timeline_entry
     out = {}
     for name, experts, n_e, k, tokens, top_k in (TIMED[0], TIMED[2]):
         lagged = "decode" in name
-        gemm, _, x, topk, header = _setup(experts, n_e, k, tokens, top_k, seed=11, lagged=lagged)
+        gemm, weights, x, topk, header = _setup(experts, n_e, k, tokens, top_k, seed=11, lagged=lagged)
         spans = kernel_timeline(lambda: gemm.forward(x, topk), replays=4 if lagged else 2)
-        out[f"{name}{', lagged' if lagged else ''}"] = {
-            "kernels": summarize(spans),
-            "spans (start us, us, stream, name)": [[s.start_us, s.duration_us, s.stream, s.name] for s in spans]}
+        out[f"{name}{', lagged' if lagged else ''}"] = timeline_entry(spans)
+        variants = _lagged_variants(gemm, weights, x, topk, header) if lagged and gemm.compact_acc else {}
+        for label, variant in variants.items():
+            out[f"{name}, lagged with {label}"] = timeline_entry(
+                kernel_timeline(functools.partial(variant.forward, x, topk), replays=4))
         gemm.b.slots = [None, None]
         torch.cuda.empty_cache()
     return out

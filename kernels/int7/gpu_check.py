@@ -13,9 +13,10 @@ winner; the same for the lagged pass, whose second replay records the first repl
 tile); timing (mined pass vs unmined int8 GEMMs on the decode and prefill shapes of
 grouped-gemm-anchors.md §6: CUDA-graph replays, warm-up, L2 flushed before every replay,
 interleaved variants, medians; at decode also the lagged pass, and the acceptance takes the
-faster of the two passes); breakdown (the A-side stages one by one); switches (not run by
-default: the mined pass under every switched-off path's setting beside the default and the
-unmined GEMM, one run a shape).
+faster of the two passes); breakdown (the A-side stages one by one); timeline (the lagged
+decode pass's kernels, per stream, over four graph replays: `kernels.timeline`); switches (not
+run by default: the mined pass under every switched-off path's setting beside the default and
+the unmined GEMM, one run a shape).
 """
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ from proof.int7 import (MiningConfig, commit_instance, instance_tickets, ticket,
 
 from proof.int7.noise import LABEL_A
 
+from kernels.timeline import kernel_timeline, timeline_entry
 from kernels.timing import captured_graph
 
 from .activations import a_times_p_b, prepare_rows, quantise_rows
@@ -760,13 +762,28 @@ def section_breakdown() -> dict:
     return result
 
 
+def section_timeline() -> dict:
+    """Kernel timelines of four replays of the lagged pass (the decode default) at each decode
+    shape: which kernels hold the serving stream around the mined GEMM, what runs beside it on
+    the side stream, and the gaps between launches (the lagged pass's distance from the unmined
+    GEMM is spent there, docs/kernels-int7.md)."""
+    out = {}
+    for name, experts, rows, k, n in SHAPES:
+        if rows > 32:
+            continue
+        _, x, job = _timed_job(experts, rows, k, n)
+        lagged = MinedPass(job, rows, lagged=True)
+        out[f"{name}, lagged"] = timeline_entry(kernel_timeline(lambda: lagged.run(x), replays=4))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, type=Path, help="directory for the JSON and markdown")
     parser.add_argument("--budget-s", type=float, default=280.0,
                         help="skip the remaining sections/shapes after this many seconds")
     parser.add_argument("--sections", default="environment,bitexact,cute_split,planted_dense_v3,planted_moe_v2,"
-                        "graph,timing,breakdown", help="comma-separated subset to run")
+                        "graph,timing,breakdown,timeline", help="comma-separated subset to run")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("gpu_check needs a CUDA device", file=sys.stderr)
@@ -779,6 +796,7 @@ def main(argv: list[str] | None = None) -> int:
         "planted_moe_v2": section_planted_moe_v2,
         "graph": section_graph, "timing": lambda: section_timing(report),
         "breakdown": section_breakdown, "switches": lambda: section_switches(report),
+        "timeline": section_timeline,
     }
     for name in args.sections.split(","):
         if name not in sections:
