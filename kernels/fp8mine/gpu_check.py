@@ -827,6 +827,7 @@ def check_timeline() -> dict:
         for label, variant in variants.items():
             out[f"{name}, lagged with {label}"] = timeline_entry(
                 kernel_timeline(functools.partial(variant.forward, x, topk), replays=4))
+        variants.clear()  # the decode variants' B states are not kept while the prefill pass is built
         gemm.b.slots = [None, None]
         torch.cuda.empty_cache()
     return out
