@@ -340,15 +340,22 @@ def verify_opening(key: bytes, leaf_size: int, total_leaves: int, leaf_indices: 
     return _cv_bytes(nodes[0]) == bytes(root)
 
 
+def leaves_for_span(start: int, end: int, leaf_size: int) -> list[int]:
+    """The leaves overlapping bytes [start, end), ascending: the set Pearl's compiled BLAKE3
+    schedule opens for a span (docs/protocol-fp8.md, "Opened leaves")."""
+    _check_leaf_size(leaf_size)
+    if not 0 <= start < end:
+        raise ValueError(f"a byte span needs 0 <= start < end, got [{start}, {end})")
+    return list(range(start // leaf_size, (end - 1) // leaf_size + 1))
+
+
 def leaves_for_rows(row_indices: Sequence[int], row_bytes: int, leaf_size: int) -> list[int]:
     """Every leaf overlapping the full byte range of each row, unique and ascending."""
-    _check_leaf_size(leaf_size)
     if row_bytes <= 0:
         raise ValueError(f"row_bytes must be positive, got {row_bytes}")
     leaves: set[int] = set()
     for row in row_indices:
         if row < 0:
             raise ValueError(f"row index must be non-negative, got {row}")
-        start = row * row_bytes
-        leaves.update(range(start // leaf_size, (start + row_bytes - 1) // leaf_size + 1))
+        leaves.update(leaves_for_span(row * row_bytes, (row + 1) * row_bytes, leaf_size))
     return sorted(leaves)

@@ -314,6 +314,19 @@ def test_leaves_for_rows_examples_and_errors():
         bt.leaves_for_rows([-1], 8, 1024)
 
 
+def test_opened_leaves_match_pearls_compiled_schedule_examples():
+    """The cases Pearl's `BlakeProgram::compile` decides (docs/protocol-fp8.md, "Opened leaves"):
+    whole rows, rows shorter than a leaf, rows across a leaf boundary, and a routing slice whose
+    64-byte blocks Pearl rounds outwards without changing the leaves."""
+    assert bt.leaves_for_rows([4, 5, 6, 7], 1024, 1024) == [4, 5, 6, 7]
+    assert bt.leaves_for_rows([4, 5, 6, 7], 256, 1024) == [1]  # blk8 scales of k = 1024
+    assert bt.leaves_for_rows([3], 264, 1024) == [0, 1]  # blk8 scales of k = 1056: bytes [792, 1056)
+    assert bt.leaves_for_span(4 * 100, 4 * 300, 256) == [1, 2, 3, 4]
+    assert bt.leaves_for_span(384, 1216, 256) == bt.leaves_for_span(400, 1200, 256)  # Pearl's blocks 6..18
+    with pytest.raises(ValueError, match="start < end"):
+        bt.leaves_for_span(64, 64, 256)
+
+
 def test_every_byte_of_leaves_and_siblings_is_bound():
     """One flipped bit (random within the byte) at every byte position of each opened leaf and
     sibling of a 13-leaf, 128-byte-leaf tree makes the opening fail."""

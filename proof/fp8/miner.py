@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from proof.blake3tree import MerkleTree, keyed_tree_root, leaves_for_rows
+from proof.blake3tree import MerkleTree, keyed_tree_root, leaves_for_rows, leaves_for_span
 from proof.chain import target_from_bits
 from proof.fp8 import lottery, transcript
 from proof.fp8.merkle_serde import MerkleProof
@@ -128,10 +128,8 @@ def build_plain_proof(job: JobParams, a: CommittedOperand, b: CommittedOperand, 
         rows_a = [routed[i] for i in rows_a]
         rows_b = [expert * job.expert_rows + r for r in rows_b]
         start = 4 * (routing.offsets[expert - 1] if expert else 0)
-        end = 4 * routing.offsets[expert]
-        leaf = routing.tree.leaf_size
-        witness = MoeWitness(expert, list(routing.offsets), routing.offsets_root,
-                             _opening(routing.tree, list(range(start // leaf, (end - 1) // leaf + 1))))
+        leaves = leaves_for_span(start, 4 * routing.offsets[expert], routing.tree.leaf_size)
+        witness = MoeWitness(expert, list(routing.offsets), routing.offsets_root, _opening(routing.tree, leaves))
     k = job.common.k
     scale_row = 2 * (k // PREQUANT_BLOCK)
     return PlainProofV4(job, list(ancestor_chain),

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from proof.blake3tree import keyed_tree_root, leaves_for_rows
+from proof.blake3tree import keyed_tree_root, leaves_for_rows, leaves_for_span
 from proof.chain import sha256d, target_from_bits
 from proof.fp8 import lottery, transcript
 from proof.fp8.merkle_serde import BincodeError, MerkleProof
@@ -188,9 +188,8 @@ def parse_plain_proof(header76: bytes, proof: PlainProofV4 | bytes | str) -> Par
     if moe is not None:
         witness = proof.moe_witness
         assert witness is not None and job.moe is not None
-        span = (4 * moe.o_w_prev, 4 * moe.o_w)
-        leaf = job.moe.hash_id_r.leaf_size
-        _check_opening("routing", witness.routing, list(range(span[0] // leaf, (span[1] - 1) // leaf + 1)), key_a)
+        routing_leaves = leaves_for_span(4 * moe.o_w_prev, 4 * moe.o_w, job.moe.hash_id_r.leaf_size)
+        _check_opening("routing", witness.routing, routing_leaves, key_a)
         offsets_bytes = np.asarray(witness.offsets, dtype="<u4").tobytes()
         if keyed_tree_root(key_a, offsets_bytes, job.moe.hash_id_o.leaf_size) != witness.offsets_root:
             raise Rejected("offsets: the disclosed O does not hash to the claimed HO")
