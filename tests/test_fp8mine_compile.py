@@ -346,15 +346,17 @@ def test_polling_peel_reads_an_expert_after_acquiring_its_tile_count(compiled):
     """The polling peel (`LAGGED_PEEL_POLLS`): an expert's program issues its bounds, Rflat and
     B-peel loads, then acquire-loads its expert's finished-tile count (gpu scope; one thread,
     shared with the rest through shared memory) in a loop, and only then its first accumulator
-    (evict-first) load; the copy programs wait for the whole GEMM
-    first, and every program waits for it once more before it lets the next kernel launch."""
+    (evict-first) load; the copy programs wait for the whole GEMM first, and the grid's last
+    program (when it is no copy program) waits for it before it lets the next kernel launch, so
+    one program of the grid always holds it open until the GEMM ends."""
     ptx = compiled.split("EXPERTPEELPOLL-BEGIN")[1].split("EXPERTPEELPOLL-END")[0]
     acquire = [m.start() for m in re.finditer(r"ld\.global\.gpu\.acquire\.b32", ptx)]  # Triton's atomic add of 0
     first_acc = ptx.index("evict_first")
     assert len(acquire) == 2 and acquire[-1] < first_acc  # before and inside the spin loop
     before_poll = ptx[:acquire[0]]
     assert len(re.findall(r"ld\.global", before_poll)) >= 4 and "griddepcontrol.wait" not in before_poll
-    assert ptx.count("griddepcontrol.wait") == 3  # the count never arrived; the copy programs; the end
+    assert ptx.count("griddepcontrol.wait") == 3  # the count never arrived; the copy programs; the last program
+    assert "%nctaid.y" in ptx  # the last program is found by the grid's size
     assert ptx.count("griddepcontrol.launch_dependents") == 1
     assert ptx.rindex("griddepcontrol.wait") < ptx.index("griddepcontrol.launch_dependents")
     assert ptx.rindex("st.global") < ptx.index("griddepcontrol.launch_dependents")

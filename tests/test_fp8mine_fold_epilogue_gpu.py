@@ -157,3 +157,41 @@ def test_compact_store_keeps_the_whole_tile_stores_bits_nan_included() -> None:
     assert torch.equal(compact, whole[rows])
     assert torch.equal(compact_lanes, whole_lanes)
     assert torch.isnan(compact.view(torch.bfloat16)).any(dim=1).sum() == len(nan_rows)
+
+
+def test_signalling_gemm_counts_each_experts_tiles() -> None:
+    """`expert_done` (`LAGGED_PEEL_POLLS`): after the compact-storing GEMM each expert's count is
+    the number the polling peel waits for, ceil(rows_w / tile_m) · ceil(n / tile_n) (0 for the
+    empty expert, several M tiles for the long ones), with the static schedule and with the tile
+    counter on 8 SMs; its compact rows and lanes are the non-signalling kernel's. A count above
+    that number would only show on the GPU as the peel's fallback wait, never as a wrong output,
+    so this is where the formula is checked."""
+    from kernels.fp8mine.fold_epilogue import folded_grouped_gemm
+    from kernels.fp8mine.pipeline import LAGGED_SIDE_SMEM
+
+    config = GroupedGemmConfig.from_key("64x128x128_c1x1_coop")  # the lagged pass's shared-SM shape
+    a, b = _operands(9)
+    bounds = _table().bounds
+    ready = torch.tensor([16, 0, 20, 33, 6])
+    lottery_bounds = torch.cat([torch.zeros(1), ready.cumsum(0)]).to(torch.int32).cuda()
+    kept = torch.tensor(SIZES) - ready
+    compact_bounds = torch.cat([torch.zeros(1), kept.cumsum(0)]).to(torch.int32).cuda()
+    expected = torch.tensor([-(-rows // config.tile_m) * -(-N // config.tile_n) for rows in SIZES],
+                            dtype=torch.int32, device="cuda")
+
+    def launch(done, counter=None, max_sms=None):
+        out = torch.empty((int(kept.sum()), N), dtype=torch.bfloat16, device="cuda")
+        lanes = torch.full((int(ready.sum()) // 4, N // 64, 16), -1, dtype=torch.int32, device="cuda")
+        folded_grouped_gemm(a, b, bounds, out, lanes, config, lottery_bounds=lottery_bounds, max_sms=max_sms,
+                            side_smem=LAGGED_SIDE_SMEM, tile_counter=counter, compact_bounds=compact_bounds,
+                            expert_done=done)
+        return out.view(torch.int16), lanes
+
+    want_out, want_lanes = launch(None)
+    counter = torch.zeros(1, dtype=torch.int32, device="cuda")
+    for dynamic, max_sms in ((False, None), (True, None), (True, 8)):
+        done = torch.zeros(len(SIZES), dtype=torch.int32, device="cuda")
+        counter.zero_()
+        out, lanes = launch(done, counter if dynamic else None, max_sms)
+        assert torch.equal(done, expected), (dynamic, max_sms, done.tolist(), expected.tolist())
+        assert torch.equal(out, want_out) and torch.equal(lanes, want_lanes)

@@ -153,7 +153,8 @@ def test_compact_fold_epilogue_compiles_for_the_lagged_pass(experts, rows, n, k)
 
 def test_compact_fold_epilogue_counts_its_tiles_for_a_polling_peel() -> None:
     """`LAGGED_PEEL_POLLS`: the compact-storing lagged GEMM that also counts each expert's
-    finished tiles: after its stores, one gpu-scope release reduction a tile (behind a fence),
+    finished tiles: after its stores, one gpu-scope fence and relaxed reduction a tile (one
+    MEMBAR: CUTLASS's release pattern),
     and one more launch_dependents (PREEXIT) than the same kernel without counts, from its first
     tile on; the same stores, no spills. Counting is refused without the compact store and on a
     pingpong or clustered config."""
@@ -166,7 +167,8 @@ def test_compact_fold_epilogue_counts_its_tiles_for_a_polling_peel() -> None:
     plain, counting = (compile_fold_gemm(config, Output.BF16, LAGGED_SIDE_SMEM, LAGGED_DYNAMIC, compact=True,
                                          signal=signal).__sass__ for signal in (False, True))
     assert re.findall(r"\bREDG\S*", counting) == ["REDG.E.ADD.S32.STRONG.GPU"] and "REDG" not in plain
-    assert "MEMBAR.ALL.GPU" in counting and "MEMBAR.ALL.GPU" not in plain
+    assert counting.count("MEMBAR.ALL.GPU") == 1 and "MEMBAR.ALL.GPU" not in plain
+    assert counting.index("MEMBAR.ALL.GPU") < counting.index("REDG.E.ADD")
     assert counting.count("PREEXIT") == plain.count("PREEXIT") + 1
     assert len(re.findall(r"\bSTG\.E\b", counting)) == len(re.findall(r"\bSTG\.E\b", plain))
     assert not re.search(r"\b(LDL|STL)\b", counting), "registers spilled to local memory"

@@ -132,13 +132,16 @@ class CompactStoreMixin(FoldEpilogueMixin):
     @cute.jit
     def signal_tile_done(self, params, tile_coord_mnkl, tidx: Int32) -> None:
         """expert_done[w] += 1 for this tile of expert w, once every epilogue thread's stores are
-        issued (the epilogue's CTA barrier, then one gpu-scope fence and release reduction), so
-        that a peel polling the count with acquire loads reads the finished rows."""
+        issued, so that a peel polling the count with acquire loads reads the finished rows: the
+        epilogue's CTA barrier, then CUTLASS's release pattern (`barrier.h` `red_release`: a
+        gpu-scope acq_rel fence, which also releases the other threads' weak stores ordered before
+        it by the barrier, and a relaxed reduction). A release reduction after the fence would add
+        a second MEMBAR.GPU a tile for nothing."""
         self.epilogue_barrier.arrive_and_wait()
         if tidx == 0:
             cute.arch.fence_acq_rel_gpu()
             cute.arch.red(params.expert_done.iterator + tile_coord_mnkl[3], Int32(1), op="add", dtype="s32",
-                          sem="release", scope="gpu")
+                          sem="relaxed", scope="gpu")
 
     @cute.jit
     def store_compact(self, params, acc: cute.Tensor, tiled_mma, tile_coord_mnkl, tidx: Int32) -> None:

@@ -318,9 +318,12 @@ def _expert_peel_kernel(acc_ptr, shift_ptr, rflat_ptr, a_peel_ptr, alpha_a_ptr, 
     this kernel launch from its first tiles on; an expert's program waits for its expert's count
     only (`_wait_for_tiles`), so the experts the GEMM has finished are served while it goes on.
     The grid is then (column tiles, experts + copy programs), so programs start expert by expert,
-    in the order the GEMM's tiles finish; every program still waits for the whole GEMM before it
-    ends, so the next kernel (which may reset the counts and the GEMM's tile counter) never
-    starts before the GEMM is over."""
+    in the order the GEMM's tiles finish. One program of the grid waits for the whole GEMM before
+    it ends (a copy program, or else the last one): the next kernel (which may reset the counts
+    and the GEMM's tile counter) waits for this whole grid, so it never starts before the GEMM is
+    over, while the other programs leave their SM slots as soon as their expert is served
+    (waiting in every program would hold ~2 programs an SM beside the GEMM until its end, so
+    only the first few experts would run under it)."""
     if POLL:
         p, c = tl.program_id(1), tl.program_id(0)
         col_programs = tl.num_programs(0)
@@ -338,7 +341,8 @@ def _expert_peel_kernel(acc_ptr, shift_ptr, rflat_ptr, a_peel_ptr, alpha_a_ptr, 
                         first_words, second_src_ptr, second_dst_ptr, second_words)
     if AFTER_GEMM:
         if POLL:
-            gdc_wait()
+            if (p == tl.num_programs(1) - 1) & (c == col_programs - 1) & (p < experts):
+                gdc_wait()  # no copy program waited: the last program holds the grid open
         gdc_launch_dependents()
 
 
@@ -393,7 +397,8 @@ def _peel_expert(acc_ptr, shift_ptr, rflat_ptr, a_peel_ptr, alpha_a_ptr, b_peel_
     b = _bf16_of_bits(b_peel_ptr, b_rows[:, None] * 64 + j, used_c[:, None])
     inv_b = 1.0 / tl.where(used_c, _bf16_of_bits(alpha_b_ptr, b_rows, used_c), 1.0)
     if POLL:
-        _wait_for_tiles(done_ptr, gemm_bounds_ptr, expert, tile_m, gemm_col_tiles)
+        if row_start < row_end:  # an expert with no clean rows reads nothing, so waits for nothing
+            _wait_for_tiles(done_ptr, gemm_bounds_ptr, expert, tile_m, gemm_col_tiles)
     elif AFTER_GEMM:
         gdc_wait()
     acc = _acc_block(acc_ptr, rows, row_end, shift, acc_rows, cols, live_c, n)
@@ -459,6 +464,10 @@ def peel_and_unscale(acc: torch.Tensor, a_peel_: torch.Tensor, alpha_a: torch.Te
     launch early; each expert's rows are peeled once that expert's count is complete, while the
     GEMM goes on (`_expert_peel_kernel`'s POLL). Without PDL (an interpreter, or compiled
     without it) the peel runs after the GEMM and the counts are complete when it reads them.
+    Polling, the peel writes `out` while the GEMM still runs: no memory the GEMM uses may go back
+    to the stream's caching allocator between the GEMM's launch and this call (a temporary copy
+    of an operand freed there could become `out`), and a_peel_ must be complete before this
+    launch (the stream waited for it), as the peel reads it without waiting for the GEMM.
     """
     rows, n = table.rflat.shape[0], acc.shape[1]
     experts = table.experts
