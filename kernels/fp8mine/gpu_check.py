@@ -449,17 +449,39 @@ def _lowest_ticket(gemm: MinedGemm, table: RoutingTable, acc: torch.Tensor,
 LAGGED_SWITCHES = ("LAGGED_COMPACT_ACC", "LAGGED_PEEL_POLLS")
 
 
-def _lagged_variants(lag: MinedGemm, weights: torch.Tensor, x: torch.Tensor, topk, header: bytes) -> dict:
-    """{"SWITCH=value": the lagged pass built with that switch flipped, warmed up by one launch}."""
-    variants = {}
+def _lagged_variants(lag: MinedGemm, weights: torch.Tensor, x: torch.Tensor, topk,
+                     header: bytes) -> tuple[dict, dict]:
+    """({"SWITCH=value": the lagged pass built with that switch flipped, warmed up by one launch},
+    {"SWITCH=value": why it could not be}): a variant that fails (never run on a GPU before, as
+    the polling peel) is reported beside the default pass's numbers instead of losing them."""
+    variants, errors = {}, {}
     for switch in LAGGED_SWITCHES:
         value = not getattr(pipeline_module, switch)
-        with _switched(switch, value):
-            variant = MinedGemm(weights, m=lag.m, top_k=lag.top_k, layer_id=1, lagged=True)
-        variant.set_job(header, synthetic_chain()[1], 0)
-        variant.forward(x, topk)
-        variants[f"{switch}={value}"] = variant
-    return variants
+        label = f"{switch}={value}"
+        try:
+            with _switched(switch, value):
+                variant = MinedGemm(weights, m=lag.m, top_k=lag.top_k, layer_id=1, lagged=True)
+            variant.set_job(header, synthetic_chain()[1], 0)
+            variant.forward(x, topk)
+            if x.is_cuda:
+                torch.cuda.synchronize()  # a fault of the variant's kernels surfaces here, under its label
+            variants[label] = variant
+        except Exception as exc:
+            errors[label] = repr(exc)
+    return variants, errors
+
+
+def _variant_timelines(name: str, variants: dict, x: torch.Tensor, topk) -> dict:
+    """Four-replay timelines of each lagged variant, each failure reported under its own key."""
+    from kernels.timeline import kernel_timeline, timeline_entry
+    out = {}
+    for label, variant in variants.items():
+        try:
+            out[f"{name}, lagged with {label}"] = timeline_entry(
+                kernel_timeline(functools.partial(variant.forward, x, topk), replays=4))
+        except Exception as exc:
+            out[f"{name}, lagged with {label}"] = {"error": repr(exc)}
+    return out
 
 
 def _check_graph_lagged() -> dict:
@@ -767,7 +789,9 @@ def check_timing() -> dict:
                 entry["lagged output rel err vs bf16"] = _reference_error(lagged_result.out, x, weights,
                                                                           lagged_result.table)
                 methods["mined lagged"] = [lambda: lag.forward(x, topk)]
-                variants = _lagged_variants(lag, weights, x, topk, header) if lag.compact_acc else {}
+                variants, variant_errors = (_lagged_variants(lag, weights, x, topk, header) if lag.compact_acc
+                                            else ({}, {}))
+                entry.update({f"mined lagged with {label} error": error for label, error in variant_errors.items()})
                 methods.update({f"mined lagged, {label}": [functools.partial(v.forward, x, topk)]
                                 for label, v in variants.items()})
             timings = time_methods(methods, target_ms=20.0, replays=5)
@@ -823,12 +847,13 @@ def check_timeline() -> dict:
         gemm, weights, x, topk, header = _setup(experts, n_e, k, tokens, top_k, seed=11, lagged=lagged)
         spans = kernel_timeline(lambda: gemm.forward(x, topk), replays=4 if lagged else 2)
         out[f"{name}{', lagged' if lagged else ''}"] = timeline_entry(spans)
-        variants = _lagged_variants(gemm, weights, x, topk, header) if lagged and gemm.compact_acc else {}
-        for label, variant in variants.items():
-            out[f"{name}, lagged with {label}"] = timeline_entry(
-                kernel_timeline(functools.partial(variant.forward, x, topk), replays=4))
-        variants.clear()  # the decode variants' B states are not kept while the prefill pass is built
-        gemm.b.slots = [None, None]
+        variants, errors = _lagged_variants(gemm, weights, x, topk, header) if lagged and gemm.compact_acc \
+            else ({}, {})
+        out.update(_variant_timelines(name, variants, x, topk))
+        out.update({f"{name}, lagged with {label}": {"error": error} for label, error in errors.items()})
+        for pass_ in (gemm, *variants.values()):  # no B state is kept while the prefill pass is built
+            pass_.b.slots = [None, None]
+        variants.clear()
         torch.cuda.empty_cache()
     return out
 
