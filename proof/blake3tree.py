@@ -351,6 +351,7 @@ def leaves_for_span(start: int, end: int, leaf_size: int) -> list[int]:
 
 def leaves_for_rows(row_indices: Sequence[int], row_bytes: int, leaf_size: int) -> list[int]:
     """Every leaf overlapping the full byte range of each row, unique and ascending."""
+    _check_leaf_size(leaf_size)
     if row_bytes <= 0:
         raise ValueError(f"row_bytes must be positive, got {row_bytes}")
     leaves: set[int] = set()

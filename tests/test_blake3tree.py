@@ -325,6 +325,8 @@ def test_opened_leaves_match_pearls_compiled_schedule_examples():
     assert bt.leaves_for_span(384, 1216, 256) == bt.leaves_for_span(400, 1200, 256)  # Pearl's blocks 6..18
     with pytest.raises(ValueError, match="start < end"):
         bt.leaves_for_span(64, 64, 256)
+    with pytest.raises(ValueError):
+        bt.leaves_for_rows([], 1024, 1000)  # the leaf size is checked even with no rows
 
 
 def test_every_byte_of_leaves_and_siblings_is_bound():

@@ -471,10 +471,11 @@ def _lagged_variants(lag: MinedGemm, weights: torch.Tensor, x: torch.Tensor, top
     return variants, errors
 
 
-def _variant_timelines(name: str, variants: dict, x: torch.Tensor, topk) -> dict:
-    """Four-replay timelines of each lagged variant, each failure reported under its own key."""
+def _variant_timelines(name: str, variants: dict, errors: dict, x: torch.Tensor, topk) -> dict:
+    """Four-replay timelines of each lagged variant, each failure (errors: those that could not be
+    built) reported under its own key."""
     from kernels.timeline import kernel_timeline, timeline_entry
-    out = {}
+    out = {f"{name}, lagged with {label}": {"error": error} for label, error in errors.items()}
     for label, variant in variants.items():
         try:
             out[f"{name}, lagged with {label}"] = timeline_entry(
@@ -849,8 +850,7 @@ def check_timeline() -> dict:
         out[f"{name}{', lagged' if lagged else ''}"] = timeline_entry(spans)
         variants, errors = _lagged_variants(gemm, weights, x, topk, header) if lagged and gemm.compact_acc \
             else ({}, {})
-        out.update(_variant_timelines(name, variants, x, topk))
-        out.update({f"{name}, lagged with {label}": {"error": error} for label, error in errors.items()})
+        out.update(_variant_timelines(name, variants, errors, x, topk))
         for pass_ in (gemm, *variants.values()):  # no B state is kept while the prefill pass is built
             pass_.b.slots = [None, None]
         variants.clear()
