@@ -325,7 +325,7 @@ def test_opened_leaves_match_pearls_compiled_schedule_examples():
     assert bt.leaves_for_span(384, 1216, 256) == bt.leaves_for_span(400, 1200, 256)  # Pearl's blocks 6..18
     with pytest.raises(ValueError, match="start < end"):
         bt.leaves_for_span(64, 64, 256)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="leaf_size must be one of"):
         bt.leaves_for_rows([], 1024, 1000)  # the leaf size is checked even with no rows
 
 
